@@ -1,0 +1,41 @@
+// Non-owning views of weights and activations. Shapes are listed outermost first,
+// row-major contiguous (a [rows, cols] matrix has cols contiguous).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace kestrel {
+
+inline constexpr int kMaxDims = 4;
+
+struct TensorView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int n_dims = 0;
+  std::array<int64_t, kMaxDims> shape{};  // outermost first
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < n_dims; ++i) n *= shape[i];
+    return n_dims == 0 ? 0 : n;
+  }
+  size_t size_bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  int64_t dim(int i) const {
+    KCHECK(i >= 0 && i < n_dims);
+    return shape[i];
+  }
+  bool empty() const { return data == nullptr; }
+  template <class T>
+  const T* as() const {
+    return static_cast<const T*>(data);
+  }
+};
+
+std::string ShapeString(const TensorView& t);
+
+}  // namespace kestrel

@@ -1,0 +1,48 @@
+// A fixed pool of worker threads for data-parallel loops in CPU kernels.
+// ParallelFor splits [0, n) into contiguous chunks; the calling thread takes part.
+// Not re-entrant: one ParallelFor at a time (the engine thread owns the pool).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kestrel {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads);  // n_threads counts the caller; <= 0 means all cores
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int n_threads() const { return n_threads_; }
+
+  // Calls fn(begin, end, thread_index) on disjoint chunks covering [0, n).
+  // grain: the smallest chunk worth a thread.
+  void ParallelFor(int64_t n, int64_t grain,
+                   const std::function<void(int64_t, int64_t, int)>& fn);
+
+  static int DefaultThreadCount();
+
+ private:
+  void WorkerLoop(int index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_start_;
+  std::condition_variable cv_done_;
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int job_chunks_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace kestrel

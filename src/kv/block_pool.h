@@ -1,0 +1,72 @@
+// Paged KV cache bookkeeping (no tensors here; the backend owns the storage).
+// A fixed pool of blocks of block_size tokens; each sequence owns a block table.
+// Blocks are reference counted so that the prefix cache (server issue) can share them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "core/status.h"
+
+namespace kestrel {
+
+// Sizes of one K/V block across all layers, for sizing the pool from a memory budget.
+struct KvCacheSpec {
+  int64_t n_layers = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size_tokens = 16;
+  int64_t bytes_per_element = 4;
+
+  int64_t bytes_per_token() const { return 2 * n_layers * n_kv_heads * head_dim * bytes_per_element; }
+  int64_t bytes_per_block() const { return bytes_per_token() * block_size_tokens; }
+  int64_t BlocksForBudget(int64_t budget_bytes) const { return budget_bytes / bytes_per_block(); }
+};
+
+class BlockPool {
+ public:
+  explicit BlockPool(int32_t n_blocks);
+
+  int32_t n_blocks() const { return static_cast<int32_t>(ref_counts_.size()); }
+  int32_t n_free() const { return static_cast<int32_t>(free_list_.size()); }
+  int32_t n_used() const { return n_blocks() - n_free(); }
+
+  std::optional<int32_t> Allocate();  // ref count 1
+  void AddRef(int32_t block);
+  void Release(int32_t block);        // returns it to the free list at ref count 0
+  int32_t ref_count(int32_t block) const;
+
+ private:
+  std::vector<int32_t> ref_counts_;
+  std::vector<int32_t> free_list_;  // LIFO stack of free block ids
+};
+
+// Per-sequence block table plus allocation against a pool.
+class BlockTable {
+ public:
+  BlockTable(BlockPool* pool, int32_t block_size_tokens) : pool_(pool), block_size_(block_size_tokens) {}
+  ~BlockTable() { Clear(); }
+  BlockTable(const BlockTable&) = delete;
+  BlockTable& operator=(const BlockTable&) = delete;
+  BlockTable(BlockTable&& other) noexcept;
+  BlockTable& operator=(BlockTable&& other) noexcept;
+
+  // Grows the table so it can hold n_tokens; fails (allocating nothing) when the pool is short.
+  Status EnsureCapacity(int64_t n_tokens);
+  int32_t BlocksNeeded(int64_t n_tokens) const {
+    return static_cast<int32_t>((n_tokens + block_size_ - 1) / block_size_);
+  }
+  // Global slot (block * block_size + offset) of token position pos.
+  int32_t SlotFor(int64_t pos) const;
+  const std::vector<int32_t>& blocks() const { return blocks_; }
+  int32_t block_size_tokens() const { return block_size_; }
+  void Clear();  // releases every block
+
+ private:
+  BlockPool* pool_;
+  int32_t block_size_;
+  std::vector<int32_t> blocks_;
+};
+
+}  // namespace kestrel

@@ -1,0 +1,30 @@
+// The flattened multi-sequence batch of one engine step (DESIGN.md "One engine step").
+// Prefill chunks of some sequences and single decode tokens of others share one forward.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace kestrel {
+
+struct Batch {
+  // Per token (n_tokens = token_ids.size()).
+  std::span<const int32_t> token_ids;     // [n_tokens]
+  std::span<const int32_t> positions;     // [n_tokens] absolute position within its sequence
+  std::span<const int32_t> slot_mapping;  // [n_tokens] block * block_size + offset for its K/V
+
+  // Per sequence (n_seqs = seq_starts.size() - 1). Tokens of sequence s are
+  // [seq_starts[s], seq_starts[s+1]); they are the last tokens of that sequence's context.
+  std::span<const int32_t> seq_starts;    // [n_seqs + 1]
+  std::span<const int32_t> context_lens;  // [n_seqs] tokens in the KV cache after this step
+  std::span<const int32_t> block_tables;  // [n_seqs, max_blocks_per_seq] physical block ids
+  int32_t max_blocks_per_seq = 0;
+
+  // Rows (token indices) whose logits the caller wants, in output order.
+  std::span<const int32_t> logits_indices;  // [n_logits]
+
+  int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t n_seqs() const { return static_cast<int32_t>(seq_starts.size()) - 1; }
+};
+
+}  // namespace kestrel
