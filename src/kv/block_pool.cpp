@@ -1,5 +1,6 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -7,7 +8,8 @@
 
 namespace kestrel {
 
-BlockPool::BlockPool(int32_t n_blocks) : ref_counts_(static_cast<size_t>(n_blocks), 0) {
+BlockPool::BlockPool(int32_t n_blocks)
+    : ref_counts_(static_cast<size_t>(std::max(n_blocks, 0)), 0) {  // so that the KCHECK fires
   KCHECK(n_blocks >= 0);
   free_list_.reserve(static_cast<size_t>(n_blocks));
   // Highest id at the bottom so that block 0 is handed out first.
@@ -57,8 +59,9 @@ BlockTable& BlockTable::operator=(BlockTable&& other) noexcept {
 }
 
 Status BlockTable::EnsureCapacity(int64_t n_tokens) {
-  int32_t needed = BlocksNeeded(n_tokens);
-  int32_t extra = needed - static_cast<int32_t>(blocks_.size());
+  // In 64 bits: a huge request must fail here, not wrap around int32 to "enough blocks".
+  const int64_t needed = n_tokens / block_size_ + (n_tokens % block_size_ > 0 ? 1 : 0);
+  const int64_t extra = needed - static_cast<int64_t>(blocks_.size());
   if (extra <= 0) return Status::Ok();
   if (extra > pool_->n_free()) {
     return ResourceExhausted("KV cache full: " + std::to_string(n_tokens) + " tokens need " +
@@ -66,7 +69,7 @@ Status BlockTable::EnsureCapacity(int64_t n_tokens) {
                              std::to_string(block_size_) + " tokens, " +
                              std::to_string(pool_->n_free()) + " free");
   }
-  for (int32_t i = 0; i < extra; ++i) {
+  for (int64_t i = 0; i < extra; ++i) {
     std::optional<int32_t> b = pool_->Allocate();
     KCHECK(b.has_value());
     blocks_.push_back(*b);

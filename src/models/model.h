@@ -22,8 +22,24 @@ enum class CpuKernels {
 struct ModelLoadOptions {
   CpuKernels kernels = CpuKernels::kAuto;
   int32_t block_size_tokens = 16;
-  int64_t kv_cache_tokens = 0;  // capacity of the paged KV pool; 0 = max_position_embeddings
+  // Capacity of the paged KV pool in tokens (n_kv_blocks * block_size_tokens, rounded up to whole
+  // blocks). 0 = min(max_position_embeddings, 32768), further capped so the pool stays within
+  // kDefaultKvBudgetBytes; pass an explicit value for more.
+  int64_t kv_cache_tokens = 0;
   int n_threads = 0;            // 0 = all cores (KESTREL_THREADS overrides)
+};
+
+inline constexpr int64_t kDefaultKvCacheTokensCap = 32768;
+inline constexpr int64_t kDefaultKvBudgetBytes = int64_t{4} << 30;
+
+// Where the time of Forward goes, accumulated over calls until ResetStats(); for `kestrel bench`.
+struct ForwardStats {
+  double attention_s = 0;         // K/V writes + paged attention
+  double matmul_s = 0;            // linear layers, LM head included
+  double other_s = 0;             // embedding, norms, RoPE, SiLU, residual adds, gathers
+  int64_t weight_bytes_read = 0;  // weight bytes the linear layers and the embedding gather read
+  int64_t n_forwards = 0;
+  int64_t n_tokens = 0;
 };
 
 class Model {
@@ -43,6 +59,11 @@ class Model {
   // Runs the batch: writes K/V of every token at its slot, then writes f32 logits
   // [batch.logits_indices.size(), vocab_size] row-major into `logits`.
   virtual void Forward(const Batch& batch, float* logits) = 0;
+
+  virtual const ForwardStats& stats() const = 0;
+  virtual void ResetStats() = 0;
+  // "reference" or "avx2": the CPU kernel set Load resolved CpuKernels to.
+  virtual std::string kernels_name() const = 0;
 };
 
 }  // namespace kestrel

@@ -1,0 +1,202 @@
+// Microbenchmark of the CPU kernels, printed as JSON next to the machine's own limits measured in
+// the same run (STREAM-like read bandwidth, f32 FMA peak):
+//   matvec   decode-shaped Linear (1..4 token rows) on weights larger than L3: GB/s of weights
+//   matmul   prefill-shaped Linear (many token rows): GFLOP/s
+//   attention decode attention over a long context: GB/s of K/V read
+// Usage: bench_cpu_kernels [--threads N] [--quick] [--only matvec|matmul|attention]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/ops.h"
+#include "core/dtype.h"
+#include "core/memory_bandwidth.h"
+#include "core/thread_pool.h"
+
+namespace kestrel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// Best of `repeats` timed calls after one warm-up call: on a machine shared with other work the
+// fastest run is the closest to the kernel's own speed. The roofline is taken the same way.
+template <class Fn>
+double BestSeconds(int repeats, Fn&& fn) {
+  fn();  // warm-up (page faults, caches)
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const Clock::time_point t0 = Clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+};
+
+Weights MakeWeights(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+  Weights w;
+  const int64_t n = rows * cols;
+  w.bytes.resize(static_cast<size_t>(n) * DTypeSize(dtype));
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = dist(rng);
+    if (dtype == DType::kF32) {
+      std::memcpy(w.bytes.data() + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = dtype == DType::kBF16 ? F32ToBf16(v) : F32ToF16(v);
+      std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  w.view.data = w.bytes.data();
+  w.view.dtype = dtype;
+  w.view.n_dims = 2;
+  w.view.shape[0] = rows;
+  w.view.shape[1] = cols;
+  return w;
+}
+
+std::vector<float> RandomFloats(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+int Main(int argc, char** argv) {
+  int n_threads = 0;
+  bool quick = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      n_threads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_cpu_kernels [--threads N] [--quick] "
+                   "[--only matvec|matmul|attention]\n");
+      return 2;
+    }
+  }
+  if (!cpu::CpuHasAvx2Fma()) {
+    std::fprintf(stderr, "bench_cpu_kernels: this CPU lacks AVX2/FMA/F16C\n");
+    return 1;
+  }
+  ThreadPool pool(n_threads);
+  const cpu::OpContext fast{cpu::KernelSet::kAvx2, &pool};
+  const int repeats = quick ? 3 : 10;
+  std::mt19937 rng(42);
+
+  json out;
+  out["threads"] = pool.n_threads();
+  double read_gbs = 0, fma_gflops = 0;
+  for (int r = 0; r < (quick ? 1 : 3); ++r) {
+    read_gbs = std::max(read_gbs, MeasureReadBandwidth(pool, int64_t{1} << 29, 3));
+    fma_gflops = std::max(fma_gflops, MeasureFmaPeak(pool, 1));
+  }
+  out["roofline"] = {{"read_gb_per_s", read_gbs}, {"fma_gflop_per_s", fma_gflops}};
+
+  // Decode: weights streamed from DRAM (sizes above the 32 MB L3 of the machine this was tuned on).
+  auto want = [&](const char* section) { return only.empty() || only == section; };
+  json matvec = json::array();
+  struct MatvecCase {
+    DType dtype;
+    int64_t rows, cols;
+  };
+  std::vector<MatvecCase> mv_cases = {{DType::kBF16, 4096, 4096},  {DType::kBF16, 16384, 4096},
+                                      {DType::kF16, 16384, 4096},  {DType::kF32, 8192, 4096},
+                                      {DType::kBF16, 4096, 14336}, {DType::kBF16, 151936, 1024}};
+  if (quick) mv_cases.resize(2);
+  if (!want("matvec")) mv_cases.clear();
+  for (const MatvecCase& c : mv_cases) {
+    Weights w = MakeWeights(c.dtype, c.rows, c.cols, rng);
+    for (int64_t m : {int64_t{1}, int64_t{4}}) {
+      std::vector<float> x = RandomFloats(m * c.cols, rng);
+      std::vector<float> y(static_cast<size_t>(m * c.rows));
+      const double s = BestSeconds(repeats, [&] {
+        cpu::Linear(fast, x.data(), m, w.view, TensorView{}, y.data());
+      });
+      const double gbs = static_cast<double>(w.view.size_bytes()) / s / 1e9;
+      matvec.push_back({{"dtype", std::string(DTypeName(c.dtype))},
+                        {"shape", {c.rows, c.cols}},
+                        {"mb", static_cast<double>(w.view.size_bytes()) / 1e6},
+                        {"token_rows", m},
+                        {"ms", s * 1e3},
+                        {"gb_per_s", gbs},
+                        {"fraction_of_read_bw", gbs / read_gbs}});
+    }
+  }
+  out["matvec"] = matvec;
+
+  // Prefill: weights reused across many token rows.
+  json matmul = json::array();
+  Weights w = MakeWeights(DType::kBF16, 4096, 4096, rng);
+  std::vector<int64_t> ms = {8, 32, 128, 512};
+  if (quick) ms = {128};
+  if (!want("matmul")) ms.clear();
+  for (int64_t m : ms) {
+    std::vector<float> x = RandomFloats(m * 4096, rng);
+    std::vector<float> y(static_cast<size_t>(m * 4096));
+    const double s = BestSeconds(quick ? 2 : 3, [&] {
+      cpu::Linear(fast, x.data(), m, w.view, TensorView{}, y.data());
+    });
+    const double gflops = 2.0 * m * 4096.0 * 4096.0 / s / 1e9;
+    matmul.push_back({{"dtype", "BF16"},
+                      {"shape", {4096, 4096}},
+                      {"token_rows", m},
+                      {"ms", s * 1e3},
+                      {"gflop_per_s", gflops},
+                      {"fraction_of_fma_peak", gflops / fma_gflops}});
+  }
+  out["matmul"] = matmul;
+
+  // Decode attention: one token over a 4096-token context, Llama-3-8B head layout.
+  if (want("attention")) {
+    cpu::AttentionShape shape;
+    shape.n_heads = 32;
+    shape.n_kv_heads = 8;
+    shape.head_dim = 128;
+    shape.scale = 1.0f / std::sqrt(128.0f);
+    shape.block_size_tokens = 16;
+    const int32_t ctx = 4096;
+    shape.n_blocks = ctx / shape.block_size_tokens;
+    const int64_t kv_dim = shape.n_kv_heads * shape.head_dim;
+    std::vector<float> kc = RandomFloats(ctx * kv_dim, rng), vc = RandomFloats(ctx * kv_dim, rng);
+    std::vector<float> q = RandomFloats(shape.n_heads * shape.head_dim, rng);
+    std::vector<float> o(q.size());
+    std::vector<int32_t> table(ctx / 16);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    const std::vector<int32_t> positions = {ctx - 1}, starts = {0, 1};
+    cpu::AttentionBatch batch{positions, starts, table, static_cast<int32_t>(table.size())};
+    std::vector<float> scratch(
+        static_cast<size_t>(cpu::AttentionScratchFloats(fast, shape, ctx)));
+    const double s = BestSeconds(repeats, [&] {
+      cpu::PagedAttention(fast, shape, batch, q.data(), kc.data(), vc.data(), o.data(), scratch);
+    });
+    const double bytes = 2.0 * ctx * kv_dim * 4;
+    out["attention_decode"] = {{"context", ctx},
+                               {"ms", s * 1e3},
+                               {"kv_gb_per_s", bytes / s / 1e9},
+                               {"fraction_of_read_bw", bytes / s / 1e9 / read_gbs}};
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kestrel
+
+int main(int argc, char** argv) { return kestrel::Main(argc, argv); }

@@ -1,0 +1,353 @@
+// AVX2/FMA paged attention. Work item = (kv head, token): the `group` query heads that share a
+// kv head are processed together, so each K and V row is read once per token for all of them.
+// Items are ordered kv-head-major, so the contiguous chunks ParallelFor hands out cover whole
+// heads (balanced under causal masking). Each output element is computed by one thread in a
+// fixed order: dot products with one 8-lane accumulator and a fixed horizontal sum, softmax with
+// max subtraction (vectorised exp, within 2 ulp of expf), then a sequential FMA chain over positions for every output element.
+// Keys are taken in chunks of 64 positions (their row pointers gathered through the block
+// table once), so that the V chunk stays in L1 while 16 dims x up to 4 heads accumulate in
+// registers.
+#include <immintrin.h>
+
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/kernels_internal.h"
+
+namespace kestrel::cpu::avx2 {
+namespace {
+
+inline float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+constexpr int kKeyChunk = 64;  // keys per chunk: 64 K or V rows of head_dim 128 = 32 KB (L1)
+constexpr int kMaxSubGroup = 4;  // query heads per register tile
+
+// rows[i] = the cache row of kv head `kvh` at position p0 + i of a sequence, read through its
+// block table (pool layout [n_blocks, n_kv_heads, block_size, head_dim], see KvLayout).
+inline void GatherRows(const float* cache, const AttentionShape& shape, int64_t kvh,
+                       const int32_t* table, int64_t p0, int n, const float** rows) {
+  const int64_t bs = shape.block_size_tokens;
+  const int64_t head_block = bs * shape.head_dim;  // floats of one kv head in one block
+  int64_t block = p0 / bs;
+  int64_t offset = p0 % bs;
+  auto block_base = [&](int64_t b) {
+    const int64_t physical = table[b];
+    KCHECK(physical >= 0 && physical < shape.n_blocks);
+    return cache + (physical * shape.n_kv_heads + kvh) * head_block;
+  };
+  const float* base = block_base(block);
+  for (int i = 0; i < n; ++i) {
+    rows[i] = base + offset * shape.head_dim;
+    if (++offset == bs && i + 1 < n) {
+      offset = 0;
+      base = block_base(++block);
+    }
+  }
+}
+
+// Asks for the cache lines of the next chunk's rows while the current chunk is computed: the
+// rows come a few KB at a time from blocks far apart, too short for the hardware prefetchers.
+inline void PrefetchRows(const float* const* rows, int n, int64_t head_dim) {
+  for (int i = 0; i < n; ++i) {
+    const char* r = reinterpret_cast<const char*>(rows[i]);
+    for (int64_t b = 0; b < head_dim * 4; b += 64) _mm_prefetch(r + b, _MM_HINT_T0);
+  }
+}
+
+// exp(x) for x <= 0, 8 lanes: x = n ln2 + r (Cody-Waite, |r| <= ln2/2), exp(r) by its Taylor
+// polynomial of degree 7 (truncation < 0.05 ulp), times 2^n. Within 2 ulp of expf; results
+// below the smallest normal float (x < -87.33) flush to 0, which softmax cannot notice.
+inline __m256 ExpNonPositive(__m256 x) {
+  const __m256 min_x = _mm256_set1_ps(-87.33f);
+  const __m256 underflow = _mm256_cmp_ps(x, min_x, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, min_x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
+
+// s[j] = exp(s[j] - max) / sum over j < n, in place: lane-wise max and sum (fixed order).
+inline void SoftmaxInPlace(float* s, int64_t n) {
+  const int64_t n8 = n & ~int64_t{7};
+  __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n8; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float max_score = _mm_cvtss_f32(m4);
+  for (int64_t j = n8; j < n; ++j) max_score = s[j] > max_score ? s[j] : max_score;
+  const __m256 max_v = _mm256_set1_ps(max_score);
+  __m256 sum_v = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n8; j += 8) {
+    const __m256 e = ExpNonPositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), max_v));
+    _mm256_storeu_ps(s + j, e);
+    sum_v = _mm256_add_ps(sum_v, e);
+  }
+  float sum = HorizontalSum(sum_v);
+  for (int64_t j = n8; j < n; ++j) {
+    s[j] = __builtin_expf(s[j] - max_score);
+    sum += s[j];
+  }
+  const float inv_sum = 1.0f / sum;
+  const __m256 inv_v = _mm256_set1_ps(inv_sum);
+  for (int64_t j = 0; j < n8; j += 8) {
+    _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv_v));
+  }
+  for (int64_t j = n8; j < n; ++j) s[j] *= inv_sum;
+}
+
+// Lane sums of 8 vectors at once: r[i] = sum of the lanes of a[i], each in the fixed order
+// ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)).
+inline __m256 HorizontalSum8(const __m256 a[8]) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]);
+  const __m256 t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]);
+  const __m256 t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1);  // lanes: a0..a3 low halves | a0..a3 high halves
+  const __m256 u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// scores[g * stride + i] = scale * dot(q_g, k_i) for g < GS, i < n. Every dot: one 8-lane FMA
+// accumulator over head_dim (a multiple of 8 here), then the fixed lane sum of HorizontalSum8.
+// 8 / GS keys and GS heads are in flight at once: 8 independent chains, one batched lane sum.
+//   q [GS, head_dim];  rows[i] -> k_i [head_dim]
+template <int GS>
+void ScoresChunk(const float* q, int64_t head_dim, const float* const* rows, int n, float scale,
+                 float* scores, int64_t stride) {
+  constexpr int kKeys = 8 / GS;  // GS in {1, 2, 4}
+  const __m256 scale_v = _mm256_set1_ps(scale);
+  for (int i0 = 0; i0 < n; i0 += kKeys) {
+    const int nk = n - i0 < kKeys ? n - i0 : kKeys;
+    const float* k[kKeys];
+    for (int j = 0; j < kKeys; ++j) k[j] = rows[i0 + (j < nk ? j : 0)];
+    __m256 acc[8];
+    for (int a = 0; a < 8; ++a) acc[a] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < head_dim; d += 8) {
+      __m256 kv[kKeys];
+      for (int j = 0; j < kKeys; ++j) kv[j] = _mm256_loadu_ps(k[j] + d);
+      for (int g = 0; g < GS; ++g) {
+        const __m256 qv = _mm256_loadu_ps(q + g * head_dim + d);
+        for (int j = 0; j < kKeys; ++j) {
+          acc[g * kKeys + j] = _mm256_fmadd_ps(qv, kv[j], acc[g * kKeys + j]);
+        }
+      }
+    }
+    alignas(32) float dots[8];
+    _mm256_store_ps(dots, _mm256_mul_ps(HorizontalSum8(acc), scale_v));
+    for (int g = 0; g < GS; ++g) {
+      for (int j = 0; j < nk; ++j) scores[g * stride + i0 + j] = dots[g * kKeys + j];
+    }
+  }
+}
+
+// Same contract for any head_dim and GS = 1 (the generic path): 8-lane accumulator, lane sum as
+// in HorizontalSum8, scalar FMA tail for head_dim % 8.
+inline void ScoresGeneric(const float* q, int64_t head_dim, const float* const* rows, int n,
+                          float scale, float* scores) {
+  const int64_t d8 = head_dim & ~int64_t{7};
+  for (int i = 0; i < n; ++i) {
+    __m256 acc[8];
+    acc[0] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < d8; d += 8) {
+      acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(rows[i] + d), acc[0]);
+    }
+    for (int a = 1; a < 8; ++a) acc[a] = acc[0];
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, HorizontalSum8(acc));
+    float s = sums[0];
+    for (int64_t d = d8; d < head_dim; ++d) s = __builtin_fmaf(q[d], rows[i][d], s);
+    scores[i] = s * scale;
+  }
+}
+
+// out[g, d] = fma(p[g * stride + i], v_i[d], out[g, d]) for i = 0..n-1 in order, g < GS: one
+// sequential chain per element (continued from `out`), with 16 dims x GS heads held in registers
+// while the chunk's V rows stream from L1.
+//   p: probabilities;  rows[i] -> v_i [head_dim];  out [GS, head_dim]
+template <int GS>
+void AccumulateV(const float* p, int64_t stride, const float* const* rows, int n,
+                 int64_t head_dim, float* out) {
+  int64_t d0 = 0;
+  for (; d0 + 16 <= head_dim; d0 += 16) {
+    __m256 acc[GS][2];
+    for (int g = 0; g < GS; ++g) {
+      acc[g][0] = _mm256_loadu_ps(out + g * head_dim + d0);
+      acc[g][1] = _mm256_loadu_ps(out + g * head_dim + d0 + 8);
+    }
+    for (int i = 0; i < n; ++i) {
+      const __m256 v0 = _mm256_loadu_ps(rows[i] + d0);
+      const __m256 v1 = _mm256_loadu_ps(rows[i] + d0 + 8);
+      for (int g = 0; g < GS; ++g) {
+        const __m256 pb = _mm256_broadcast_ss(p + g * stride + i);
+        acc[g][0] = _mm256_fmadd_ps(pb, v0, acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(pb, v1, acc[g][1]);
+      }
+    }
+    for (int g = 0; g < GS; ++g) {
+      _mm256_storeu_ps(out + g * head_dim + d0, acc[g][0]);
+      _mm256_storeu_ps(out + g * head_dim + d0 + 8, acc[g][1]);
+    }
+  }
+  for (; d0 + 8 <= head_dim; d0 += 8) {
+    __m256 acc[GS];
+    for (int g = 0; g < GS; ++g) acc[g] = _mm256_loadu_ps(out + g * head_dim + d0);
+    for (int i = 0; i < n; ++i) {
+      const __m256 v0 = _mm256_loadu_ps(rows[i] + d0);
+      for (int g = 0; g < GS; ++g) {
+        acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * stride + i), v0, acc[g]);
+      }
+    }
+    for (int g = 0; g < GS; ++g) _mm256_storeu_ps(out + g * head_dim + d0, acc[g]);
+  }
+  for (; d0 < head_dim; ++d0) {
+    for (int g = 0; g < GS; ++g) {
+      float o = out[g * head_dim + d0];
+      for (int i = 0; i < n; ++i) o = __builtin_fmaf(p[g * stride + i], rows[i][d0], o);
+      out[g * head_dim + d0] = o;
+    }
+  }
+}
+
+// Runs fn.template operator()<GS>(g0) over sub-groups of at most kMaxSubGroup heads.
+template <class Fn>
+inline void ForSubGroups(int64_t group, Fn&& fn) {
+  for (int64_t g0 = 0; g0 < group; g0 += kMaxSubGroup) {
+    switch (group - g0 < kMaxSubGroup ? group - g0 : kMaxSubGroup) {
+      case 1: fn.template operator()<1>(g0); break;
+      case 2: fn.template operator()<2>(g0); break;
+      case 3: fn.template operator()<3>(g0); break;
+      default: fn.template operator()<4>(g0); break;
+    }
+  }
+}
+
+}  // namespace
+
+int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens) {
+  const int64_t group = shape.n_heads / shape.n_kv_heads;
+  // Score rows [group, max_context], each padded to a multiple of 16 floats.
+  return group * ((max_context_tokens + 15) & ~int64_t{15});
+}
+
+void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
+                    const float* q, const float* k_cache, const float* v_cache, float* out,
+                    std::span<float> scratch) {
+  const int64_t n_tokens = static_cast<int64_t>(batch.positions.size());
+  const int64_t n_heads = shape.n_heads;
+  const int64_t head_dim = shape.head_dim;
+  const int64_t group = n_heads / shape.n_kv_heads;
+  const int32_t bs = shape.block_size_tokens;
+  const int32_t* positions = batch.positions.data();
+  const int32_t* seq_starts = batch.seq_starts.data();
+  const int64_t n_seqs = static_cast<int64_t>(batch.seq_starts.size()) - 1;
+  int32_t max_pos = 0;
+  for (int64_t t = 0; t < n_tokens; ++t) max_pos = positions[t] > max_pos ? positions[t] : max_pos;
+  const int64_t per_thread = AttentionScratchPerThread(shape, int64_t{max_pos} + 1);
+  const int64_t row_stride = per_thread / group;
+  const int n_threads = pool != nullptr ? pool->n_threads() : 1;
+  KCHECK(static_cast<int64_t>(scratch.size()) >= per_thread * n_threads);
+
+  auto run = [&](int64_t i_begin, int64_t i_end, int thread) {
+    float* scores = scratch.data() + per_thread * thread;  // [group, row_stride]
+    int64_t seq = -1;
+    for (int64_t item = i_begin; item < i_end; ++item) {
+      const int64_t kvh = item / n_tokens;
+      const int64_t t = item % n_tokens;
+      // The sequence of token t (items of one kv head visit tokens in order).
+      if (seq < 0 || t < seq_starts[seq] || t >= seq_starts[seq + 1]) {
+        seq = 0;
+        while (seq + 1 < n_seqs && seq_starts[seq + 1] <= t) ++seq;
+      }
+      const int32_t* table = batch.block_tables.data() + seq * batch.max_blocks_per_seq;
+      const int64_t pos = positions[t];
+      const int64_t first = shape.sliding_window > 0 && pos >= shape.sliding_window
+                                ? pos - shape.sliding_window + 1
+                                : 0;
+      const int64_t n_ctx = pos + 1 - first;
+      KCHECK(pos / bs < batch.max_blocks_per_seq);
+      const float* qg = q + (t * n_heads + kvh * group) * head_dim;  // [group, head_dim]
+      float* og = out + (t * n_heads + kvh * group) * head_dim;      // [group, head_dim]
+
+      const float* chunk_rows[2][kKeyChunk];
+      auto chunk_size = [&](int64_t j0) {
+        return static_cast<int>(n_ctx - j0 < kKeyChunk ? n_ctx - j0 : kKeyChunk);
+      };
+      // Calls fn(j0, n, rows) for every chunk of the cache rows of kv head kvh, in order, with the
+      // next chunk's rows gathered and prefetched ahead.
+      auto for_chunks = [&](const float* cache, auto&& fn) {
+        GatherRows(cache, shape, kvh, table, first, chunk_size(0), chunk_rows[0]);
+        for (int64_t j0 = 0, c = 0; j0 < n_ctx; j0 += kKeyChunk, c ^= 1) {
+          if (j0 + kKeyChunk < n_ctx) {
+            const int n_next = chunk_size(j0 + kKeyChunk);
+            GatherRows(cache, shape, kvh, table, first + j0 + kKeyChunk, n_next, chunk_rows[c ^ 1]);
+            PrefetchRows(chunk_rows[c ^ 1], n_next, head_dim);
+          }
+          fn(j0, chunk_size(j0), chunk_rows[c]);
+        }
+      };
+
+      // Scores: one pass over K, chunk by chunk, for all heads of the group.
+      for_chunks(k_cache, [&](int64_t j0, int n, const float* const* rows) {
+        if (head_dim % 8 != 0) {
+          for (int64_t g = 0; g < group; ++g) {
+            ScoresGeneric(qg + g * head_dim, head_dim, rows, n, shape.scale,
+                          scores + g * row_stride + j0);
+          }
+          return;
+        }
+        for (int64_t g0 = 0; g0 < group;) {  // sub-groups of 4, 2 and 1 heads
+          const int64_t left = group - g0;
+          float* s0 = scores + g0 * row_stride + j0;
+          if (left >= 4) {
+            ScoresChunk<4>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
+            g0 += 4;
+          } else if (left >= 2) {
+            ScoresChunk<2>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
+            g0 += 2;
+          } else {
+            ScoresChunk<1>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
+            g0 += 1;
+          }
+        }
+      });
+      // Softmax per head.
+      for (int64_t g = 0; g < group; ++g) {
+        SoftmaxInPlace(scores + g * row_stride, n_ctx);
+        for (int64_t d = 0; d < head_dim; ++d) og[g * head_dim + d] = 0.0f;
+      }
+      // Weighted sum of V: one pass over V, chunk by chunk, for all heads of the group.
+      for_chunks(v_cache, [&](int64_t j0, int n, const float* const* rows) {
+        ForSubGroups(group, [&]<int GS>(int64_t g0) {
+          AccumulateV<GS>(scores + g0 * row_stride + j0, row_stride, rows, n, head_dim,
+                          og + g0 * head_dim);
+        });
+      });
+    }
+  };
+  const int64_t n_items = shape.n_kv_heads * n_tokens;
+  if (pool == nullptr) {
+    run(0, n_items, 0);
+  } else {
+    pool->ParallelFor(n_items, 1, run);
+  }
+}
+
+}  // namespace kestrel::cpu::avx2

@@ -1,0 +1,65 @@
+// Internal interface between the op dispatch (ops.cpp, baseline x86-64) and the kernel files.
+// Functions in namespace avx2 live in *_avx2.cpp (compiled with -mavx2 -mfma -mf16c) and may only
+// be called after CpuHasAvx2Fma() returned true. The avx2 files keep their helpers in anonymous
+// namespaces and avoid shared inline helpers, so that no AVX-encoded copy of an inline function
+// can be picked by the linker for baseline code.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "backends/cpu/ops.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace kestrel::cpu {
+
+// Element i of a weight tensor as f32; the data may be unaligned (memcpy loads).
+template <DType T>
+inline float LoadWeight(const void* base, int64_t i) {
+  if constexpr (T == DType::kF32) {
+    float f;
+    std::memcpy(&f, static_cast<const uint8_t*>(base) + 4 * i, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, static_cast<const uint8_t*>(base) + 2 * i, 2);
+    if constexpr (T == DType::kBF16) {
+      return Bf16ToF32(h);
+    } else {
+      return F16ToF32(h);
+    }
+  }
+}
+
+// Calls fn.template operator()<T>() with the weight dtype as a template argument.
+template <class Fn>
+inline void DispatchWeightDType(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::kF32: fn.template operator()<DType::kF32>(); return;
+    case DType::kF16: fn.template operator()<DType::kF16>(); return;
+    case DType::kBF16: fn.template operator()<DType::kBF16>(); return;
+    default: KCHECK_MSG(false, "weight dtype must be F32, F16 or BF16");
+  }
+}
+
+namespace reference {
+void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorView& bias, float* y);
+void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, const float* q,
+                    const float* k_cache, const float* v_cache, float* out,
+                    std::span<float> scratch);
+}  // namespace reference
+
+namespace avx2 {
+void Linear(ThreadPool* pool, const float* x, int64_t m_rows, const TensorView& w,
+            const TensorView& bias, float* y);
+void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
+                    const float* q, const float* k_cache, const float* v_cache, float* out,
+                    std::span<float> scratch);
+// Floats of scratch per thread that PagedAttention needs.
+int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens);
+}  // namespace avx2
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,355 @@
+// AVX2/FMA/F16C Linear (y = x W^T + b) with weights converted to f32 on the fly.
+//
+// Two kernels, both parallelised over output rows (each y element is computed by one thread, in
+// an order that does not depend on the thread count or on how rows are grouped):
+//
+//  * Streaming ("direct") kernel for few token rows (decode): W is read straight from the mmap,
+//    R weight rows at a time, each 8-wide load converted once and used for every token row.
+//    Per element: one 8-lane accumulator over k in steps of 8, a fixed-order horizontal sum, then
+//    a scalar FMA tail for k % 8. Every (R, MT) tile instance computes exactly that, so a row
+//    gives the same bits whichever tile shape or thread covers it.
+//
+//  * Packed kernel for many token rows (prefill): a 16-row panel of W is converted and transposed
+//    into a [kc][16] f32 block (kc <= 256, 16 KB: stays in L1), then a 6x16 register tile
+//    (6 token rows x 16 outputs, 12 ymm accumulators) sweeps all token rows against it. Each W
+//    element is converted exactly once per call. Per element: one sequential FMA chain over k
+//    (continued through y between k blocks), independent of the tile shape.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "backends/cpu/kernels_internal.h"
+
+namespace kestrel::cpu::avx2 {
+namespace {
+
+// ---- loads (local copies: no shared inline helpers in this AVX2 translation unit) ----------
+
+template <DType T>
+inline __m256 Load8(const void* base, int64_t i) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (T == DType::kF16) {
+      return _mm256_cvtph_ps(h);
+    } else {  // bf16: the 16 bits are the high half of an f32
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+template <DType T>
+inline float Load1(const void* base, int64_t i) {
+  if constexpr (T == DType::kF32) {
+    float f;
+    std::memcpy(&f, static_cast<const float*>(base) + i, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + i, 2);
+    if constexpr (T == DType::kF16) {
+      return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+    } else {
+      const uint32_t u = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    }
+  }
+}
+
+// Fixed order: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+inline float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// ---- streaming kernel ------------------------------------------------------------------------
+
+// y[t, n0 + r] for r < R, t < MT.
+//   w [n, k_in] (file dtype);  x [MT, k_in] (row stride k_in);  y row stride ldy
+template <DType T, int R, int MT>
+inline void DirectTile(const void* w, int64_t k_in, int64_t n0, const float* x, float* y,
+                       int64_t ldy) {
+  __m256 acc[R][MT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < MT; ++t) acc[r][t] = _mm256_setzero_ps();
+  const int64_t k8 = k_in & ~int64_t{7};
+  const int64_t row0 = n0 * k_in;
+  for (int64_t k = 0; k < k8; k += 8) {
+    if constexpr (MT == 1) {
+      const __m256 xv = _mm256_loadu_ps(x + k);
+      for (int r = 0; r < R; ++r) {
+        acc[r][0] = _mm256_fmadd_ps(Load8<T>(w, row0 + r * k_in + k), xv, acc[r][0]);
+      }
+    } else {
+      __m256 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = Load8<T>(w, row0 + r * k_in + k);
+      for (int t = 0; t < MT; ++t) {
+        const __m256 xv = _mm256_loadu_ps(x + t * k_in + k);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < MT; ++t) {
+      float s = HorizontalSum(acc[r][t]);
+      for (int64_t k = k8; k < k_in; ++k) {
+        s = __builtin_fmaf(Load1<T>(w, row0 + r * k_in + k), x[t * k_in + k], s);
+      }
+      y[t * ldy + n0 + r] = s;
+    }
+  }
+}
+
+// Rows [n_begin, n_end) for MT token rows, R rows per tile and 1-row tiles for the remainder.
+template <DType T, int R, int MT>
+void DirectRows(const void* w, int64_t k_in, int64_t n_begin, int64_t n_end, const float* x,
+                float* y, int64_t ldy) {
+  int64_t n = n_begin;
+  for (; n + R <= n_end; n += R) DirectTile<T, R, MT>(w, k_in, n, x, y, ldy);
+  for (; n < n_end; ++n) DirectTile<T, 1, MT>(w, k_in, n, x, y, ldy);
+}
+
+// All m_rows token rows for output rows [n_begin, n_end), in token groups of at most 4.
+template <DType T>
+void DirectRange(const void* w, int64_t k_in, int64_t n_begin, int64_t n_end, const float* x,
+                 int64_t m_rows, float* y, int64_t ldy) {
+  int64_t m = 0;
+  for (; m + 4 <= m_rows; m += 4)
+    DirectRows<T, 3, 4>(w, k_in, n_begin, n_end, x + m * k_in, y + m * ldy, ldy);
+  switch (m_rows - m) {
+    case 3: DirectRows<T, 3, 3>(w, k_in, n_begin, n_end, x + m * k_in, y + m * ldy, ldy); break;
+    case 2: DirectRows<T, 4, 2>(w, k_in, n_begin, n_end, x + m * k_in, y + m * ldy, ldy); break;
+    case 1: DirectRows<T, 8, 1>(w, k_in, n_begin, n_end, x + m * k_in, y + m * ldy, ldy); break;
+    default: break;
+  }
+}
+
+// ---- packed kernel ---------------------------------------------------------------------------
+
+constexpr int kNr = 16;   // outputs per panel (two ymm)
+constexpr int kMr = 6;    // token rows per register tile
+constexpr int kKc = 256;  // k per packed block: 16 x 256 f32 = 16 KB
+constexpr int kMc = 96;   // token rows per packed x block: 96 x 256 f32 = 96 KB (L2)
+
+inline void Transpose8x8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
+  const __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
+  const __m256 t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]);
+  const __m256 t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]);
+  const __m256 t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// packed[k][j] = f32(w[n0 + j, k0 + k]) for k < kc, j < 16; rows j >= nr are zero.
+template <DType T>
+void PackPanel(const void* w, int64_t k_in, int64_t n0, int nr, int64_t k0, int kc,
+               float* packed) {
+  int k = 0;
+  if (nr == kNr) {
+    for (; k + 8 <= kc; k += 8) {
+      for (int half = 0; half < 2; ++half) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j) r[j] = Load8<T>(w, (n0 + half * 8 + j) * k_in + k0 + k);
+        Transpose8x8(r);
+        for (int i = 0; i < 8; ++i) _mm256_store_ps(packed + (k + i) * kNr + half * 8, r[i]);
+      }
+    }
+  }
+  for (; k < kc; ++k) {
+    for (int j = 0; j < kNr; ++j) {
+      packed[k * kNr + j] = j < nr ? Load1<T>(w, (n0 + j) * k_in + k0 + k) : 0.0f;
+    }
+  }
+}
+
+// Asks for the cache lines of the panel at rows [n0, n0 + 16), columns [k0, k0 + kc), so that
+// they arrive while the current panel is multiplied (16 short row segments are too short for the
+// hardware prefetchers to pick up).
+template <DType T>
+inline void PrefetchPanel(const void* w, int64_t k_in, int64_t n_out, int64_t n0, int64_t k0,
+                          int kc) {
+  const int64_t elem = T == DType::kF32 ? 4 : 2;
+  const char* base = static_cast<const char*>(w);
+  for (int64_t j = 0; j < kNr && n0 + j < n_out; ++j) {
+    const char* row = base + ((n0 + j) * k_in + k0) * elem;
+    for (int64_t b = 0; b < kc * elem; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+  }
+}
+
+// xp[t][k][i] = x[m0 + 6t + i, k0 + k] for the rows of an m block, in 6-row tiles (rows past
+// the block's end are zero). Packing makes the micro-kernel's broadcasts one sequential stream
+// and keeps the block in L2: rows of x are k_in floats apart, and a power-of-two row stride
+// would map every row's slice to the same cache sets.
+void PackX(const float* x, int64_t k_in, int64_t m0, int mc, int64_t k0, int kc, float* xp) {
+  for (int t = 0; t * kMr < mc; ++t) {
+    float* dst = xp + static_cast<int64_t>(t) * kc * kMr;
+    for (int i = 0; i < kMr; ++i) {
+      const int row = t * kMr + i;
+      if (row < mc) {
+        const float* src = x + (m0 + row) * k_in + k0;
+        for (int k = 0; k < kc; ++k) dst[k * kMr + i] = src[k];
+      } else {
+        for (int k = 0; k < kc; ++k) dst[k * kMr + i] = 0.0f;
+      }
+    }
+  }
+}
+
+// y[i, 0:nr] (+)= sum_k xp[k][i] * packed[k][0:nr] for i < MR: one sequential FMA chain per
+// element, continued from y unless `first`.
+//   packed [kc][16] (32-byte aligned);  xp [kc][6];  y row stride ldy
+template <int MR>
+inline void MicroKernel(const float* packed, int kc, const float* xp, float* y, int64_t ldy,
+                        bool first, int nr) {
+  __m256 c[MR][2];
+  const bool full = nr == kNr;
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i mask[2] = {_mm256_cmpgt_epi32(_mm256_set1_epi32(nr), lane),
+                           _mm256_cmpgt_epi32(_mm256_set1_epi32(nr - 8), lane)};
+  for (int i = 0; i < MR; ++i) {
+    if (first) {
+      c[i][0] = _mm256_setzero_ps();
+      c[i][1] = _mm256_setzero_ps();
+    } else if (full) {
+      c[i][0] = _mm256_loadu_ps(y + i * ldy);
+      c[i][1] = _mm256_loadu_ps(y + i * ldy + 8);
+    } else {
+      c[i][0] = _mm256_maskload_ps(y + i * ldy, mask[0]);
+      c[i][1] = _mm256_maskload_ps(y + i * ldy + 8, mask[1]);
+    }
+  }
+  for (int k = 0; k < kc; ++k) {
+    const __m256 w0 = _mm256_load_ps(packed + k * kNr);
+    const __m256 w1 = _mm256_load_ps(packed + k * kNr + 8);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 b = _mm256_broadcast_ss(xp + k * kMr + i);
+      c[i][0] = _mm256_fmadd_ps(b, w0, c[i][0]);
+      c[i][1] = _mm256_fmadd_ps(b, w1, c[i][1]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    if (full) {
+      _mm256_storeu_ps(y + i * ldy, c[i][0]);
+      _mm256_storeu_ps(y + i * ldy + 8, c[i][1]);
+    } else {
+      _mm256_maskstore_ps(y + i * ldy, mask[0], c[i][0]);
+      _mm256_maskstore_ps(y + i * ldy + 8, mask[1], c[i][1]);
+    }
+  }
+}
+
+// Panels [p_begin, p_end) of y = x W^T for all m_rows. Loop order: k block -> m block (kMc rows
+// of x packed, L2) -> panel (16 rows of W packed, L1) -> 6-row tiles. W is converted once per
+// (k block, m block), x once per (k block) per thread.
+template <DType T>
+void PackedPanels(const void* w, int64_t n_out, int64_t k_in, int64_t p_begin, int64_t p_end,
+                  const float* x, int64_t m_rows, float* y) {
+  alignas(64) float packed[kKc * kNr];
+  alignas(64) float xp[kMc * kKc];
+  for (int64_t k0 = 0; k0 < k_in; k0 += kKc) {
+    const int kc = static_cast<int>(k_in - k0 < kKc ? k_in - k0 : kKc);
+    const bool first = k0 == 0;
+    for (int64_t m0 = 0; m0 < m_rows; m0 += kMc) {
+      const int mc = static_cast<int>(m_rows - m0 < kMc ? m_rows - m0 : kMc);
+      PackX(x, k_in, m0, mc, k0, kc, xp);
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        const int64_t n0 = p * kNr;
+        const int nr = static_cast<int>(n_out - n0 < kNr ? n_out - n0 : kNr);
+        PackPanel<T>(w, k_in, n0, nr, k0, kc, packed);
+        if (p + 1 < p_end) PrefetchPanel<T>(w, k_in, n_out, n0 + kNr, k0, kc);
+        float* yb = y + m0 * n_out + n0;
+        int t = 0;
+        for (; (t + 1) * kMr <= mc; ++t) {
+          MicroKernel<kMr>(packed, kc, xp + t * kc * kMr, yb + t * kMr * n_out, n_out, first, nr);
+        }
+        const float* xt = xp + t * kc * kMr;
+        float* yt = yb + t * kMr * n_out;
+        switch (mc - t * kMr) {
+          case 5: MicroKernel<5>(packed, kc, xt, yt, n_out, first, nr); break;
+          case 4: MicroKernel<4>(packed, kc, xt, yt, n_out, first, nr); break;
+          case 3: MicroKernel<3>(packed, kc, xt, yt, n_out, first, nr); break;
+          case 2: MicroKernel<2>(packed, kc, xt, yt, n_out, first, nr); break;
+          case 1: MicroKernel<1>(packed, kc, xt, yt, n_out, first, nr); break;
+          default: break;
+        }
+      }
+    }
+  }
+}
+
+template <DType T>
+void AddBias(const void* bias, int64_t n_out, int64_t n_begin, int64_t n_end, int64_t m_rows,
+             float* y) {
+  for (int64_t m = 0; m < m_rows; ++m) {
+    for (int64_t n = n_begin; n < n_end; ++n) y[m * n_out + n] += Load1<T>(bias, n);
+  }
+}
+
+template <class Fn>
+inline void WithDType(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::kF32: fn.template operator()<DType::kF32>(); return;
+    case DType::kF16: fn.template operator()<DType::kF16>(); return;
+    default: fn.template operator()<DType::kBF16>(); return;
+  }
+}
+
+}  // namespace
+
+void Linear(ThreadPool* pool, const float* x, int64_t m_rows, const TensorView& w,
+            const TensorView& bias, float* y) {
+  const int64_t n_out = w.shape[0];
+  const int64_t k_in = w.shape[1];
+  const bool direct = m_rows <= kDirectMaxRows;
+  // Work units: 8 output rows (direct) or one 16-row panel (packed); a thread's chunk should
+  // carry at least ~64K multiply-adds so that waking it pays off.
+  const int64_t unit_rows = direct ? 8 : kNr;
+  const int64_t n_units = (n_out + unit_rows - 1) / unit_rows;
+  const int64_t unit_work = unit_rows * k_in * m_rows;
+  const int64_t grain = unit_work >= 65536 ? 1 : (65536 + unit_work - 1) / unit_work;
+  auto run = [&](int64_t u_begin, int64_t u_end, int) {
+    const int64_t n_begin = u_begin * unit_rows;
+    const int64_t n_end = u_end * unit_rows < n_out ? u_end * unit_rows : n_out;
+    WithDType(w.dtype, [&]<DType T>() {
+      if (direct) {
+        DirectRange<T>(w.data, k_in, n_begin, n_end, x, m_rows, y, n_out);
+      } else {
+        PackedPanels<T>(w.data, n_out, k_in, u_begin, u_end, x, m_rows, y);
+      }
+    });
+    if (!bias.empty()) {
+      WithDType(bias.dtype, [&]<DType T>() { AddBias<T>(bias.data, n_out, n_begin, n_end, m_rows, y); });
+    }
+  };
+  if (pool == nullptr) {
+    run(0, n_units, 0);
+  } else {
+    pool->ParallelFor(n_units, grain, run);
+  }
+}
+
+}  // namespace kestrel::cpu::avx2

@@ -1,0 +1,162 @@
+// Op dispatch, CPU feature detection and the element-wise ops shared by both kernel sets.
+#include "backends/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cpu/kernels_internal.h"
+#include "core/check.h"
+
+namespace kestrel::cpu {
+
+std::string_view KernelSetName(KernelSet k) {
+  switch (k) {
+    case KernelSet::kReference: return "reference";
+    case KernelSet::kAvx2: return "avx2";
+  }
+  return "?";
+}
+
+bool CpuHasAvx2Fma() {
+  // __builtin_cpu_supports also checks that the OS enabled the YMM state (OSXSAVE/XCR0).
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return has;
+}
+
+static void CheckWeight2D(const TensorView& w) {
+  KCHECK(w.n_dims == 2 && w.data != nullptr);
+  KCHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16);
+}
+
+void Linear(const OpContext& ctx, const float* x, int64_t m_rows, const TensorView& w,
+            const TensorView& bias, float* y) {
+  CheckWeight2D(w);
+  KCHECK(bias.empty() || (bias.n_dims == 1 && bias.shape[0] == w.shape[0]));
+  if (m_rows <= 0) return;
+  switch (ctx.kernels) {
+    case KernelSet::kReference: reference::Linear(x, m_rows, w, bias, y); return;
+    case KernelSet::kAvx2:
+      KCHECK(CpuHasAvx2Fma());
+      avx2::Linear(ctx.pool, x, m_rows, w, bias, y);
+      return;
+  }
+}
+
+void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const AttentionBatch& batch,
+                    const float* q, const float* k_cache, const float* v_cache, float* out,
+                    std::span<float> scratch) {
+  KCHECK(shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0 && shape.head_dim > 0);
+  KCHECK(batch.seq_starts.size() >= 1);
+  KCHECK(batch.block_tables.size() ==
+         (batch.seq_starts.size() - 1) * static_cast<size_t>(batch.max_blocks_per_seq));
+  switch (ctx.kernels) {
+    case KernelSet::kReference:
+      reference::PagedAttention(shape, batch, q, k_cache, v_cache, out, scratch);
+      return;
+    case KernelSet::kAvx2:
+      KCHECK(CpuHasAvx2Fma());
+      avx2::PagedAttention(ctx.pool, shape, batch, q, k_cache, v_cache, out, scratch);
+      return;
+  }
+}
+
+int64_t AttentionScratchFloats(const OpContext& ctx, const AttentionShape& shape,
+                               int64_t max_context_tokens) {
+  switch (ctx.kernels) {
+    case KernelSet::kReference: return max_context_tokens;
+    case KernelSet::kAvx2: {
+      int64_t n_threads = ctx.pool != nullptr ? ctx.pool->n_threads() : 1;
+      return n_threads * avx2::AttentionScratchPerThread(shape, max_context_tokens);
+    }
+  }
+  return 0;
+}
+
+void EmbeddingGather(const TensorView& table, std::span<const int32_t> ids, float* out) {
+  CheckWeight2D(table);
+  const int64_t vocab = table.shape[0];
+  const int64_t d = table.shape[1];
+  DispatchWeightDType(table.dtype, [&]<DType T>() {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      KCHECK(ids[i] >= 0 && ids[i] < vocab);
+      const int64_t base = static_cast<int64_t>(ids[i]) * d;
+      float* row = out + static_cast<int64_t>(i) * d;
+      for (int64_t j = 0; j < d; ++j) row[j] = LoadWeight<T>(table.data, base + j);
+    }
+  });
+}
+
+void RmsNorm(const float* x, int64_t n_rows, int64_t d, const TensorView& w, float eps,
+             float* y) {
+  KCHECK(w.n_dims == 1 && w.shape[0] == d);
+  DispatchWeightDType(w.dtype, [&]<DType T>() {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const float* xr = x + r * d;
+      float* yr = y + r * d;
+      float sum_sq = 0.0f;
+      for (int64_t j = 0; j < d; ++j) sum_sq += xr[j] * xr[j];
+      // torch.rsqrt(variance + eps) in f32; 1/sqrt is correctly rounded, rsqrt within 1 ulp.
+      const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(d) + eps);
+      for (int64_t j = 0; j < d; ++j) yr[j] = LoadWeight<T>(w.data, j) * (xr[j] * inv_rms);
+    }
+  });
+}
+
+void RopeTables(std::span<const int32_t> positions, std::span<const float> inv_freq,
+                float attention_scaling, float* cos_out, float* sin_out) {
+  const int64_t n_half = static_cast<int64_t>(inv_freq.size());
+  for (size_t t = 0; t < positions.size(); ++t) {
+    const float pos = static_cast<float>(positions[t]);
+    for (int64_t i = 0; i < n_half; ++i) {
+      const float freq = pos * inv_freq[i];
+      cos_out[static_cast<int64_t>(t) * n_half + i] = std::cos(freq) * attention_scaling;
+      sin_out[static_cast<int64_t>(t) * n_half + i] = std::sin(freq) * attention_scaling;
+    }
+  }
+}
+
+void ApplyRope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,
+               const float* sin, int64_t n_half) {
+  KCHECK(2 * n_half <= head_dim);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* c = cos + t * n_half;
+    const float* s = sin + t * n_half;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* head = x + (t * n_heads + h) * head_dim;
+      for (int64_t i = 0; i < n_half; ++i) {
+        const float x1 = head[i];
+        const float x2 = head[i + n_half];
+        head[i] = x1 * c[i] - x2 * s[i];
+        head[i + n_half] = x2 * c[i] + x1 * s[i];
+      }
+    }
+  }
+}
+
+void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void AddInPlace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
+             const KvLayout& layout, float* k_cache, float* v_cache) {
+  const int64_t hd = layout.head_dim;
+  for (size_t t = 0; t < slots.size(); ++t) {
+    KCHECK(slots[t] >= 0 && slots[t] < layout.n_slots());
+    for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
+      const int64_t dst = layout.RowOffset(slots[t], h);
+      const int64_t src = (static_cast<int64_t>(t) * layout.n_kv_heads + h) * hd;
+      std::copy(k + src, k + src + hd, k_cache + dst);
+      std::copy(v + src, v + src + hd, v_cache + dst);
+    }
+  }
+}
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,149 @@
+// CPU ops of the dense decoder forward, in f32 from weights in their file dtype (F32/F16/BF16).
+//
+// Two kernel sets behind one dispatch (OpContext::kernels):
+//   kReference  plain scalar loops, one thread, sequential f32 sums: the numerical reference for
+//               every fast path here and for the CUDA kernels.
+//   kAvx2       AVX2/FMA/F16C kernels (files *_avx2.cpp), threaded over output rows / heads with
+//               the ThreadPool. Selected only when CpuHasAvx2Fma() (checked at run time).
+// Both sets are deterministic: every output element is computed by one thread in a fixed order,
+// so results do not depend on the thread count. Cheap element-wise ops (norms, RoPE, SiLU) have a
+// single implementation shared by both sets.
+//
+// Weights are TensorViews into the mmapped safetensors: possibly unaligned, never written.
+// Activations are f32, row-major, contiguous; shapes are given in the comments.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace kestrel::cpu {
+
+enum class KernelSet : uint8_t { kReference, kAvx2 };
+
+std::string_view KernelSetName(KernelSet k);
+
+// AVX2 + FMA + F16C available on this CPU (and the OS saves YMM state).
+bool CpuHasAvx2Fma();
+
+struct OpContext {
+  KernelSet kernels = KernelSet::kReference;
+  ThreadPool* pool = nullptr;  // used by the fast paths; null means the calling thread only
+};
+
+// ---- Linear layers --------------------------------------------------------------------------
+
+// y = x W^T (+ b):  y[m, n] = sum_k x[m, k] * w[n, k] + bias[n]
+//   x    [m_rows, k] f32
+//   w    [n, k]      F32/F16/BF16 (2-D view)
+//   bias [n]         F32/F16/BF16, or an empty view for none
+//   y    [m_rows, n] f32 (must not alias x)
+// Reference: for each (m, n) a sequential f32 sum over k (no FMA), then + bias.
+// Fast: m_rows <= kDirectMaxRows streams W once per call with 8-lane partial sums (decode and
+// small decode batches); larger batches use a packed, cache-blocked micro-kernel (prefill).
+void Linear(const OpContext& ctx, const float* x, int64_t m_rows, const TensorView& w,
+            const TensorView& bias, float* y);
+
+// Token rows up to which the fast Linear uses the streaming (matvec-like) kernel. Measured on a
+// 2-core Zen 3: the streaming kernel (tiles of 3 weight rows x 4 tokens, 12 accumulators) beats
+// packing up to ~32 rows; above that x no longer stays in L2 and the packed kernel wins.
+inline constexpr int64_t kDirectMaxRows = 16;
+
+// ---- Element-wise (shared by both kernel sets) ----------------------------------------------
+
+// out[i, :] = f32(table[ids[i], :])
+//   table [vocab, d] F32/F16/BF16;  out [ids.size(), d]
+void EmbeddingGather(const TensorView& table, std::span<const int32_t> ids, float* out);
+
+// y[r, :] = w * (x[r, :] * 1/sqrt(mean(x[r, :]^2) + eps)), as transformers' LlamaRMSNorm in f32:
+// the weight multiplies the normalised value. y may alias x.
+//   x, y [n_rows, d];  w [d] F32/F16/BF16
+void RmsNorm(const float* x, int64_t n_rows, int64_t d, const TensorView& w, float eps, float* y);
+
+// RoPE tables for the tokens of a batch, computed as transformers does in f32:
+// freq = f32(position) * inv_freq[i]; cos = cos(freq) * attention_scaling; same for sin.
+//   positions [n_tokens];  inv_freq [n_half];  cos_out, sin_out [n_tokens, n_half]
+void RopeTables(std::span<const int32_t> positions, std::span<const float> inv_freq,
+                float attention_scaling, float* cos_out, float* sin_out);
+
+// Rotates the first 2*n_half dims of every head in place, HF rotate_half convention (pairs
+// (i, i + n_half), not interleaved): x1' = x1*cos - x2*sin, x2' = x2*cos + x1*sin.
+//   x [n_tokens, n_heads, head_dim];  cos, sin [n_tokens, n_half];  2*n_half <= head_dim
+void ApplyRope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,
+               const float* sin, int64_t n_half);
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).  out may alias gate or up.
+void SiluMul(const float* gate, const float* up, int64_t n, float* out);
+
+// x[i] += y[i]
+void AddInPlace(float* x, const float* y, int64_t n);
+
+// ---- Paged attention ------------------------------------------------------------------------
+//
+// K/V pool layout, one pair per layer:
+//   k_cache, v_cache [n_blocks, n_kv_heads, block_size, head_dim] f32
+// A slot is block * block_size + offset; the token at position p of a sequence lives at slot
+// block_table[p / block_size] * block_size + p % block_size. Within a block each kv head's rows
+// are contiguous (block_size * head_dim floats), so attention, which reads one kv head across
+// many positions, streams whole blocks instead of striding by n_kv_heads * head_dim floats
+// (a page apart at 8 x 128 heads). A block is still one contiguous
+// n_kv_heads * block_size * head_dim range, so blocks can be copied or swapped as units.
+struct KvLayout {
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int32_t block_size_tokens = 16;
+  int64_t n_blocks = 0;
+
+  int64_t n_slots() const { return n_blocks * block_size_tokens; }
+  int64_t floats_per_block() const { return n_kv_heads * block_size_tokens * head_dim; }
+  // Offset of the row of (slot, kv_head) in a cache array.
+  int64_t RowOffset(int64_t slot, int64_t kv_head) const {
+    const int64_t block = slot / block_size_tokens;
+    const int64_t offset = slot % block_size_tokens;
+    return ((block * n_kv_heads + kv_head) * block_size_tokens + offset) * head_dim;
+  }
+};
+
+// Row (slots[t], h) of k_cache = k[t, h, :]; same for v.
+//   k, v [n_tokens, n_kv_heads, head_dim];  slots [n_tokens] < layout.n_slots()
+void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
+             const KvLayout& layout, float* k_cache, float* v_cache);
+
+struct AttentionShape {
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;  // divides n_heads; query head h reads kv head h / (n_heads/n_kv_heads)
+  int64_t head_dim = 0;
+  float scale = 1.0f;          // multiplies q.k (1/sqrt(head_dim))
+  int64_t sliding_window = 0;  // > 0: position p attends (p - window, p]; 0: all of [0, p]
+  int32_t block_size_tokens = 16;
+  int64_t n_blocks = 0;  // blocks in the pool, for bounds checks
+
+  KvLayout layout() const { return {n_kv_heads, head_dim, block_size_tokens, n_blocks}; }
+};
+
+// The sequences of a flattened batch, as attention needs them (see models/batch.h).
+struct AttentionBatch {
+  std::span<const int32_t> positions;     // [n_tokens]
+  std::span<const int32_t> seq_starts;    // [n_seqs + 1]
+  std::span<const int32_t> block_tables;  // [n_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+};
+
+// Causal attention of every token over positions [0, position] (window-limited) of its own
+// sequence, read through the block table (pool layout: KvLayout). The K/V of this batch must
+// already be written.
+// Softmax in f32 with max subtraction (scores * scale, exp(s - max) / sum).
+//   q   [n_tokens, n_heads, head_dim];  out [n_tokens, n_heads, head_dim]
+//   scratch: at least AttentionScratchFloats(...) floats (per-thread score rows)
+void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const AttentionBatch& batch,
+                    const float* q, const float* k_cache, const float* v_cache, float* out,
+                    std::span<float> scratch);
+
+// Scratch floats PagedAttention needs for contexts up to max_context_tokens.
+int64_t AttentionScratchFloats(const OpContext& ctx, const AttentionShape& shape,
+                               int64_t max_context_tokens);
+
+}  // namespace kestrel::cpu

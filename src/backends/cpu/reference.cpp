@@ -1,0 +1,88 @@
+// The scalar reference kernels: one thread, sequential f32 sums in the obvious order, no FMA
+// (baseline x86-64 has none, so the compiler cannot contract). Every fast path and every CUDA
+// kernel is tested against these.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/kernels_internal.h"
+#include "core/check.h"
+
+namespace kestrel::cpu::reference {
+
+void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorView& bias, float* y) {
+  const int64_t n_out = w.shape[0];
+  const int64_t k_in = w.shape[1];
+  DispatchWeightDType(w.dtype, [&]<DType T>() {
+    for (int64_t m = 0; m < m_rows; ++m) {
+      const float* xm = x + m * k_in;
+      for (int64_t n = 0; n < n_out; ++n) {
+        const int64_t row = n * k_in;
+        float acc = 0.0f;
+        for (int64_t k = 0; k < k_in; ++k) acc += xm[k] * LoadWeight<T>(w.data, row + k);
+        y[m * n_out + n] = acc;
+      }
+    }
+  });
+  if (bias.empty()) return;
+  DispatchWeightDType(bias.dtype, [&]<DType T>() {
+    for (int64_t m = 0; m < m_rows; ++m) {
+      for (int64_t n = 0; n < n_out; ++n) y[m * n_out + n] += LoadWeight<T>(bias.data, n);
+    }
+  });
+}
+
+void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, const float* q,
+                    const float* k_cache, const float* v_cache, float* out,
+                    std::span<float> scratch) {
+  const int64_t n_heads = shape.n_heads;
+  const int64_t head_dim = shape.head_dim;
+  const int64_t group = n_heads / shape.n_kv_heads;
+  const KvLayout layout = shape.layout();
+  const int32_t bs = shape.block_size_tokens;
+  const int32_t n_seqs = static_cast<int32_t>(batch.seq_starts.size()) - 1;
+  for (int32_t s = 0; s < n_seqs; ++s) {
+    const int32_t* table = batch.block_tables.data() + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
+    for (int32_t t = batch.seq_starts[s]; t < batch.seq_starts[s + 1]; ++t) {
+      const int64_t pos = batch.positions[t];
+      const int64_t first = shape.sliding_window > 0
+                                ? std::max<int64_t>(0, pos - shape.sliding_window + 1)
+                                : 0;
+      const int64_t n_ctx = pos + 1 - first;
+      KCHECK(pos / bs < batch.max_blocks_per_seq);
+      KCHECK(static_cast<int64_t>(scratch.size()) >= n_ctx);
+      float* scores = scratch.data();
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const float* qh = q + (t * n_heads + h) * head_dim;
+        const int64_t kvh = h / group;
+        float max_score = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n_ctx; ++j) {
+          const int64_t p = first + j;
+          const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+          KCHECK(slot >= 0 && slot < layout.n_slots());
+          const float* kj = k_cache + layout.RowOffset(slot, kvh);
+          float dot = 0.0f;
+          for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kj[d];
+          scores[j] = dot * shape.scale;
+          max_score = std::max(max_score, scores[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n_ctx; ++j) {
+          scores[j] = std::exp(scores[j] - max_score);
+          sum += scores[j];
+        }
+        for (int64_t j = 0; j < n_ctx; ++j) scores[j] /= sum;
+        float* oh = out + (t * n_heads + h) * head_dim;
+        std::fill(oh, oh + head_dim, 0.0f);
+        for (int64_t j = 0; j < n_ctx; ++j) {
+          const int64_t p = first + j;
+          const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+          const float* vj = v_cache + layout.RowOffset(slot, kvh);
+          for (int64_t d = 0; d < head_dim; ++d) oh[d] += scores[j] * vj[d];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kestrel::cpu::reference

@@ -1,0 +1,38 @@
+// Loading what the model verbs share: the model, its tokenizer, EOS ids and sampling defaults.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "models/config.h"
+#include "models/model.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kestrel::cli {
+
+struct LoadedModel {
+  std::string dir;
+  std::unique_ptr<Model> model;
+  std::optional<Tokenizer> tokenizer;  // absent when the directory has no tokenizer.json
+  GenerationDefaults defaults;
+  std::vector<int32_t> eos_ids;  // config.json + generation_config.json + tokenizer eos_token
+};
+
+struct LoadFlags {
+  std::string model_dir;
+  bool need_tokenizer = true;
+  bool reference_kernels = false;
+  int64_t kv_cache_tokens = 8192;  // KV pool capacity (capped at the context length)
+  int n_threads = 0;
+};
+
+Result<LoadedModel> LoadModelForCli(const LoadFlags& flags);
+
+// Sampling parameters from generation_config.json (when do_sample is not false), else greedy.
+SamplingParams DefaultSampling(const GenerationDefaults& d);
+
+}  // namespace kestrel::cli

@@ -1,0 +1,559 @@
+#include "models/config.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "core/json_file.h"
+#include "core/mapped_file.h"
+
+namespace kestrel {
+namespace {
+
+using nlohmann::json;
+
+struct ArchInfo {
+  Architecture arch;
+  const char* class_name;
+  const char* model_type;
+};
+
+constexpr ArchInfo kArchs[] = {
+    {Architecture::kLlama, "LlamaForCausalLM", "llama"},
+    {Architecture::kMistral, "MistralForCausalLM", "mistral"},
+    {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2"},
+    {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3"},
+};
+
+// What transformers' config classes (v5) use when config.json leaves a key out.
+struct ArchDefaults {
+  std::optional<int64_t> n_kv_heads;  // nullopt: = num_attention_heads
+  std::optional<int64_t> head_dim;    // nullopt: = hidden_size / num_attention_heads
+  int64_t max_position_embeddings;
+  std::optional<int32_t> bos_token_id;
+  std::optional<int32_t> eos_token_id;
+  std::optional<int64_t> sliding_window;  // value when the key is absent
+};
+
+ArchDefaults DefaultsFor(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama:
+      return {std::nullopt, std::nullopt, 2048, 1, 2, std::nullopt};
+    case Architecture::kMistral:
+      return {8, std::nullopt, 4096 * 32, 1, 2, 4096};
+    case Architecture::kQwen2:
+      return {32, std::nullopt, 32768, std::nullopt, std::nullopt, 4096};
+    case Architecture::kQwen3:
+      return {32, 128, 32768, std::nullopt, std::nullopt, 4096};
+  }
+  return {};
+}
+
+// Typed, optional field access: absent or null -> nullopt; wrong type -> InvalidArgument
+// naming the field. `where` is "<path>: " plus, for nested objects, the parent key.
+class Fields {
+ public:
+  Fields(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  bool Has(const char* key) const { return obj_.contains(key); }
+  bool HasValue(const char* key) const {
+    auto it = obj_.find(key);
+    return it != obj_.end() && !it->is_null();
+  }
+  const json* Find(const char* key) const {
+    auto it = obj_.find(key);
+    return it == obj_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  Result<std::optional<int64_t>> Int(const char* key) const {
+    const json* v = Find(key);
+    if (v == nullptr) return std::optional<int64_t>();
+    if (v->is_number_integer()) {
+      if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        return TypeError(key, "an integer in 64-bit range", *v);
+      }
+      return std::optional<int64_t>(v->get<int64_t>());
+    }
+    // Some exporters write integral floats (4096.0).
+    if (v->is_number_float()) {
+      const double d = v->get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) {
+        return std::optional<int64_t>(static_cast<int64_t>(d));
+      }
+    }
+    return TypeError(key, "an integer", *v);
+  }
+
+  Result<std::optional<double>> Number(const char* key) const {
+    const json* v = Find(key);
+    if (v == nullptr) return std::optional<double>();
+    if (!v->is_number()) return TypeError(key, "a number", *v);
+    return std::optional<double>(v->get<double>());
+  }
+
+  Result<std::optional<bool>> Bool(const char* key) const {
+    const json* v = Find(key);
+    if (v == nullptr) return std::optional<bool>();
+    if (!v->is_boolean()) return TypeError(key, "true or false", *v);
+    return std::optional<bool>(v->get<bool>());
+  }
+
+  Result<std::optional<std::string>> String(const char* key) const {
+    const json* v = Find(key);
+    if (v == nullptr) return std::optional<std::string>();
+    if (!v->is_string()) return TypeError(key, "a string", *v);
+    return std::optional<std::string>(v->get<std::string>());
+  }
+
+  // A token id, a list of token ids, or null.
+  Result<std::vector<int32_t>> TokenIds(const char* key) const {
+    std::vector<int32_t> ids;
+    const json* v = Find(key);
+    if (v == nullptr) return ids;
+    auto one = [&](const json& x) -> Status {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+          x.get<int64_t>() > std::numeric_limits<int32_t>::max() ||
+          (x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX))) {
+        return TypeError(key, "a token id (non-negative 32-bit integer) or a list of them", *v);
+      }
+      ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+      return Status::Ok();
+    };
+    if (v->is_array()) {
+      for (const json& x : *v) KTRY(one(x));
+    } else {
+      KTRY(one(*v));
+    }
+    return ids;
+  }
+
+  Status TypeError(const char* key, const char* expected, const json& got) const {
+    return InvalidArgument(where_ + "field \"" + key + "\" must be " + expected + ", got " +
+                           JsonTypeName(got) + " " + JsonExcerpt(got));
+  }
+  Status Error(const std::string& message) const { return InvalidArgument(where_ + message); }
+  const std::string& where() const { return where_; }
+
+ private:
+  const json& obj_;
+  std::string where_;
+};
+
+Result<Architecture> ParseArchitecture(const Fields& f) {
+  std::string name;
+  if (const json* archs = f.Find("architectures")) {
+    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+      return f.TypeError("architectures", "a non-empty list of class names", *archs);
+    }
+    name = (*archs)[0].get<std::string>();
+    for (const ArchInfo& a : kArchs) {
+      if (name == a.class_name) return a.arch;
+    }
+    return Unsupported(f.where() + "architecture '" + name +
+                       "' is not supported; supported: " + SupportedArchitecturesList());
+  }
+  KASSIGN(std::optional<std::string> model_type, f.String("model_type"));
+  if (!model_type) {
+    return f.Error("neither \"architectures\" nor \"model_type\" is set");
+  }
+  for (const ArchInfo& a : kArchs) {
+    if (*model_type == a.model_type) return a.arch;
+  }
+  return Unsupported(f.where() + "model_type '" + *model_type +
+                     "' is not supported; supported: " + SupportedArchitecturesList());
+}
+
+Result<int64_t> RequiredPositive(const Fields& f, const char* key) {
+  KASSIGN(std::optional<int64_t> v, f.Int(key));
+  if (!v) return f.Error("missing required field \"" + std::string(key) + "\"");
+  if (*v <= 0)
+    return f.Error("field \"" + std::string(key) + "\" must be positive, got " +
+                   std::to_string(*v));
+  return *v;
+}
+
+Status CheckPositive(const Fields& f, const char* key, double v) {
+  if (!(v > 0) || !std::isfinite(v)) {
+    return f.Error("field \"" + std::string(key) + "\" must be a positive number, got " +
+                   std::to_string(v));
+  }
+  return Status::Ok();
+}
+
+// rope_theta + rope_scaling (published checkpoints) or rope_parameters (transformers >= 5),
+// resolved the way transformers' RotaryEmbeddingConfigMixin standardizes them.
+Status ParseRope(const Fields& top, ModelConfig* c) {
+  const json* params = nullptr;
+  std::string params_key;
+  // transformers: `rope_scaling or rope_parameters`: a non-empty rope_scaling wins.
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const json* v = top.Find(key);
+    if (v == nullptr) continue;
+    if (!v->is_object()) return top.TypeError(key, "an object", *v);
+    if (v->empty()) continue;
+    params = v;
+    params_key = key;
+    break;
+  }
+  const json empty = json::object();
+  const Fields p(params ? *params : empty, top.where() + (params ? params_key + ": " : ""));
+  for (const char* layer_type : {"full_attention", "sliding_attention"}) {
+    if (p.Has(layer_type)) {
+      return Unsupported(p.where() + "per-layer-type RoPE parameters are not supported");
+    }
+  }
+
+  RopeConfig& r = c->rope;
+  KASSIGN(std::optional<double> theta, p.Number("rope_theta"));
+  if (!theta) {
+    KASSIGN(theta, top.Number("rope_theta"));
+  }
+  r.theta = theta.value_or(10000.0);
+  KTRY(CheckPositive(top, "rope_theta", r.theta));
+
+  KASSIGN(std::optional<double> partial, p.Number("partial_rotary_factor"));
+  if (!partial) {
+    KASSIGN(partial, top.Number("partial_rotary_factor"));
+  }
+  r.partial_rotary_factor = partial.value_or(1.0);
+  if (r.partial_rotary_factor != 1.0) {
+    return Unsupported(top.where() + "partial_rotary_factor " +
+                       std::to_string(r.partial_rotary_factor) + " is not supported (only 1.0)");
+  }
+
+  KASSIGN(std::optional<std::string> type, p.String("rope_type"));
+  if (!type) {
+    KASSIGN(type, p.String("type"));
+  }
+  const std::string type_name = type.value_or("default");
+  if (type_name == "default") {
+    r.type = RopeType::kDefault;
+    return Status::Ok();
+  }
+  if (type_name == "linear") {
+    r.type = RopeType::kLinear;
+  } else if (type_name == "llama3") {
+    r.type = RopeType::kLlama3;
+  } else if (type_name == "yarn") {
+    r.type = RopeType::kYarn;
+  } else {
+    return Unsupported(p.where() + "rope type '" + type_name +
+                       "' is not supported; supported: default, linear, llama3, yarn");
+  }
+
+  // `factor` must be present; yarn alone accepts an explicit null (derived below).
+  KASSIGN(std::optional<double> factor, p.Number("factor"));
+  if (!p.Has("factor") || (!factor && r.type != RopeType::kYarn)) {
+    return p.Error("rope type '" + type_name + "' needs \"factor\"");
+  }
+
+  if (r.type == RopeType::kLinear) {
+    r.factor = *factor;
+    return CheckPositive(p, "factor", r.factor);
+  }
+
+  // The pre-extension context length: a top-level original_max_position_embeddings wins (Phi-3
+  // style), then the one inside the RoPE dict, then max_position_embeddings.
+  KASSIGN(std::optional<int64_t> orig_top, top.Int("original_max_position_embeddings"));
+  KASSIGN(std::optional<int64_t> orig_in, p.Int("original_max_position_embeddings"));
+  r.original_max_position = orig_top.value_or(orig_in.value_or(c->max_position_embeddings));
+  if (r.original_max_position <= 0) {
+    return p.Error("original_max_position_embeddings must be positive, got " +
+                   std::to_string(r.original_max_position));
+  }
+
+  if (r.type == RopeType::kLlama3) {
+    KASSIGN(std::optional<double> low, p.Number("low_freq_factor"));
+    KASSIGN(std::optional<double> high, p.Number("high_freq_factor"));
+    if (!low || !high)
+      return p.Error("rope type 'llama3' needs \"low_freq_factor\" and \"high_freq_factor\"");
+    r.factor = *factor;
+    r.low_freq_factor = *low;
+    r.high_freq_factor = *high;
+    KTRY(CheckPositive(p, "factor", r.factor));
+    KTRY(CheckPositive(p, "low_freq_factor", r.low_freq_factor));
+    if (!(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor)) {
+      return p.Error("high_freq_factor must be greater than low_freq_factor");
+    }
+    return Status::Ok();
+  }
+
+  // yarn
+  r.factor = factor ? *factor
+                    : static_cast<double>(c->max_position_embeddings) /
+                          static_cast<double>(r.original_max_position);
+  KTRY(CheckPositive(p, "factor", r.factor));
+  KASSIGN(std::optional<double> beta_fast, p.Number("beta_fast"));
+  KASSIGN(std::optional<double> beta_slow, p.Number("beta_slow"));
+  // transformers: `get("beta_fast") or 32`, so 0 also means the default.
+  r.beta_fast = beta_fast && *beta_fast != 0 ? *beta_fast : 32.0;
+  r.beta_slow = beta_slow && *beta_slow != 0 ? *beta_slow : 1.0;
+  KTRY(CheckPositive(p, "beta_fast", r.beta_fast));
+  KTRY(CheckPositive(p, "beta_slow", r.beta_slow));
+  KASSIGN(r.mscale, p.Number("mscale"));
+  KASSIGN(r.mscale_all_dim, p.Number("mscale_all_dim"));
+  KASSIGN(std::optional<bool> truncate, p.Bool("truncate"));
+  r.truncate = truncate.value_or(true);
+  KASSIGN(r.attention_factor, p.Number("attention_factor"));
+  if (!r.attention_factor) {
+    auto get_mscale = [](double scale, double m) {
+      return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+    };
+    const bool both = r.mscale && *r.mscale != 0 && r.mscale_all_dim && *r.mscale_all_dim != 0;
+    r.attention_factor =
+        both ? get_mscale(r.factor, *r.mscale) / get_mscale(r.factor, *r.mscale_all_dim)
+             : get_mscale(r.factor, 1.0);
+  }
+  if (!std::isfinite(*r.attention_factor) || *r.attention_factor < 0) {
+    return p.Error("attention_factor must be a non-negative number");
+  }
+  return Status::Ok();
+}
+
+// Which layers slide, as transformers decides it per architecture.
+Status ParseSlidingWindow(const Fields& f, const ArchDefaults& d, ModelConfig* c) {
+  c->layer_sliding.assign(static_cast<size_t>(c->n_layers), false);
+  c->sliding_window.reset();
+  if (c->arch == Architecture::kLlama) return Status::Ok();  // Llama has no sliding window
+
+  KASSIGN(std::optional<int64_t> window, f.Int("sliding_window"));
+  if (!f.Has("sliding_window")) window = d.sliding_window;  // absent: the default; null: none
+  if (window && *window <= 0) {
+    return f.Error("field \"sliding_window\" must be positive or null, got " +
+                   std::to_string(*window));
+  }
+
+  if (c->arch == Architecture::kMistral) {
+    if (window) {
+      c->sliding_window = window;
+      c->layer_sliding.assign(static_cast<size_t>(c->n_layers), true);
+    }
+    return Status::Ok();
+  }
+
+  // Qwen2 / Qwen3: the window only applies with use_sliding_window, and only to the layers that
+  // layer_types marks "sliding_attention" (default: layers >= max_window_layers).
+  KASSIGN(std::optional<bool> use, f.Bool("use_sliding_window"));
+  if (!use.value_or(false)) window.reset();
+  KASSIGN(std::optional<int64_t> max_window_layers, f.Int("max_window_layers"));
+  const int64_t first_sliding = max_window_layers.value_or(28);
+  if (first_sliding < 0) return f.Error("field \"max_window_layers\" must be >= 0");
+  std::vector<bool> sliding(static_cast<size_t>(c->n_layers), false);
+  if (const json* types = f.Find("layer_types")) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c->n_layers) {
+      return f.Error("field \"layer_types\" must be a list of " + std::to_string(c->n_layers) +
+                     " layer types");
+    }
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      if (t == "sliding_attention") {
+        sliding[i] = true;
+      } else if (t != "full_attention") {
+        return Unsupported(f.where() + "layer_types[" + std::to_string(i) +
+                           "] = " + JsonExcerpt(t) +
+                           " is not supported (full_attention or sliding_attention)");
+      }
+    }
+  } else {
+    for (int64_t i = first_sliding; i < c->n_layers; ++i) sliding[static_cast<size_t>(i)] = true;
+  }
+  if (!window) return Status::Ok();
+  bool any = false;
+  for (size_t i = 0; i < sliding.size(); ++i) {
+    c->layer_sliding[i] = sliding[i];
+    any = any || sliding[i];
+  }
+  if (any) c->sliding_window = window;
+  return Status::Ok();
+}
+
+Result<DType> ParseTorchDtype(const Fields& f) {
+  // transformers >= 5 writes "dtype"; older files "torch_dtype".
+  const char* key = f.HasValue("dtype") ? "dtype" : "torch_dtype";
+  KASSIGN(std::optional<std::string> name, f.String(key));
+  if (!name) return DType::kBF16;
+  if (*name == "bfloat16") return DType::kBF16;
+  if (*name == "float16" || *name == "half") return DType::kF16;
+  if (*name == "float32" || *name == "float") return DType::kF32;
+  return Unsupported(f.where() + "field \"" + key + "\" = '" + *name +
+                     "' is not supported (bfloat16, float16, float32)");
+}
+
+}  // namespace
+
+std::string ArchitectureName(Architecture a) {
+  for (const ArchInfo& info : kArchs) {
+    if (info.arch == a) return info.class_name;
+  }
+  return "?";
+}
+
+std::string SupportedArchitecturesList() {
+  std::string s;
+  for (const ArchInfo& info : kArchs) {
+    if (!s.empty()) s += ", ";
+    s += info.class_name;
+  }
+  return s;
+}
+
+std::string RopeTypeName(RopeType t) {
+  switch (t) {
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kLlama3:
+      return "llama3";
+    case RopeType::kYarn:
+      return "yarn";
+  }
+  return "?";
+}
+
+Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
+  const Fields f(j, path + ": ");
+  if (!j.is_object()) return f.Error("must be a JSON object, got " + JsonTypeName(j));
+  ModelConfig c;
+  KASSIGN(c.arch, ParseArchitecture(f));
+  const ArchDefaults d = DefaultsFor(c.arch);
+
+  KASSIGN(c.vocab_size, RequiredPositive(f, "vocab_size"));
+  KASSIGN(c.hidden_size, RequiredPositive(f, "hidden_size"));
+  KASSIGN(c.intermediate_size, RequiredPositive(f, "intermediate_size"));
+  KASSIGN(c.n_layers, RequiredPositive(f, "num_hidden_layers"));
+  KASSIGN(c.n_heads, RequiredPositive(f, "num_attention_heads"));
+  if (c.vocab_size > std::numeric_limits<int32_t>::max()) {
+    return f.Error("vocab_size " + std::to_string(c.vocab_size) + " does not fit 32-bit token ids");
+  }
+
+  KASSIGN(std::optional<int64_t> kv, f.Int("num_key_value_heads"));
+  if (!f.Has("num_key_value_heads")) kv = d.n_kv_heads;
+  c.n_kv_heads = kv.value_or(c.n_heads);
+  if (c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads != 0) {
+    return f.Error("num_attention_heads (" + std::to_string(c.n_heads) +
+                   ") must be a positive multiple of num_key_value_heads (" +
+                   std::to_string(c.n_kv_heads) + ")");
+  }
+
+  KASSIGN(std::optional<int64_t> head_dim, f.Int("head_dim"));
+  if (!f.Has("head_dim")) head_dim = d.head_dim;
+  if (head_dim) {
+    c.head_dim = *head_dim;
+  } else {
+    if (c.hidden_size % c.n_heads != 0) {
+      return f.Error("hidden_size (" + std::to_string(c.hidden_size) +
+                     ") is not a multiple of num_attention_heads (" + std::to_string(c.n_heads) +
+                     ") and head_dim is not given");
+    }
+    c.head_dim = c.hidden_size / c.n_heads;
+  }
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) {
+    return f.Error("head_dim must be positive and even (RoPE rotates pairs), got " +
+                   std::to_string(c.head_dim));
+  }
+
+  KASSIGN(std::optional<int64_t> max_pos, f.Int("max_position_embeddings"));
+  c.max_position_embeddings = max_pos.value_or(d.max_position_embeddings);
+  if (c.max_position_embeddings <= 0) {
+    return f.Error("max_position_embeddings must be positive, got " +
+                   std::to_string(c.max_position_embeddings));
+  }
+
+  KASSIGN(std::optional<double> eps, f.Number("rms_norm_eps"));
+  c.rms_norm_eps = eps.value_or(1e-6);
+  KTRY(CheckPositive(f, "rms_norm_eps", c.rms_norm_eps));
+
+  KASSIGN(std::optional<std::string> act, f.String("hidden_act"));
+  if (act && *act != "silu") {
+    return Unsupported(path + ": hidden_act '" + *act + "' is not supported (silu)");
+  }
+
+  KASSIGN(std::optional<bool> attention_bias, f.Bool("attention_bias"));
+  KASSIGN(std::optional<bool> mlp_bias, f.Bool("mlp_bias"));
+  switch (c.arch) {
+    case Architecture::kLlama:
+      c.attention_bias = c.attention_out_bias = attention_bias.value_or(false);
+      c.mlp_bias = mlp_bias.value_or(false);
+      break;
+    case Architecture::kMistral:  // transformers builds Mistral without any bias
+      break;
+    case Architecture::kQwen2:  // q/k/v always carry a bias, o_proj never
+      c.attention_bias = true;
+      break;
+    case Architecture::kQwen3:
+      c.attention_bias = c.attention_out_bias = attention_bias.value_or(false);
+      c.qk_norm = true;
+      break;
+  }
+
+  KASSIGN(std::optional<bool> tie, f.Bool("tie_word_embeddings"));
+  c.tie_word_embeddings = tie.value_or(false);
+  KASSIGN(c.torch_dtype, ParseTorchDtype(f));
+
+  KASSIGN(std::vector<int32_t> bos, f.TokenIds("bos_token_id"));
+  if (bos.size() > 1) return f.Error("field \"bos_token_id\" must be one token id");
+  if (!f.Has("bos_token_id")) {
+    c.bos_token_id = d.bos_token_id;
+  } else if (!bos.empty()) {
+    c.bos_token_id = bos[0];
+  }
+  KASSIGN(c.eos_token_ids, f.TokenIds("eos_token_id"));
+  if (!f.Has("eos_token_id") && d.eos_token_id) c.eos_token_ids = {*d.eos_token_id};
+
+  KTRY(ParseSlidingWindow(f, d, &c));
+  KTRY(ParseRope(f, &c));
+  return c;
+}
+
+Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  KASSIGN(json j, ReadJsonFile(path));
+  return ParseModelConfig(j, path);
+}
+
+Result<GenerationDefaults> ParseGenerationDefaults(const json& j, const std::string& path) {
+  const Fields f(j, path + ": ");
+  if (!j.is_object()) return f.Error("must be a JSON object, got " + JsonTypeName(j));
+  GenerationDefaults g;
+  KASSIGN(g.eos_token_ids, f.TokenIds("eos_token_id"));
+  KASSIGN(std::vector<int32_t> bos, f.TokenIds("bos_token_id"));
+  if (bos.size() > 1) return f.Error("field \"bos_token_id\" must be one token id");
+  if (!bos.empty()) g.bos_token_id = bos[0];
+
+  auto as_float = [](const std::optional<double>& v) {
+    return v ? std::optional<float>(static_cast<float>(*v)) : std::optional<float>();
+  };
+  KASSIGN(std::optional<double> temperature, f.Number("temperature"));
+  KASSIGN(std::optional<double> top_p, f.Number("top_p"));
+  KASSIGN(std::optional<double> min_p, f.Number("min_p"));
+  KASSIGN(std::optional<double> repetition_penalty, f.Number("repetition_penalty"));
+  KASSIGN(std::optional<int64_t> top_k, f.Int("top_k"));
+  KASSIGN(g.do_sample, f.Bool("do_sample"));
+  if (temperature && (*temperature < 0 || !std::isfinite(*temperature))) {
+    return f.Error("temperature must be >= 0");
+  }
+  if (top_p && !(*top_p > 0 && *top_p <= 1)) return f.Error("top_p must be in (0, 1]");
+  if (min_p && !(*min_p >= 0 && *min_p <= 1)) return f.Error("min_p must be in [0, 1]");
+  if (repetition_penalty && !(*repetition_penalty > 0 && std::isfinite(*repetition_penalty))) {
+    return f.Error("repetition_penalty must be > 0");
+  }
+  if (top_k && (*top_k < 0 || *top_k > std::numeric_limits<int32_t>::max())) {
+    return f.Error("top_k must be >= 0");
+  }
+  g.temperature = as_float(temperature);
+  g.top_p = as_float(top_p);
+  g.min_p = as_float(min_p);
+  g.repetition_penalty = as_float(repetition_penalty);
+  if (top_k) g.top_k = static_cast<int32_t>(*top_k);
+  return g;
+}
+
+Result<GenerationDefaults> LoadGenerationDefaults(const std::string& model_dir) {
+  const std::string path = model_dir + "/generation_config.json";
+  if (!FileExists(path)) return GenerationDefaults{};
+  KASSIGN(json j, ReadJsonFile(path));
+  return ParseGenerationDefaults(j, path);
+}
+
+}  // namespace kestrel

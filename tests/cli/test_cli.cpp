@@ -1,0 +1,220 @@
+// The CLI checked from outside: exit codes, one-line errors, JSON-lines protocols.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "run_process.h"
+
+namespace kestrel::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kSource = KESTREL_SOURCE_DIR;
+const std::string kQwen3Tok = kSource + "/tests/data/npm/qwen3";
+const std::string kQwen3Fixture = kSource + "/tests/data/models/qwen3";
+
+int CountLines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+std::vector<json> JsonLines(const std::string& s) {
+  std::vector<json> out;
+  std::istringstream in(s);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+fs::path TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("kestrel_cli_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+void WriteFile(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary);
+  f << text;
+}
+
+TEST(Cli, NoVerbIsAOneLineErrorWithExit2) {
+  ProcessResult r = RunKestrel({});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("kestrel: error:"), std::string::npos);
+}
+
+TEST(Cli, UnknownFlagIsAOneLineError) {
+  ProcessResult r = RunKestrel({"generate", "--prompt", "x", "--no-such-flag"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+TEST(Cli, BadFlagValueIsAOneLineError) {
+  ProcessResult r = RunKestrel({"generate", "--prompt", "x", "--max-tokens", "many"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+}
+
+TEST(Cli, MissingModelDirectory) {
+  ProcessResult r = RunKestrel({"generate", "--model", "/nonexistent/model", "--prompt", "hi"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/model"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+TEST(Cli, MalformedConfigNamesTheFile) {
+  fs::path dir = TempDir("badcfg");
+  WriteFile(dir / "config.json", "{\"architectures\": [\"LlamaForCausalLM\"], ");
+  ProcessResult r = RunKestrel({"info", "--model", dir.string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("config.json"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+  fs::remove_all(dir);
+}
+
+TEST(Cli, UnsupportedArchitectureListsSupportedOnes) {
+  fs::path dir = TempDir("badarch");
+  WriteFile(dir / "config.json", R"({"architectures": ["GPT2LMHeadModel"], "vocab_size": 10})");
+  ProcessResult r = RunKestrel({"info", "--model", dir.string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("GPT2LMHeadModel"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Qwen3ForCausalLM"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
+TEST(Cli, TokenizeAndDecodeRoundTrip) {
+  ProcessResult enc = RunKestrel({"tokenize", "--model", kQwen3Tok},
+                                 "{\"text\": \"Hello, world! def f(x):\\n\\treturn x\"}\n"
+                                 "{\"text\": \"<|im_start|>user\\nhé 你好<|im_end|>\"}\n");
+  ASSERT_EQ(enc.exit_code, 0) << enc.err;
+  std::vector<json> lines = JsonLines(enc.out);
+  ASSERT_EQ(lines.size(), 2u);
+  // <|im_start|> is matched as one special token in the text.
+  EXPECT_EQ(lines[1]["ids"][0], 151644);
+  std::string dec_in;
+  for (const json& l : lines) dec_in += json{{"ids", l["ids"]}}.dump() + "\n";
+  ProcessResult dec = RunKestrel({"tokenize", "--model", kQwen3Tok, "--decode"}, dec_in);
+  ASSERT_EQ(dec.exit_code, 0) << dec.err;
+  std::vector<json> texts = JsonLines(dec.out);
+  ASSERT_EQ(texts.size(), 2u);
+  EXPECT_EQ(texts[0]["text"], "Hello, world! def f(x):\n\treturn x");
+  EXPECT_EQ(texts[1]["text"], "<|im_start|>user\nhé 你好<|im_end|>");
+}
+
+TEST(Cli, TokenizeAnswersEveryLineAndFlagsBadOnes) {
+  ProcessResult r = RunKestrel({"tokenize", "--model", kQwen3Tok},
+                               "{\"text\": \"a\"}\nnot json\n{\"txt\": 1}\n{\"text\": \"b\"}\n");
+  EXPECT_EQ(r.exit_code, 1);
+  std::vector<json> lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_TRUE(lines[0].contains("ids"));
+  EXPECT_TRUE(lines[1].contains("error"));
+  EXPECT_TRUE(lines[2].contains("error"));
+  EXPECT_TRUE(lines[3].contains("ids"));
+}
+
+TEST(Cli, DecodeRejectsIdsOutsideTheVocabulary) {
+  ProcessResult r = RunKestrel({"tokenize", "--model", kQwen3Tok, "--decode"},
+                               "{\"ids\": [9999999]}\n{\"ids\": [-1]}\n");
+  EXPECT_EQ(r.exit_code, 1);
+  std::vector<json> lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_TRUE(lines[0].contains("error"));
+  EXPECT_TRUE(lines[1].contains("error"));
+}
+
+TEST(Cli, RenderChatQwen3) {
+  json req = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+              {"tools", nullptr},
+              {"add_generation_prompt", true},
+              {"kwargs", {{"enable_thinking", false}}}};
+  ProcessResult r = RunKestrel({"render-chat", "--model", kQwen3Tok}, req.dump() + "\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<json> lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["rendered"],
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+TEST(Cli, RenderChatReportsTemplateErrorsPerLine) {
+  // A line with the wrong shape gets an error; the next line is still answered.
+  json bad = {{"messages", "not a list"}};
+  json good = {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+               {"add_generation_prompt", false}};
+  ProcessResult r =
+      RunKestrel({"render-chat", "--model", kQwen3Tok}, bad.dump() + "\n" + good.dump() + "\n");
+  EXPECT_EQ(r.exit_code, 1);
+  std::vector<json> lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_TRUE(lines[0].contains("error"));
+  EXPECT_EQ(lines[1]["rendered"], "<|im_start|>user\nx<|im_end|>\n");
+}
+
+TEST(Cli, LogitsMatchTheTransformersReference) {
+  std::ifstream ref_file(kQwen3Fixture + "/reference.json");
+  ASSERT_TRUE(ref_file) << "missing fixture " << kQwen3Fixture << " (tools/make_fixtures.py)";
+  json ref = json::parse(ref_file);
+  std::vector<int> prompt = ref["prompts"][0];
+  std::string ids;
+  for (int id : prompt) {
+    if (!ids.empty()) ids.push_back(',');
+    ids.append(std::to_string(id));
+  }
+  ProcessResult r = RunKestrel({"logits", "--model", kQwen3Fixture, "--ids", ids, "--greedy", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  EXPECT_EQ(out["argmax"], ref["argmax"][0]);
+  std::vector<int> greedy = out["greedy"];
+  std::vector<int> ref_greedy = ref["greedy"][0];
+  ref_greedy.resize(8);
+  EXPECT_EQ(greedy, ref_greedy);
+  EXPECT_EQ(out["last_logits"].size(), static_cast<size_t>(ref["logits_shape"][0][1]));
+}
+
+TEST(Cli, LogitsRejectsBadIds) {
+  ProcessResult r = RunKestrel({"logits", "--model", kQwen3Fixture, "--ids", "1,x,3"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  ProcessResult r2 = RunKestrel({"logits", "--model", kQwen3Fixture, "--ids", "99999999"});
+  EXPECT_EQ(r2.exit_code, 1);
+  EXPECT_EQ(CountLines(r2.err), 1) << r2.err;
+}
+
+TEST(Cli, InfoDescribesTheModel) {
+  ProcessResult r = RunKestrel({"info", "--model", kQwen3Fixture});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  EXPECT_EQ(out["architecture"], "Qwen3ForCausalLM");
+  EXPECT_GT(out["parameters"].get<int64_t>(), 0);
+}
+
+TEST(Cli, TruncatedWeightsAreAOneLineError) {
+  fs::path dir = TempDir("trunc");
+  for (const char* f : {"config.json", "model.safetensors"}) {
+    fs::copy_file(kQwen3Fixture + "/" + f, dir / f);
+  }
+  fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") / 2);
+  ProcessResult r = RunKestrel({"logits", "--model", dir.string(), "--ids", "1,2"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kestrel::testing
