@@ -3,7 +3,11 @@
 //   matvec   decode-shaped Linear (1..4 token rows) on weights larger than L3: GB/s of weights
 //   matmul   prefill-shaped Linear (many token rows): GFLOP/s
 //   attention decode attention over a long context: GB/s of K/V read
+//   model    with --model DIR: prefill and decode of a real model directory through Forward, with
+//            the ForwardStats breakdown (attention / matmul / other) and GB/s of weights read
 // Usage: bench_cpu_kernels [--threads N] [--quick] [--only matvec|matmul|attention]
+//        bench_cpu_kernels --model DIR [--threads N] [--prefill 128] [--decode 32] [--depth 0]
+//                          [--reference]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +22,7 @@
 #include "core/dtype.h"
 #include "core/memory_bandwidth.h"
 #include "core/thread_pool.h"
+#include "models/model.h"
 
 namespace kestrel {
 namespace {
@@ -73,21 +78,149 @@ std::vector<float> RandomFloats(int64_t n, std::mt19937& rng) {
   return v;
 }
 
+json StatsJson(const ForwardStats& st, double seconds) {
+  return {{"attention_s", st.attention_s},
+          {"matmul_s", st.matmul_s},
+          {"other_s", st.other_s},
+          {"unaccounted_s", seconds - st.attention_s - st.matmul_s - st.other_s},
+          {"weight_bytes_read", st.weight_bytes_read},
+          {"weight_gb_per_s_in_matmul", st.matmul_s > 0 ? st.weight_bytes_read / st.matmul_s / 1e9 : 0}};
+}
+
+// One sequence through Forward: prefill of `prefill` tokens (best of 3), then `decode` tokens one
+// per Forward after a context of `depth` tokens. Token ids are arbitrary (speed does not depend
+// on them); block table = identity.
+int RunModel(const std::string& dir, int n_threads, int64_t prefill, int64_t decode,
+             int64_t depth, bool reference, double read_gbs, double fma_gflops) {
+  ModelLoadOptions opts;
+  opts.kernels = reference ? CpuKernels::kReference : CpuKernels::kAuto;
+  opts.n_threads = n_threads;
+  opts.kv_cache_tokens = std::max(prefill, depth + decode) + 16;
+  Result<std::unique_ptr<Model>> loaded = Model::Load(dir, opts);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "bench_cpu_kernels: %s\n", loaded.status().message().c_str());
+    return 1;
+  }
+  Model& model = **loaded;
+  const ModelConfig& cfg = model.config();
+  std::vector<int32_t> table(static_cast<size_t>(model.n_kv_blocks()));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
+  std::vector<int32_t> ids, positions, slots;
+  // Runs positions [begin, begin + n) of the sequence; logits of the last row.
+  auto forward = [&](int64_t begin, int64_t n) {
+    ids.resize(static_cast<size_t>(n));
+    positions.resize(ids.size());
+    slots.resize(ids.size());
+    for (int64_t i = 0; i < n; ++i) {
+      ids[i] = static_cast<int32_t>((begin + i) * 7919 % cfg.vocab_size);
+      positions[i] = static_cast<int32_t>(begin + i);
+      slots[i] = static_cast<int32_t>(begin + i);  // identity table: slot = position
+    }
+    const int32_t starts[2] = {0, static_cast<int32_t>(n)};
+    const int32_t ctx_len = static_cast<int32_t>(begin + n);
+    const int32_t last = static_cast<int32_t>(n - 1);
+    Batch b;
+    b.token_ids = ids;
+    b.positions = positions;
+    b.slot_mapping = slots;
+    b.seq_starts = starts;
+    b.context_lens = std::span<const int32_t>(&ctx_len, 1);
+    b.block_tables = table;
+    b.max_blocks_per_seq = static_cast<int32_t>(table.size());
+    b.logits_indices = std::span<const int32_t>(&last, 1);
+    model.Forward(b, logits.data());
+  };
+
+  json out;
+  out["model"] = dir;
+  out["kernels"] = model.kernels_name();
+  out["threads"] = n_threads;
+  out["weight_bytes"] = model.weight_bytes();
+  out["roofline"] = {{"read_gb_per_s", read_gbs}, {"fma_gflop_per_s", fma_gflops}};
+  // Multiply-adds per token in the linear layers (LM head counted once per forward).
+  const int64_t q_dim = cfg.n_heads * cfg.head_dim, kv_dim = cfg.n_kv_heads * cfg.head_dim;
+  const double layer_macs = static_cast<double>(cfg.hidden_size) * (2 * q_dim + 2 * kv_dim) +
+                            3.0 * cfg.hidden_size * cfg.intermediate_size;
+  if (prefill > 0) {
+    forward(0, prefill);  // warm-up: page faults of the weights and scratch
+    double best = 1e30;
+    ForwardStats best_stats;
+    for (int r = 0; r < 3; ++r) {
+      model.ResetStats();
+      const Clock::time_point t0 = Clock::now();
+      forward(0, prefill);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s < best) {
+        best = s;
+        best_stats = model.stats();
+      }
+    }
+    const double n = static_cast<double>(prefill);
+    const double flops = 2.0 * (cfg.n_layers * layer_macs * n +
+                                static_cast<double>(cfg.vocab_size) * cfg.hidden_size) +
+                         4.0 * cfg.n_layers * q_dim * (n * (n + 1) / 2);
+    out["prefill"] = {{"tokens", prefill},
+                      {"seconds", best},
+                      {"tok_per_s", n / best},
+                      {"gflop_per_s", flops / best / 1e9},
+                      {"fraction_of_fma_peak", flops / best / 1e9 / fma_gflops},
+                      {"stats", StatsJson(best_stats, best)}};
+  }
+  if (decode > 0) {
+    // A first pass over the same positions faults in the KV pages (a server touches each page
+    // once in its life), then the timed pass.
+    forward(0, std::max<int64_t>(depth, 1));
+    for (int64_t i = 0; i < decode; ++i) forward(std::max<int64_t>(depth, 1) + i, 1);
+    model.ResetStats();
+    const Clock::time_point t0 = Clock::now();
+    for (int64_t i = 0; i < decode; ++i) forward(std::max<int64_t>(depth, 1) + i, 1);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const ForwardStats& st = model.stats();
+    const double kv_bytes = static_cast<double>(model.kv_bytes_per_token()) *
+                            (static_cast<double>(std::max<int64_t>(depth, 1)) + decode / 2.0);
+    const double bytes_per_token = static_cast<double>(st.weight_bytes_read) / decode + kv_bytes;
+    out["decode"] = {{"depth", depth},
+                     {"tokens", decode},
+                     {"tok_per_s", decode / s},
+                     {"ms_per_token", s / decode * 1e3},
+                     {"bytes_per_token", bytes_per_token},
+                     {"gb_per_s", bytes_per_token * decode / s / 1e9},
+                     {"fraction_of_read_bw", bytes_per_token * decode / s / 1e9 / read_gbs},
+                     {"stats", StatsJson(st, s)}};
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   int n_threads = 0;
   bool quick = false;
-  std::string only;
+  std::string only, model_dir;
+  int64_t prefill = 128, decode = 32, depth = 0;
+  bool reference = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       n_threads = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
+    } else if (std::strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
+      model_dir = argv[++i];
+    } else if (std::strcmp(argv[i], "--prefill") == 0 && i + 1 < argc) {
+      prefill = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--decode") == 0 && i + 1 < argc) {
+      decode = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--depth") == 0 && i + 1 < argc) {
+      depth = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--reference") == 0) {
+      reference = true;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_cpu_kernels [--threads N] [--quick] "
-                   "[--only matvec|matmul|attention]\n");
+                   "[--only matvec|matmul|attention] | --model DIR [--prefill N] [--decode N] "
+                   "[--depth N] [--reference]\n");
       return 2;
     }
   }
@@ -106,6 +239,10 @@ int Main(int argc, char** argv) {
   for (int r = 0; r < (quick ? 1 : 3); ++r) {
     read_gbs = std::max(read_gbs, MeasureReadBandwidth(pool, int64_t{1} << 29, 3));
     fma_gflops = std::max(fma_gflops, MeasureFmaPeak(pool, 1));
+  }
+  if (!model_dir.empty()) {
+    return RunModel(model_dir, pool.n_threads(), prefill, decode, depth, reference, read_gbs,
+                    fma_gflops);
   }
   out["roofline"] = {{"read_gb_per_s", read_gbs}, {"fma_gflop_per_s", fma_gflops}};
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Golden token ids from Hugging Face `tokenizers` for Kestrel's tokenizer tests, and HF's
-single-thread encode throughput for comparison with bench_tokenizer.
+single-thread encode throughput for comparison with bench_tokenizer
+(benches/tokenizer.cpp).
 
 Needs the `tokenizers` Python package (0.23.x); no network access.
 
@@ -12,13 +13,14 @@ Goldens: one output line per corpus line, same order:
     python3 tools/golden_tokenizer.py --tokenizer-dir tests/data/npm/qwen3 --name qwen3 \\
         --corpus tests/data/tokenizer/corpus.jsonl --out tests/data/tokenizer/golden_qwen3.jsonl
 
-Benchmark (single thread, median of 3; the same workload as bench_tokenizer):
+Benchmark (--bench; single thread, median of 3; the same workload as bench_tokenizer):
   lines        every corpus line encoded on its own with encode()
   lines_batch  encode_batch() over all lines (one thread)
   doc20x       the lines joined with "\\n" into one document, encoded 20 times
     python3 tools/golden_tokenizer.py --tokenizer-dir tests/data/npm/qwen3 --name qwen3 \\
-        --corpus tests/data/tokenizer/corpus.jsonl --bench
-Prints one JSON object; "hf_bytes_per_s" is the doc20x figure.
+        --corpus tests/data/tokenizer/corpus.jsonl --bench [--out hf_bench_qwen3.json]
+Prints one JSON object (and writes it to --out when given; no goldens are written in this
+mode); "hf_bytes_per_s" is the doc20x figure.
 """
 
 import argparse
@@ -160,11 +162,13 @@ def main():
     parser.add_argument("--tokenizer-dir", required=True, help="directory with tokenizer.json")
     parser.add_argument("--name", required=True, help="name recorded in the output (qwen3, llama3)")
     parser.add_argument("--corpus", required=True, help="corpus.jsonl ({\"text\": ...} per line)")
-    parser.add_argument("--out", help="golden output path (golden_NAME.jsonl)")
-    parser.add_argument("--bench", action="store_true", help="measure single-thread throughput")
+    parser.add_argument("--out", help="golden output path (golden_NAME.jsonl); with --bench, "
+                        "where the benchmark JSON goes")
+    parser.add_argument("--bench", action="store_true",
+                        help="measure single-thread throughput instead of writing goldens")
     args = parser.parse_args()
     if not args.out and not args.bench:
-        fail("nothing to do: give --out and/or --bench")
+        fail("nothing to do: give --out (goldens) or --bench")
 
     if args.bench:
         # One thread everywhere: encode_batch would otherwise use every core. Must be set before
@@ -177,12 +181,11 @@ def main():
     tok, version = load_tokenizer(args.tokenizer_dir)
     load_seconds = time.perf_counter() - load_start
 
-    if args.out:
+    if not args.bench:
         n_tokens = write_goldens(tok, texts, args.out)
         print(f"golden_tokenizer.py: {args.name}: wrote {len(texts)} lines, {n_tokens} tokens "
               f"to {args.out}", file=sys.stderr)
-
-    if args.bench:
+    else:
         result = bench(tok, texts)
         report = {
             "name": args.name,
@@ -195,7 +198,13 @@ def main():
             "hf_tokens_per_s": result["doc20x"]["tokens_per_s"],
         }
         report.update(result)
-        print(json.dumps(report, indent=2))
+        text = json.dumps(report, indent=2)
+        print(text)
+        if args.out:
+            out_dir = os.path.dirname(os.path.abspath(args.out))
+            os.makedirs(out_dir, exist_ok=True)
+            with open(args.out, "w", encoding="utf-8", newline="\n") as f:
+                f.write(text + "\n")
 
 
 if __name__ == "__main__":

@@ -46,30 +46,35 @@ json TokenizeLine(const Tokenizer& tok, const json& in, bool decode) {
   return json{{"ids", tok.Encode(it->get<std::string>(), /*add_special_tokens=*/false)}};
 }
 
-json RenderLine(const ChatTemplate& tmpl, const json& in) {
+// Request JSON keeps its key order (ordered_json): templates print tool schemas with tojson,
+// and transformers keeps the order the caller wrote.
+json RenderLine(const ChatTemplate& tmpl, const std::string& line) {
+  using ojson = nlohmann::ordered_json;
+  ojson in = ojson::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (in.is_discarded()) return ErrorLine("input line is not valid JSON");
+  if (!in.is_object()) return ErrorLine("input line must be a JSON object");
   auto messages = in.find("messages");
   if (messages == in.end() || !messages->is_array()) return ErrorLine("expected \"messages\": [...]");
-  json tools = in.value("tools", json(nullptr));
+  ojson tools = in.value("tools", ojson(nullptr));
   if (!tools.is_null() && !tools.is_array()) return ErrorLine("\"tools\" must be an array or null");
-  json agp = in.value("add_generation_prompt", json(false));
+  ojson agp = in.value("add_generation_prompt", ojson(false));
   if (!agp.is_boolean()) return ErrorLine("\"add_generation_prompt\" must be a boolean");
-  json kwargs = in.value("kwargs", json::object());
-  if (kwargs.is_null()) kwargs = json::object();
+  ojson kwargs = in.value("kwargs", ojson::object());
+  if (kwargs.is_null()) kwargs = ojson::object();
   if (!kwargs.is_object()) return ErrorLine("\"kwargs\" must be an object");
   Result<std::string> r = tmpl.Render(*messages, tools, agp.get<bool>(), kwargs);
   if (!r.ok()) return ErrorLine(r.status().message());
   return json{{"rendered", *r}};
 }
 
-// Drives a JSON-lines loop; returns the exit code.
+// Drives a JSON-lines loop over raw lines; returns the exit code.
 template <class Fn>
 int JsonLinesLoop(Fn&& handle_line) {
   std::string line;
   bool any_error = false;
   while (std::getline(std::cin, line)) {
     if (line.empty() || line == "\r") continue;
-    Result<json> in = ParseLine(line);
-    json out = in.ok() ? handle_line(*in) : ErrorLine(in.status().message());
+    json out = handle_line(line);
     any_error |= out.contains("error");
     WriteLine(DumpJson(out));
   }
@@ -98,7 +103,10 @@ void RegisterTokenize(CLI::App& app, int& exit_code) {
       exit_code = Fail(tok.status());
       return;
     }
-    exit_code = JsonLinesLoop([&](const json& in) { return TokenizeLine(*tok, in, *decode); });
+    exit_code = JsonLinesLoop([&](const std::string& line) {
+      Result<json> in = ParseLine(line);
+      return in.ok() ? TokenizeLine(*tok, *in, *decode) : ErrorLine(in.status().message());
+    });
   });
 }
 
@@ -119,7 +127,7 @@ void RegisterRenderChat(CLI::App& app, int& exit_code) {
       exit_code = Fail(tmpl.status());
       return;
     }
-    exit_code = JsonLinesLoop([&](const json& in) { return RenderLine(*tmpl, in); });
+    exit_code = JsonLinesLoop([&](const std::string& line) { return RenderLine(*tmpl, line); });
   });
 }
 

@@ -1,4 +1,5 @@
-// kestrel: one binary, one verb per job (generate, tokenize, render-chat, logits, info, bench).
+// kestrel: one binary, one verb per job (serve, generate, tokenize, render-chat, logits, info,
+// bench).
 #include <cstdio>
 #include <exception>
 
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   kestrel::cli::RegisterLogits(app, exit_code);
   kestrel::cli::RegisterInfo(app, exit_code);
   kestrel::cli::RegisterBench(app, exit_code);
+  kestrel::cli::RegisterServe(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -11,5 +11,6 @@ void RegisterRenderChat(CLI::App& app, int& exit_code);
 void RegisterLogits(CLI::App& app, int& exit_code);
 void RegisterInfo(CLI::App& app, int& exit_code);
 void RegisterBench(CLI::App& app, int& exit_code);
+void RegisterServe(CLI::App& app, int& exit_code);
 
 }  // namespace kestrel::cli

@@ -16,6 +16,8 @@ enum class StatusCode {
   kUnsupported,        // valid but not supported (architecture, dtype, feature)
   kOutOfRange,         // offsets, sizes, context length
   kResourceExhausted,  // memory budget, queue full
+  kUnavailable,        // shutting down
+  kCancelled,          // the client went away
   kInternal,
 };
 
@@ -48,6 +50,8 @@ inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::
 inline Status ResourceExhausted(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};
 }
+inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // A value or the Status explaining why there is none.

@@ -154,6 +154,9 @@ Result<std::unique_ptr<Model>> LoadDenseDecoder(ModelConfig config, WeightStore 
     return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
                              " tokens x " + std::to_string(m->kv_bytes_per_token()) + " bytes");
   }
+  // Attention score rows for the whole capacity now, so that a long context never allocates in
+  // Forward; activation buffers are sized by the first batches (see ForwardScratch).
+  m->EnsureScratch(1, n_slots);
   return std::unique_ptr<Model>(std::move(m));
 }
 

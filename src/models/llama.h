@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,8 +89,8 @@ class DenseDecoder final : public Model {
   void CheckBatch(const Batch& batch) const;
   void EnsureScratch(int64_t n_tokens, int64_t max_context);
   void Layer(int64_t layer, const Batch& batch);
-  void LinearTimed(const float* x, int64_t m_rows, const TensorView& w, const TensorView& bias,
-                   float* y);
+  // Runs the jobs as one parallel region (cpu::LinearGroup) and accounts time and bytes.
+  void LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJob> jobs);
   float* k_cache(int64_t layer) { return kv_.get() + (2 * layer) * n_slots_ * kv_dim_; }
   float* v_cache(int64_t layer) { return kv_.get() + (2 * layer + 1) * n_slots_ * kv_dim_; }
 

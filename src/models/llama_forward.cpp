@@ -75,12 +75,14 @@ void DenseDecoder::EnsureScratch(int64_t n_tokens, int64_t max_context) {
   }
 }
 
-void DenseDecoder::LinearTimed(const float* x, int64_t m_rows, const TensorView& w,
-                               const TensorView& bias, float* y) {
+void DenseDecoder::LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJob> jobs) {
   const Clock::time_point t0 = Clock::now();
-  cpu::Linear(ops_, x, m_rows, w, bias, y);
+  cpu::LinearGroup(ops_, m_rows, std::span<const cpu::LinearJob>(jobs.begin(), jobs.size()));
   stats_.matmul_s += SecondsSince(t0);
-  stats_.weight_bytes_read += static_cast<int64_t>(w.size_bytes() + bias.size_bytes());
+  for (const cpu::LinearJob& job : jobs) {
+    stats_.weight_bytes_read += static_cast<int64_t>(
+        job.w->size_bytes() + (job.bias != nullptr ? job.bias->size_bytes() : 0));
+  }
 }
 
 void DenseDecoder::Layer(int64_t layer, const Batch& batch) {
@@ -96,9 +98,9 @@ void DenseDecoder::Layer(int64_t layer, const Batch& batch) {
   Clock::time_point t0 = Clock::now();
   cpu::RmsNorm(s.x.data(), n, hidden, w.input_norm, eps, s.xn.data());
   stats_.other_s += SecondsSince(t0);
-  LinearTimed(s.xn.data(), n, w.q_proj, w.q_bias, s.q.data());  // [n, n_heads*head_dim]
-  LinearTimed(s.xn.data(), n, w.k_proj, w.k_bias, s.k.data());  // [n, n_kv_heads*head_dim]
-  LinearTimed(s.xn.data(), n, w.v_proj, w.v_bias, s.v.data());  // [n, n_kv_heads*head_dim]
+  LinearTimed(n, {{s.xn.data(), &w.q_proj, &w.q_bias, s.q.data()},    // [n, n_heads*head_dim]
+                  {s.xn.data(), &w.k_proj, &w.k_bias, s.k.data()},    // [n, n_kv_heads*head_dim]
+                  {s.xn.data(), &w.v_proj, &w.v_bias, s.v.data()}});  // [n, n_kv_heads*head_dim]
   t0 = Clock::now();
   if (c.qk_norm) {  // Qwen3: RMSNorm over head_dim of every head, before RoPE
     cpu::RmsNorm(s.q.data(), n * c.n_heads, c.head_dim, w.q_norm, eps, s.q.data());
@@ -130,19 +132,19 @@ void DenseDecoder::Layer(int64_t layer, const Batch& batch) {
   stats_.attention_s += SecondsSince(t0);
 
   // Output projection and residual.
-  LinearTimed(s.attn.data(), n, w.o_proj, w.o_bias, s.tmp.data());  // [n, hidden]
+  LinearTimed(n, {{s.attn.data(), &w.o_proj, &w.o_bias, s.tmp.data()}});  // [n, hidden]
   t0 = Clock::now();
   cpu::AddInPlace(s.x.data(), s.tmp.data(), n * hidden);
   cpu::RmsNorm(s.x.data(), n, hidden, w.post_norm, eps, s.xn.data());
   stats_.other_s += SecondsSince(t0);
 
   // SwiGLU MLP and residual.
-  LinearTimed(s.xn.data(), n, w.gate_proj, w.gate_bias, s.gate.data());  // [n, intermediate]
-  LinearTimed(s.xn.data(), n, w.up_proj, w.up_bias, s.up.data());        // [n, intermediate]
+  LinearTimed(n, {{s.xn.data(), &w.gate_proj, &w.gate_bias, s.gate.data()},  // [n, intermediate]
+                  {s.xn.data(), &w.up_proj, &w.up_bias, s.up.data()}});       // [n, intermediate]
   t0 = Clock::now();
-  cpu::SiluMul(s.gate.data(), s.up.data(), n * c.intermediate_size, s.gate.data());
+  cpu::SiluMul(ops_, s.gate.data(), s.up.data(), n * c.intermediate_size, s.gate.data());
   stats_.other_s += SecondsSince(t0);
-  LinearTimed(s.gate.data(), n, w.down_proj, w.down_bias, s.tmp.data());  // [n, hidden]
+  LinearTimed(n, {{s.gate.data(), &w.down_proj, &w.down_bias, s.tmp.data()}});  // [n, hidden]
   t0 = Clock::now();
   cpu::AddInPlace(s.x.data(), s.tmp.data(), n * hidden);
   stats_.other_s += SecondsSince(t0);
@@ -179,7 +181,7 @@ void DenseDecoder::Forward(const Batch& batch, float* logits) {
     cpu::RmsNorm(s.tmp.data(), n_logits, hidden, final_norm_, static_cast<float>(c.rms_norm_eps),
                  s.xn.data());
     stats_.other_s += SecondsSince(t0);
-    LinearTimed(s.xn.data(), n_logits, lm_head_, TensorView{}, logits);  // [n_logits, vocab]
+    LinearTimed(n_logits, {{s.xn.data(), &lm_head_, nullptr, logits}});  // [n_logits, vocab]
   }
   stats_.n_forwards += 1;
   stats_.n_tokens += n;

@@ -23,10 +23,16 @@ constexpr const char* kSpecialTokenNames[] = {"bos_token", "eos_token", "unk_tok
 
 // apply_chat_template's own parameters: passed as kwargs they configure the call and never
 // reach the template.
-constexpr const char* kCallParameters[] = {
-    "tokenize",    "padding",      "truncation",   "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-    "continue_final_message", "chat_template"};
+constexpr const char* kCallParameters[] = {"tokenize",
+                                           "padding",
+                                           "truncation",
+                                           "max_length",
+                                           "return_tensors",
+                                           "return_dict",
+                                           "return_assistant_tokens_mask",
+                                           "tokenizer_kwargs",
+                                           "continue_final_message",
+                                           "chat_template"};
 
 // A special token is a string or a serialized AddedToken {"content": "...", ...}.
 std::optional<std::string> TokenString(const json& j) {
@@ -70,14 +76,16 @@ Result<std::map<std::string, std::string>> TemplateSources(const std::string& di
       for (const json& entry : *it) {
         if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
             !entry.contains("template") || !entry["template"].is_string()) {
-          return InvalidArgument(dir + "/tokenizer_config.json: chat_template entries must be "
-                                       "{\"name\": ..., \"template\": ...}");
+          return InvalidArgument(dir +
+                                 "/tokenizer_config.json: chat_template entries must be "
+                                 "{\"name\": ..., \"template\": ...}");
         }
         sources[entry["name"].get<std::string>()] = entry["template"].get<std::string>();
       }
     } else {
-      return InvalidArgument(dir + "/tokenizer_config.json: chat_template must be a string or "
-                                   "a list of {name, template}");
+      return InvalidArgument(dir +
+                             "/tokenizer_config.json: chat_template must be a string or "
+                             "a list of {name, template}");
     }
   }
   const std::string tool_use_path = dir + "/additional_chat_templates/tool_use.jinja";
@@ -85,8 +93,9 @@ Result<std::map<std::string, std::string>> TemplateSources(const std::string& di
     KASSIGN(sources["tool_use"], ReadFileToString(tool_use_path));
   }
   if (sources.empty()) {
-    return NotFound(dir + ": the tokenizer has no chat template (no chat_template in "
-                          "tokenizer_config.json and no chat_template.jinja)");
+    return NotFound(dir +
+                    ": the tokenizer has no chat template (no chat_template in "
+                    "tokenizer_config.json and no chat_template.jinja)");
   }
   return sources;
 }
@@ -124,7 +133,8 @@ Result<std::string> CutAtFinalMessage(std::string rendered, const jinja::Value& 
         "ensure they are compatible.");
   }
   const std::string lstripped = jinja::py::Strip(*text, std::nullopt, true, false);
-  if (rendered.compare(loc, lstripped.size(), *text) == 0 && loc + lstripped.size() <= rendered.size()) {
+  if (rendered.compare(loc, lstripped.size(), *text) == 0 &&
+      loc + lstripped.size() <= rendered.size()) {
     rendered.resize(loc + lstripped.size());
   } else {
     rendered.resize(loc + stripped.size());
@@ -211,7 +221,8 @@ Result<std::string> ChatTemplate::RenderValues(const jinja::Value& messages,
   }
   bool continue_final = false;
   if (kwargs.is_dict()) {
-    if (const Value* v = kwargs.dict().FindString("continue_final_message")) continue_final = v->Truthy();
+    if (const Value* v = kwargs.dict().FindString("continue_final_message"))
+      continue_final = v->Truthy();
   }
   if (continue_final && add_generation_prompt) {
     return InvalidArgument(
@@ -246,8 +257,8 @@ Result<std::string> ChatTemplate::RenderValues(const jinja::Value& messages,
   context.Set(Value::MakeString("add_generation_prompt"), Value::MakeBool(add_generation_prompt));
 
   const bool has_tools = !tools.is_none() && !tools.is_undefined();
-  const jinja::Template* tmpl = has_tools && tool_use_template_ ? tool_use_template_.get()
-                                                                : template_.get();
+  const jinja::Template* tmpl =
+      has_tools && tool_use_template_ ? tool_use_template_.get() : template_.get();
   if (tmpl == nullptr) {
     return InvalidArgument(
         "This model has multiple chat templates with no default specified! Please either pass a "

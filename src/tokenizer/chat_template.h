@@ -14,7 +14,7 @@ namespace kestrel {
 namespace jinja {
 class Template;
 class Value;
-}
+}  // namespace jinja
 
 class ChatTemplate {
  public:
@@ -28,7 +28,8 @@ class ChatTemplate {
   // "tool_use" (in the list, or additional_chat_templates/tool_use.jinja) replaces the default
   // when tools are given.
   static Result<ChatTemplate> FromDirectory(const std::string& dir);
-  static Result<ChatTemplate> FromSource(const std::string& source, const nlohmann::json& special_tokens);
+  static Result<ChatTemplate> FromSource(const std::string& source,
+                                         const nlohmann::json& special_tokens);
 
   // messages: [{role, content, tool_calls?, reasoning_content?, ...}]; tools: array or null;
   // kwargs: extra template variables (e.g. enable_thinking). A raise_exception in the

@@ -17,7 +17,9 @@ inline std::string SourcePath(const std::string& relative) {
   return std::string(KESTREL_SOURCE_DIR) + "/" + relative;
 }
 
-inline bool FileReadable(const std::string& path) { return std::ifstream(path).good(); }
+inline bool FileReadable(const std::string& path) {
+  return std::ifstream(path).good();
+}
 
 // One ordered_json per non-empty line (key order kept, as Python's json.loads keeps it).
 inline std::vector<nlohmann::ordered_json> ReadJsonLines(const std::string& path) {

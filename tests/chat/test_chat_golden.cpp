@@ -20,11 +20,13 @@ void CompareWithExpectations(const std::string& tokenizer, const std::string& ex
                              const std::string& how_to_make) {
   const std::string cases_path = test::SourcePath("tests/data/chat/cases.jsonl");
   const std::string expect_path = test::SourcePath("tests/data/chat/" + expectations);
-  ASSERT_TRUE(test::FileReadable(cases_path)) << cases_path << " is missing: run tools/gen_chat_cases.py";
+  ASSERT_TRUE(test::FileReadable(cases_path))
+      << cases_path << " is missing: run tools/gen_chat_cases.py";
   if (!test::FileReadable(expect_path)) {
     FAIL() << expect_path << " is missing. Make it with:\n  " << how_to_make;
   }
-  Result<ChatTemplate> tmpl = ChatTemplate::FromDirectory(test::SourcePath("tests/data/npm/" + tokenizer));
+  Result<ChatTemplate> tmpl =
+      ChatTemplate::FromDirectory(test::SourcePath("tests/data/npm/" + tokenizer));
   ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
 
   std::map<std::string, ordered_json> cases;
@@ -33,7 +35,8 @@ void CompareWithExpectations(const std::string& tokenizer, const std::string& ex
     cases.emplace(std::move(name), std::move(c));
   }
   const std::vector<ordered_json> rows = test::ReadJsonLines(expect_path);
-  EXPECT_EQ(rows.size(), cases.size()) << expect_path << " does not cover cases.jsonl: regenerate it";
+  EXPECT_EQ(rows.size(), cases.size())
+      << expect_path << " does not cover cases.jsonl: regenerate it";
 
   size_t passed = 0;
   for (const ordered_json& row : rows) {
@@ -74,16 +77,20 @@ TEST_P(ChatTemplates, MatchTransformersGolden) {
   const std::string name = GetParam();
   CompareWithExpectations(name, "golden_" + name + ".jsonl",
                           "python3 tools/golden_chat.py --tokenizer-dir tests/data/npm/" + name +
-                              " --name " + name + " --cases tests/data/chat/cases.jsonl --out "
-                              "tests/data/chat/golden_" + name + ".jsonl   (needs transformers 5.x)");
+                              " --name " + name +
+                              " --cases tests/data/chat/cases.jsonl --out "
+                              "tests/data/chat/golden_" +
+                              name + ".jsonl   (needs transformers 5.x)");
 }
 
 TEST_P(ChatTemplates, MatchJinja2Reference) {
   const std::string name = GetParam();
   CompareWithExpectations(name, "reference_" + name + ".jsonl",
-                          "python3 tools/jinja_reference.py --tokenizer-dir tests/data/npm/" + name +
-                              " --name " + name + " --cases tests/data/chat/cases.jsonl --out "
-                              "tests/data/chat/reference_" + name + ".jsonl");
+                          "python3 tools/jinja_reference.py --tokenizer-dir tests/data/npm/" +
+                              name + " --name " + name +
+                              " --cases tests/data/chat/cases.jsonl --out "
+                              "tests/data/chat/reference_" +
+                              name + ".jsonl");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, ChatTemplates, ::testing::Values("qwen3", "llama3"));
@@ -93,7 +100,8 @@ TEST(ChatTemplate, SpecialTokensComeFromTheTokenizerConfig) {
   ASSERT_TRUE(qwen.ok()) << qwen.status().message();
   EXPECT_EQ(qwen->special_tokens().value("eos_token", ""), "<|im_end|>");
   EXPECT_FALSE(qwen->special_tokens().contains("bos_token"));  // null in the config
-  Result<ChatTemplate> llama = ChatTemplate::FromDirectory(test::SourcePath("tests/data/npm/llama3"));
+  Result<ChatTemplate> llama =
+      ChatTemplate::FromDirectory(test::SourcePath("tests/data/npm/llama3"));
   ASSERT_TRUE(llama.ok()) << llama.status().message();
   EXPECT_EQ(llama->special_tokens().value("bos_token", ""), "<|begin_of_text|>");
 }
@@ -104,8 +112,8 @@ TEST(ChatTemplate, OrderedAndSortedJsonOverloadsAgreeOnSortedInput) {
   ASSERT_TRUE(t.ok()) << t.status().message();
   const std::string msgs = R"([{"content": "hi", "role": "user"}])";
   const std::string tools = R"([{"a": 1, "b": {"c": [1.0, "é"]}}])";
-  Result<std::string> a = t->Render(nlohmann::json::parse(msgs), nlohmann::json::parse(tools), false,
-                                    nlohmann::json::object());
+  Result<std::string> a = t->Render(nlohmann::json::parse(msgs), nlohmann::json::parse(tools),
+                                    false, nlohmann::json::object());
   Result<std::string> b = t->Render(ordered_json::parse(msgs), ordered_json::parse(tools), false,
                                     ordered_json::object());
   ASSERT_TRUE(a.ok() && b.ok());
@@ -120,11 +128,13 @@ TEST(ChatTemplate, BadTemplateSourceIsAStatus) {
 
 TEST(ChatTemplate, KwargsOverrideSpecialTokensAndReachTheTemplate) {
   Result<ChatTemplate> t = ChatTemplate::FromSource(
-      "{{ bos_token }}|{{ enable_thinking }}|{{ tools }}|{{ documents }}|{{ add_generation_prompt }}",
+      "{{ bos_token }}|{{ enable_thinking }}|{{ tools }}|{{ documents }}|{{ add_generation_prompt "
+      "}}",
       nlohmann::json{{"bos_token", "<s>"}});
   ASSERT_TRUE(t.ok());
   const nlohmann::json msgs = nlohmann::json::parse(R"([{"role": "user", "content": "x"}])");
-  Result<std::string> r = t->Render(msgs, nullptr, true, nlohmann::json{{"enable_thinking", false}});
+  Result<std::string> r =
+      t->Render(msgs, nullptr, true, nlohmann::json{{"enable_thinking", false}});
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(*r, "<s>|False|None|None|True");
   r = t->Render(msgs, nullptr, false, nlohmann::json{{"bos_token", "<B>"}});

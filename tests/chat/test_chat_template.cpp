@@ -125,7 +125,8 @@ TEST(ChatTemplateRender, ContinueFinalMessageCutsAfterTheLastContent) {
       R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  partial  "}])");
   EXPECT_EQ(RenderOk(*t, spaced, nullptr, false, cont), "<user>hi</end>\n<assistant>partial");
   EXPECT_FALSE(t->Render(msgs, nullptr, true, cont).ok());  // with add_generation_prompt
-  Result<ChatTemplate> drops = ChatTemplate::FromSource("{{ messages[0].content }}", json::object());
+  Result<ChatTemplate> drops =
+      ChatTemplate::FromSource("{{ messages[0].content }}", json::object());
   ASSERT_TRUE(drops.ok());
   EXPECT_FALSE(drops->Render(msgs, nullptr, false, cont).ok());  // final message not rendered
 }
@@ -136,10 +137,11 @@ TEST(ChatTemplateRender, CallParametersNeverReachTheTemplate) {
       "{{ custom }}",
       json::object());
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ(RenderOk(*t, kUser, nullptr, false,
-                     json{{"tokenize", false}, {"return_dict", true}, {"chat_template", "x"},
-                          {"custom", 7}}),
-            "FalseFalseFalse7");
+  EXPECT_EQ(
+      RenderOk(
+          *t, kUser, nullptr, false,
+          json{{"tokenize", false}, {"return_dict", true}, {"chat_template", "x"}, {"custom", 7}}),
+      "FalseFalseFalse7");
 }
 
 TEST(ChatTemplateRender, BadConversationsAreStatuses) {
@@ -155,8 +157,8 @@ TEST(ChatTemplateRender, BadConversationsAreStatuses) {
 }
 
 TEST(ChatTemplateRender, OrderedInputKeepsClientKeyOrder) {
-  Result<ChatTemplate> t =
-      ChatTemplate::FromSource("{{ tools[0] | tojson }}|{{ messages[0] | tojson }}", json::object());
+  Result<ChatTemplate> t = ChatTemplate::FromSource(
+      "{{ tools[0] | tojson }}|{{ messages[0] | tojson }}", json::object());
   ASSERT_TRUE(t.ok());
   const ordered_json msgs = ordered_json::parse(R"([{"role": "user", "content": "x"}])");
   const ordered_json tools = ordered_json::parse(

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 
@@ -36,6 +37,8 @@ ProcessResult RunKestrel(const std::vector<std::string>& args, const std::string
   close(err_pipe[1]);
   ProcessResult r;
   size_t written = 0;
+  // Non-blocking stdin: a large input must not block us while the child waits on its stdout.
+  fcntl(in_pipe[1], F_SETFL, fcntl(in_pipe[1], F_GETFL) | O_NONBLOCK);
   if (stdin_text.empty()) {
     close(in_pipe[1]);
     in_pipe[1] = -1;
@@ -61,7 +64,8 @@ ProcessResult RunKestrel(const std::vector<std::string>& args, const std::string
     if (in_pipe[1] >= 0 && (fds[2].revents & (POLLOUT | POLLERR | POLLHUP))) {
       ssize_t n = write(in_pipe[1], stdin_text.data() + written, stdin_text.size() - written);
       if (n > 0) written += static_cast<size_t>(n);
-      if (n <= 0 || written == stdin_text.size()) {
+      bool again = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+      if ((n <= 0 && !again) || written == stdin_text.size()) {
         close(in_pipe[1]);
         in_pipe[1] = -1;
         fds[2].fd = -1;

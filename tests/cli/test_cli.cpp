@@ -216,5 +216,47 @@ TEST(Cli, TruncatedWeightsAreAOneLineError) {
   fs::remove_all(dir);
 }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The verbs end to end against the goldens: every corpus line through `tokenize`, every chat
+// case through `render-chat` (the JSON-lines path keeps the key order the input was written in).
+TEST(Cli, TokenizeVerbMatchesHfGoldens) {
+  for (std::string name : {"qwen3", "llama3"}) {
+    std::string corpus = ReadAll(kSource + "/tests/data/tokenizer/corpus.jsonl");
+    std::vector<json> golden = JsonLines(ReadAll(kSource + "/tests/data/tokenizer/golden_" + name + ".jsonl"));
+    ProcessResult r = RunKestrel({"tokenize", "--model", kSource + "/tests/data/npm/" + name}, corpus);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::vector<json> out = JsonLines(r.out);
+    ASSERT_EQ(out.size(), golden.size());
+    int mismatches = 0;
+    for (size_t i = 0; i < out.size(); ++i) mismatches += out[i]["ids"] != golden[i]["ids"];
+    EXPECT_EQ(mismatches, 0) << name;
+  }
+}
+
+TEST(Cli, RenderChatVerbMatchesTransformersGoldens) {
+  for (std::string name : {"qwen3", "llama3"}) {
+    std::string cases = ReadAll(kSource + "/tests/data/chat/cases.jsonl");
+    std::vector<json> golden = JsonLines(ReadAll(kSource + "/tests/data/chat/golden_" + name + ".jsonl"));
+    ProcessResult r = RunKestrel({"render-chat", "--model", kSource + "/tests/data/npm/" + name}, cases);
+    std::vector<json> out = JsonLines(r.out);
+    ASSERT_EQ(out.size(), golden.size()) << r.err;
+    int mismatches = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (golden[i].contains("rendered")) {
+        mismatches += !out[i].contains("rendered") || out[i]["rendered"] != golden[i]["rendered"];
+      } else {
+        mismatches += !out[i].contains("error");
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << name;
+  }
+}
+
 }  // namespace
 }  // namespace kestrel::testing

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -93,17 +94,28 @@ TEST(Rope, RotatesPairsHalfApartWithScaledTables) {
   EXPECT_TRUE(testing::SameBits(z, z2));
 }
 
-TEST(SiluMul, MatchesFormula) {
+TEST(SiluMul, BothKernelSetsMatchFormula) {
   std::mt19937 rng(34);
-  std::vector<float> g = testing::RandomFloats(rng, 101, 4.0f);
-  std::vector<float> u = testing::RandomFloats(rng, 101);
-  g[0] = -100.0f;  // exp overflow side: silu -> -0
-  g[1] = 100.0f;
-  std::vector<float> out(g.size());
-  cpu::SiluMul(g.data(), u.data(), 101, out.data());
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double want = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
-    ASSERT_NEAR(out[i], want, 1e-6 * (std::fabs(want) + 1e-6)) << i;
+  std::vector<float> g = testing::RandomFloats(rng, 1001, 8.0f);
+  std::vector<float> u = testing::RandomFloats(rng, 1001);
+  // Extremes: exp overflow / underflow on either side, zero, tiny values.
+  const float special[] = {-100.0f, 100.0f, -87.5f, 87.5f, 0.0f, -0.0f, 1e-30f, -1e-30f, -20.0f};
+  for (size_t i = 0; i < std::size(special); ++i) g[i * 7] = special[i];
+  ThreadPool pool(2);
+  std::vector<cpu::OpContext> sets = {cpu::OpContext{}};
+  if (cpu::CpuHasAvx2Fma()) sets.push_back({cpu::KernelSet::kAvx2, &pool});
+  for (const cpu::OpContext& ctx : sets) {
+    std::vector<float> out(g.size());
+    cpu::SiluMul(ctx, g.data(), u.data(), static_cast<int64_t>(g.size()), out.data());
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double want = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+      ASSERT_NEAR(out[i], want, 1e-6 * (std::fabs(want) + 1e-6))
+          << KernelSetName(ctx.kernels) << " g=" << g[i];
+    }
+    // In place (out aliases gate).
+    std::vector<float> inplace = g;
+    cpu::SiluMul(ctx, inplace.data(), u.data(), static_cast<int64_t>(g.size()), inplace.data());
+    EXPECT_TRUE(testing::SameBits(inplace, out)) << KernelSetName(ctx.kernels);
   }
 }
 

@@ -129,8 +129,9 @@ TEST_F(LinearFast, SameBitsForAnyThreadCount) {
   std::mt19937 rng(4);
   ThreadPool pool1(1), pool2(2), pool3(3), pool5(5);
   for (DType dt : kDTypes) {
-    OwnedWeights w = MakeWeights(rng, dt, {301, 777}, 1);
-    OwnedWeights b = MakeWeights(rng, dt, {301}, 0);
+    // 701 x 777: even one token row (545K multiply-adds) is split across threads.
+    OwnedWeights w = MakeWeights(rng, dt, {701, 777}, 1);
+    OwnedWeights b = MakeWeights(rng, dt, {701}, 0);
     for (int64_t m : {1, 3, 4, 5, 16, 37}) {
       std::vector<float> x = RandomFloats(rng, m * 777);
       std::vector<float> y0 = RunLinear(OpContext{KernelSet::kAvx2, nullptr}, x, m, w.view, b.view);
@@ -167,6 +168,33 @@ TEST_F(LinearFast, RowResultIndependentOfBatchCompositionWithinKernel) {
       std::vector<float> y = RunLinear(fast, x, m, w.view, TensorView{});
       y.resize(base.size());
       EXPECT_TRUE(testing::SameBits(y, base)) << testing::DTypeLabel(dt) << " m=" << m;
+    }
+  }
+}
+
+// A group of projections in one parallel region gives exactly what separate calls give.
+TEST(LinearGroup, SameBitsAsSeparateLinearCalls) {
+  std::mt19937 rng(6);
+  ThreadPool pool(2);
+  std::vector<OpContext> sets = {OpContext{}};
+  if (cpu::CpuHasAvx2Fma()) sets.push_back({KernelSet::kAvx2, &pool});
+  OwnedWeights wa = MakeWeights(rng, DType::kBF16, {300, 200}, 1);
+  OwnedWeights wb = MakeWeights(rng, DType::kF16, {33, 200}, 0);
+  OwnedWeights wc = MakeWeights(rng, DType::kF32, {129, 200}, 3);
+  OwnedWeights bb = MakeWeights(rng, DType::kBF16, {33}, 1);
+  for (const OpContext& ctx : sets) {
+    for (int64_t m : {1, 3, 16, 20}) {
+      std::vector<float> x = RandomFloats(rng, m * 200);
+      std::vector<float> ya(m * 300), yb(m * 33), yc(m * 129);
+      const TensorView none;
+      const cpu::LinearJob jobs[] = {{x.data(), &wa.view, nullptr, ya.data()},
+                                     {x.data(), &wb.view, &bb.view, yb.data()},
+                                     {x.data(), &wc.view, &none, yc.data()}};
+      cpu::LinearGroup(ctx, m, jobs);
+      EXPECT_TRUE(testing::SameBits(ya, RunLinear(ctx, x, m, wa.view, TensorView{})));
+      EXPECT_TRUE(testing::SameBits(yb, RunLinear(ctx, x, m, wb.view, bb.view)));
+      EXPECT_TRUE(testing::SameBits(yc, RunLinear(ctx, x, m, wc.view, TensorView{})))
+          << KernelSetName(ctx.kernels) << " m=" << m;
     }
   }
 }

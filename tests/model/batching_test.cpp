@@ -80,12 +80,13 @@ std::vector<Trace> RunSchedule(Model* model, const std::vector<std::vector<int32
   return traces;
 }
 
-std::unique_ptr<Model> LoadTiny(const std::string& dir, CpuKernels kernels, int32_t block_size) {
+std::unique_ptr<Model> LoadTiny(const std::string& dir, CpuKernels kernels, int32_t block_size,
+                                int n_threads = 2) {
   ModelLoadOptions opts;
   opts.kernels = kernels;
   opts.block_size_tokens = block_size;
   opts.kv_cache_tokens = 160;
-  opts.n_threads = 2;
+  opts.n_threads = n_threads;
   Result<std::unique_ptr<Model>> m = Model::Load(dir, opts);
   KCHECK_MSG(m.ok(), m.status().message().c_str());
   return std::move(m).value();
@@ -178,6 +179,30 @@ TEST_P(Batching, ShuffledPhysicalBlocksDoNotMatter) {
   const auto in_order = RunSchedule(m.get(), prompts_, Schedule::kChunkedMixed, Identity(m->n_kv_blocks()));
   const auto reordered = RunSchedule(m.get(), prompts_, Schedule::kChunkedMixed, shuffled);
   ExpectSame(in_order, reordered, true, "identity vs shuffled blocks");
+}
+
+// Large enough that the fast kernels really split work across threads (the LM head alone is
+// 768K multiply-adds per row; prefill batches reach the multi-thread thresholds too).
+TEST_P(Batching, ThreadCountDoesNotMatter) {
+  testing::TinyModelSpec spec;
+  spec.vocab = 3000;
+  spec.hidden = 256;
+  spec.intermediate = 768;
+  spec.n_heads = 8;
+  spec.n_kv_heads = 2;
+  spec.head_dim = 32;
+  spec.seed = 31;
+  const std::string dir = testing::MakeTempDir("threads");
+  testing::WriteTinyModel(dir, spec);
+  std::vector<std::vector<int32_t>> prompts = prompts_;
+  for (auto& p : prompts) for (int32_t& t : p) t = (t * 37) % 3000;
+  std::vector<std::vector<Trace>> runs;
+  for (int n_threads : {1, 2, 3}) {
+    std::unique_ptr<Model> m = LoadTiny(dir, GetParam(), 16, n_threads);
+    runs.push_back(RunSchedule(m.get(), prompts, Schedule::kOneBatch, Identity(m->n_kv_blocks())));
+  }
+  ExpectSame(runs[0], runs[1], true, "1 vs 2 threads");
+  ExpectSame(runs[0], runs[2], true, "1 vs 3 threads");
 }
 
 // The same model with kReference and kAuto: close (different kernels), same greedy tokens.

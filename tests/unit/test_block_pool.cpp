@@ -68,16 +68,54 @@ TEST(BlockPoolTest, AllocatesEveryBlockOnceLowestFirst) {
   EXPECT_EQ(pool.n_used(), 5);
 }
 
-TEST(BlockPoolTest, ReleasedBlocksAreReusedMostRecentFirst) {
+TEST(BlockPoolTest, ReleasedBlocksAreReusedLeastRecentFirst) {
   BlockPool pool(4);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool.Allocate().has_value());
   pool.Release(2);
   pool.Release(0);
   EXPECT_EQ(pool.n_free(), 2);
   EXPECT_EQ(pool.ref_count(2), 0);
+  EXPECT_EQ(pool.FreeListOrder(), (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(pool.Allocate(), std::optional<int32_t>(2));
   EXPECT_EQ(pool.Allocate(), std::optional<int32_t>(0));
+  EXPECT_FALSE(pool.Allocate().has_value());
+}
+
+TEST(BlockPoolTest, EvictFirstGoesToTheHead) {
+  BlockPool pool(4);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool.Allocate().has_value());
+  pool.Release(1);                             // [1]
+  pool.Release(3);                             // [1, 3]
+  pool.Release(0, FreePosition::kEvictFirst);  // [0, 1, 3]
+  pool.Release(2, FreePosition::kEvictLast);   // [0, 1, 3, 2]
+  EXPECT_EQ(pool.FreeListOrder(), (std::vector<int32_t>{0, 1, 3, 2}));
+  EXPECT_EQ(pool.Allocate(), std::optional<int32_t>(0));
+  EXPECT_EQ(pool.Allocate(), std::optional<int32_t>(1));
+  EXPECT_EQ(pool.Allocate(), std::optional<int32_t>(3));
+  EXPECT_EQ(pool.Allocate(), std::optional<int32_t>(2));
+}
+
+TEST(BlockPoolTest, ReviveTakesABlockOutOfTheMiddleOfTheFreeList) {
+  BlockPool pool(5);
+  EXPECT_EQ(pool.FreeListOrder(), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  pool.Revive(2);  // free -> in use, in O(1)
+  EXPECT_EQ(pool.ref_count(2), 1);
+  EXPECT_FALSE(pool.is_free(2));
+  EXPECT_EQ(pool.n_free(), 4);
+  EXPECT_EQ(pool.FreeListOrder(), (std::vector<int32_t>{0, 1, 3, 4}));
+  pool.Revive(2);  // in use: one more reference
+  EXPECT_EQ(pool.ref_count(2), 2);
+  pool.Revive(0);  // the head
+  pool.Revive(4);  // the tail
+  EXPECT_EQ(pool.FreeListOrder(), (std::vector<int32_t>{1, 3}));
+  pool.Release(2);
+  pool.Release(2);
+  EXPECT_EQ(pool.FreeListOrder(), (std::vector<int32_t>{1, 3, 2}));
+  EXPECT_EQ(pool.Allocate(), std::optional<int32_t>(1));
+  EXPECT_EQ(pool.Allocate(), std::optional<int32_t>(3));
   EXPECT_EQ(pool.Allocate(), std::optional<int32_t>(2));
   EXPECT_FALSE(pool.Allocate().has_value());
+  EXPECT_EQ(pool.n_used(), 5);
 }
 
 TEST(BlockPoolTest, RefCountsKeepSharedBlocksAlive) {
@@ -165,15 +203,15 @@ TEST(BlockTableTest, HugeRequestsFailInsteadOfWrapping) {
 
 TEST(BlockTableTest, SlotForMapsPositionsThroughTheTable) {
   BlockPool pool(6);
-  // Shuffle the free list so that the table's blocks are not 0, 1, 2.
+  // Rotate the free list so that the table's blocks are not 0, 1, 2.
   BlockTable other(&pool, 4);
   ASSERT_TRUE(other.EnsureCapacity(12).ok());  // blocks 0, 1, 2
-  other.Clear();                               // released in order: 2 comes out first
+  other.Clear();                               // free list now 3, 4, 5, 0, 1, 2
   BlockTable filler(&pool, 4);
-  ASSERT_TRUE(filler.EnsureCapacity(4).ok());  // takes 2
+  ASSERT_TRUE(filler.EnsureCapacity(4).ok());  // takes 3
   BlockTable table(&pool, 4);
-  ASSERT_TRUE(table.EnsureCapacity(10).ok());  // 3 blocks: 1, 0, 3
-  EXPECT_EQ(table.blocks(), (std::vector<int32_t>{1, 0, 3}));
+  ASSERT_TRUE(table.EnsureCapacity(10).ok());  // 3 blocks: 4, 5, 0
+  EXPECT_EQ(table.blocks(), (std::vector<int32_t>{4, 5, 0}));
   ASSERT_EQ(table.blocks().size(), 3u);
   for (int64_t pos = 0; pos < 12; ++pos) {
     const int32_t block = table.blocks()[static_cast<size_t>(pos / 4)];
@@ -272,6 +310,10 @@ TEST(BlockPoolTest, RandomOperationsKeepExactAccounting) {
     }
     for (int32_t b : extra_refs) ++expected_refs[b];
     ASSERT_EQ(pool.n_used(), static_cast<int32_t>(expected_refs.size()));
+    const std::vector<int32_t> order = pool.FreeListOrder();
+    ASSERT_EQ(static_cast<int32_t>(order.size()), pool.n_free());
+    ASSERT_EQ(std::set<int32_t>(order.begin(), order.end()).size(), order.size());
+    for (int32_t b : order) ASSERT_EQ(expected_refs.count(b), 0u) << "free block " << b << " held";
     for (int32_t b = 0; b < kBlocks; ++b) {
       auto it = expected_refs.find(b);
       ASSERT_EQ(pool.ref_count(b), it == expected_refs.end() ? 0 : it->second) << "block " << b;

@@ -13,16 +13,11 @@
 #include <limits>
 
 #include "backends/cpu/kernels_internal.h"
+#include "backends/cpu/simd_avx2.h"
 
 namespace kestrel::cpu::avx2 {
 namespace {
 
-inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 constexpr int kKeyChunk = 64;  // keys per chunk: 64 K or V rows of head_dim 128 = 32 KB (L1)
 constexpr int kMaxSubGroup = 4;  // query heads per register tile
@@ -57,30 +52,6 @@ inline void PrefetchRows(const float* const* rows, int n, int64_t head_dim) {
     const char* r = reinterpret_cast<const char*>(rows[i]);
     for (int64_t b = 0; b < head_dim * 4; b += 64) _mm_prefetch(r + b, _MM_HINT_T0);
   }
-}
-
-// exp(x) for x <= 0, 8 lanes: x = n ln2 + r (Cody-Waite, |r| <= ln2/2), exp(r) by its Taylor
-// polynomial of degree 7 (truncation < 0.05 ulp), times 2^n. Within 2 ulp of expf; results
-// below the smallest normal float (x < -87.33) flush to 0, which softmax cannot notice.
-inline __m256 ExpNonPositive(__m256 x) {
-  const __m256 min_x = _mm256_set1_ps(-87.33f);
-  const __m256 underflow = _mm256_cmp_ps(x, min_x, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, min_x);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
 }
 
 // s[j] = exp(s[j] - max) / sum over j < n, in place: lane-wise max and sum (fixed order).
@@ -343,7 +314,11 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
     }
   };
   const int64_t n_items = shape.n_kv_heads * n_tokens;
-  if (pool == nullptr) {
+  // Waking a second thread costs tens of microseconds (more inside a VM); short contexts are
+  // done inline. Work ~ multiply-adds of scores and weighted sum.
+  int64_t work = 0;
+  for (int64_t t = 0; t < n_tokens; ++t) work += (int64_t{positions[t]} + 1) * n_heads * head_dim * 2;
+  if (pool == nullptr || work < (512 << 10)) {
     run(0, n_items, 0);
   } else {
     pool->ParallelFor(n_items, 1, run);

@@ -53,11 +53,11 @@ void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, co
 }  // namespace reference
 
 namespace avx2 {
-void Linear(ThreadPool* pool, const float* x, int64_t m_rows, const TensorView& w,
-            const TensorView& bias, float* y);
+void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs);
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const float* k_cache, const float* v_cache, float* out,
                     std::span<float> scratch);
+void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 // Floats of scratch per thread that PagedAttention needs.
 int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens);
 }  // namespace avx2

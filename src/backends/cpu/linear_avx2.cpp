@@ -1,24 +1,28 @@
 // AVX2/FMA/F16C Linear (y = x W^T + b) with weights converted to f32 on the fly.
 //
-// Two kernels, both parallelised over output rows (each y element is computed by one thread, in
-// an order that does not depend on the thread count or on how rows are grouped):
+// Two kernels. Output rows are cut into fixed chunks that the threads take from a shared counter
+// (LinearGroup); each y element is computed by one thread, in an order that depends neither on
+// the thread count nor on how rows are grouped into tiles:
 //
-//  * Streaming ("direct") kernel for few token rows (decode): W is read straight from the mmap,
-//    R weight rows at a time, each 8-wide load converted once and used for every token row.
-//    Per element: one 8-lane accumulator over k in steps of 8, a fixed-order horizontal sum, then
-//    a scalar FMA tail for k % 8. Every (R, MT) tile instance computes exactly that, so a row
-//    gives the same bits whichever tile shape or thread covers it.
+//  * Streaming ("direct") kernel for up to kDirectMaxRows token rows (decode): W is read straight
+//    from the mmap, R weight rows at a time (R = 8 for one token row: eight concurrent streams),
+//    each 8-wide load converted once and used for every token row; each tile software-prefetches
+//    the rows the thread reads next. Per element: one 8-lane accumulator over k in steps of 8, a
+//    fixed-order horizontal sum, then a scalar FMA tail for k % 8. Every (R, MT) tile instance
+//    computes exactly that, so a row gives the same bits whichever tile shape or thread covers it.
 //
-//  * Packed kernel for many token rows (prefill): a 16-row panel of W is converted and transposed
-//    into a [kc][16] f32 block (kc <= 256, 16 KB: stays in L1), then a 6x16 register tile
-//    (6 token rows x 16 outputs, 12 ymm accumulators) sweeps all token rows against it. Each W
-//    element is converted exactly once per call. Per element: one sequential FMA chain over k
-//    (continued through y between k blocks), independent of the tile shape.
+//  * Packed kernel for more token rows (prefill): per k block of 256, a block of up to 96 token
+//    rows of x is packed into 6-row tiles (L2), then each 16-row panel of W is converted and
+//    transposed into a [256][16] f32 block (16 KB, L1) and a 6x16 register tile (12 ymm
+//    accumulators, broadcast x, two W loads, 12 FMAs per k) sweeps the x block. Per element: one
+//    sequential FMA chain over k (continued through y between k blocks), independent of the tile.
 #include <immintrin.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "backends/cpu/kernels_internal.h"
+#include "backends/cpu/simd_avx2.h"
 
 namespace kestrel::cpu::avx2 {
 namespace {
@@ -60,27 +64,30 @@ inline float Load1(const void* base, int64_t i) {
   }
 }
 
-// Fixed order: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
-inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // ---- streaming kernel ------------------------------------------------------------------------
 
 // y[t, n0 + r] for r < R, t < MT.
 //   w [n, k_in] (file dtype);  x [MT, k_in] (row stride k_in);  y row stride ldy
+// While it runs, the tile prefetches [prefetch, prefetch + prefetch_bytes) (the weights it will
+// read next), spread evenly over its k loop: rows are often only a few KB long, too short for
+// the hardware prefetchers to ramp up on each.
 template <DType T, int R, int MT>
 inline void DirectTile(const void* w, int64_t k_in, int64_t n0, const float* x, float* y,
-                       int64_t ldy) {
+                       int64_t ldy, const char* prefetch, int64_t prefetch_bytes) {
   __m256 acc[R][MT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < MT; ++t) acc[r][t] = _mm256_setzero_ps();
   const int64_t k8 = k_in & ~int64_t{7};
   const int64_t row0 = n0 * k_in;
+  const int64_t next_lines = prefetch != nullptr ? prefetch_bytes / 64 : 0;
+  const int64_t lines_per_step = k8 > 0 ? (next_lines * 8 + k8 - 1) / k8 : 0;
+  const char* next = prefetch;
+  int64_t line = 0;
   for (int64_t k = 0; k < k8; k += 8) {
+    for (int64_t i = 0; i < lines_per_step && line < next_lines; ++i, ++line) {
+      _mm_prefetch(next + line * 64, _MM_HINT_T0);
+    }
     if constexpr (MT == 1) {
       const __m256 xv = _mm256_loadu_ps(x + k);
       for (int r = 0; r < R; ++r) {
@@ -106,26 +113,53 @@ inline void DirectTile(const void* w, int64_t k_in, int64_t n0, const float* x, 
   }
 }
 
+// Where the streaming kernel goes after a range of rows: a region to prefetch during the range's
+// last tile (the first tile of the chunk the thread will run next), or none.
+struct PrefetchNext {
+  const char* data = nullptr;
+  int64_t bytes = 0;
+};
+
 // Rows [n_begin, n_end) for MT token rows, R rows per tile and 1-row tiles for the remainder.
+// Each tile prefetches the next tile's rows; the last one prefetches `after`.
 template <DType T, int R, int MT>
 void DirectRows(const void* w, int64_t k_in, int64_t n_begin, int64_t n_end, const float* x,
-                float* y, int64_t ldy) {
+                float* y, int64_t ldy, PrefetchNext after) {
+  constexpr int64_t kElem = T == DType::kF32 ? 4 : 2;
+  const char* base = static_cast<const char*>(w);
   int64_t n = n_begin;
-  for (; n + R <= n_end; n += R) DirectTile<T, R, MT>(w, k_in, n, x, y, ldy);
-  for (; n < n_end; ++n) DirectTile<T, 1, MT>(w, k_in, n, x, y, ldy);
+  for (; n + R <= n_end; n += R) {
+    const int64_t next_end = n + 2 * R < n_end ? n + 2 * R : n_end;
+    if (next_end > n + R) {
+      DirectTile<T, R, MT>(w, k_in, n, x, y, ldy, base + (n + R) * k_in * kElem,
+                           (next_end - n - R) * k_in * kElem);
+    } else {
+      DirectTile<T, R, MT>(w, k_in, n, x, y, ldy, after.data, after.bytes);
+    }
+  }
+  for (; n < n_end; ++n) {
+    DirectTile<T, 1, MT>(w, k_in, n, x, y, ldy, n + 1 == n_end ? after.data : nullptr,
+                         after.bytes);
+  }
 }
 
-// All m_rows token rows for output rows [n_begin, n_end), in token groups of at most 4.
+// All m_rows token rows for output rows [n_begin, n_end), in token groups of at most 4 (the
+// weight rows of the range stay in L2 between groups).
 template <DType T>
-void DirectRange(const void* w, int64_t k_in, int64_t n_begin, int64_t n_end, const float* x,
-                 int64_t m_rows, float* y, int64_t ldy) {
+void DirectRange(const void* w, int64_t k_in, int64_t n_out, int64_t n_begin, int64_t n_end,
+                 const float* x, int64_t m_rows, float* y, PrefetchNext after) {
+  const int64_t ldy = n_out;
   int64_t m = 0;
-  for (; m + 4 <= m_rows; m += 4)
-    DirectRows<T, 3, 4>(w, k_in, n_begin, n_end, x + m * k_in, y + m * ldy, ldy);
+  for (; m + 4 <= m_rows; m += 4) {
+    DirectRows<T, 3, 4>(w, k_in, n_begin, n_end, x + m * k_in, y + m * ldy, ldy,
+                        m + 4 == m_rows ? after : PrefetchNext{});
+  }
+  const float* xm = x + m * k_in;
+  float* ym = y + m * ldy;
   switch (m_rows - m) {
-    case 3: DirectRows<T, 3, 3>(w, k_in, n_begin, n_end, x + m * k_in, y + m * ldy, ldy); break;
-    case 2: DirectRows<T, 4, 2>(w, k_in, n_begin, n_end, x + m * k_in, y + m * ldy, ldy); break;
-    case 1: DirectRows<T, 8, 1>(w, k_in, n_begin, n_end, x + m * k_in, y + m * ldy, ldy); break;
+    case 3: DirectRows<T, 3, 3>(w, k_in, n_begin, n_end, xm, ym, ldy, after); break;
+    case 2: DirectRows<T, 4, 2>(w, k_in, n_begin, n_end, xm, ym, ldy, after); break;
+    case 1: DirectRows<T, 8, 1>(w, k_in, n_begin, n_end, xm, ym, ldy, after); break;
     default: break;
   }
 }
@@ -136,6 +170,7 @@ constexpr int kNr = 16;   // outputs per panel (two ymm)
 constexpr int kMr = 6;    // token rows per register tile
 constexpr int kKc = 256;  // k per packed block: 16 x 256 f32 = 16 KB
 constexpr int kMc = 96;   // token rows per packed x block: 96 x 256 f32 = 96 KB (L2)
+constexpr int kChunkPanels = 4;  // panels per work chunk: 4 x 16 KB of packed W (L2)
 
 inline void Transpose8x8(__m256 r[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
@@ -200,22 +235,13 @@ inline void PrefetchPanel(const void* w, int64_t k_in, int64_t n_out, int64_t n0
   }
 }
 
-// xp[t][k][i] = x[m0 + 6t + i, k0 + k] for the rows of an m block, in 6-row tiles (rows past
-// the block's end are zero). Packing makes the micro-kernel's broadcasts one sequential stream
-// and keeps the block in L2: rows of x are k_in floats apart, and a power-of-two row stride
-// would map every row's slice to the same cache sets.
+// xp[i][k] = x[m0 + i, k0 + k] for i < mc, k < kc: the k block of an m block of x copied into
+// rows of kc floats. The copy keeps the block in L2 and its rows 1 KB apart: rows of x are k_in
+// floats apart, and a power-of-two row stride would map every row's slice to the same cache sets.
 void PackX(const float* x, int64_t k_in, int64_t m0, int mc, int64_t k0, int kc, float* xp) {
-  for (int t = 0; t * kMr < mc; ++t) {
-    float* dst = xp + static_cast<int64_t>(t) * kc * kMr;
-    for (int i = 0; i < kMr; ++i) {
-      const int row = t * kMr + i;
-      if (row < mc) {
-        const float* src = x + (m0 + row) * k_in + k0;
-        for (int k = 0; k < kc; ++k) dst[k * kMr + i] = src[k];
-      } else {
-        for (int k = 0; k < kc; ++k) dst[k * kMr + i] = 0.0f;
-      }
-    }
+  for (int i = 0; i < mc; ++i) {
+    std::memcpy(xp + static_cast<int64_t>(i) * kc, x + (m0 + i) * k_in + k0,
+                static_cast<size_t>(kc) * sizeof(float));
   }
 }
 
@@ -246,7 +272,7 @@ inline void MicroKernel(const float* packed, int kc, const float* xp, float* y, 
     const __m256 w0 = _mm256_load_ps(packed + k * kNr);
     const __m256 w1 = _mm256_load_ps(packed + k * kNr + 8);
     for (int i = 0; i < MR; ++i) {
-      const __m256 b = _mm256_broadcast_ss(xp + k * kMr + i);
+      const __m256 b = _mm256_broadcast_ss(xp + i * kc + k);
       c[i][0] = _mm256_fmadd_ps(b, w0, c[i][0]);
       c[i][1] = _mm256_fmadd_ps(b, w1, c[i][1]);
     }
@@ -262,38 +288,45 @@ inline void MicroKernel(const float* packed, int kc, const float* xp, float* y, 
   }
 }
 
-// Panels [p_begin, p_end) of y = x W^T for all m_rows. Loop order: k block -> m block (kMc rows
-// of x packed, L2) -> panel (16 rows of W packed, L1) -> 6-row tiles. W is converted once per
-// (k block, m block), x once per (k block) per thread.
+// Panels [p_begin, p_end) (at most kChunkPanels) of y = x W^T for all m_rows. Loop order:
+// k block -> the chunk's panels of W packed once (<= 64 KB, L2) -> m block (kMc rows of x
+// packed, L2) -> panel (16 KB, L1) -> 6-row tiles. Every W element is converted exactly once
+// per call; x is packed once per (k block, chunk).
 template <DType T>
 void PackedPanels(const void* w, int64_t n_out, int64_t k_in, int64_t p_begin, int64_t p_end,
                   const float* x, int64_t m_rows, float* y) {
-  alignas(64) float packed[kKc * kNr];
+  KCHECK(p_end - p_begin <= kChunkPanels);
+  alignas(64) float packed[kChunkPanels][kKc * kNr];
   alignas(64) float xp[kMc * kKc];
   for (int64_t k0 = 0; k0 < k_in; k0 += kKc) {
     const int kc = static_cast<int>(k_in - k0 < kKc ? k_in - k0 : kKc);
     const bool first = k0 == 0;
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      const int64_t n0 = p * kNr;
+      const int nr = static_cast<int>(n_out - n0 < kNr ? n_out - n0 : kNr);
+      PackPanel<T>(w, k_in, n0, nr, k0, kc, packed[p - p_begin]);
+      if (p + 1 < p_end) PrefetchPanel<T>(w, k_in, n_out, n0 + kNr, k0, kc);
+    }
     for (int64_t m0 = 0; m0 < m_rows; m0 += kMc) {
       const int mc = static_cast<int>(m_rows - m0 < kMc ? m_rows - m0 : kMc);
       PackX(x, k_in, m0, mc, k0, kc, xp);
       for (int64_t p = p_begin; p < p_end; ++p) {
         const int64_t n0 = p * kNr;
         const int nr = static_cast<int>(n_out - n0 < kNr ? n_out - n0 : kNr);
-        PackPanel<T>(w, k_in, n0, nr, k0, kc, packed);
-        if (p + 1 < p_end) PrefetchPanel<T>(w, k_in, n_out, n0 + kNr, k0, kc);
+        const float* panel = packed[p - p_begin];
         float* yb = y + m0 * n_out + n0;
         int t = 0;
         for (; (t + 1) * kMr <= mc; ++t) {
-          MicroKernel<kMr>(packed, kc, xp + t * kc * kMr, yb + t * kMr * n_out, n_out, first, nr);
+          MicroKernel<kMr>(panel, kc, xp + t * kMr * kc, yb + t * kMr * n_out, n_out, first, nr);
         }
-        const float* xt = xp + t * kc * kMr;
+        const float* xt = xp + t * kMr * kc;
         float* yt = yb + t * kMr * n_out;
         switch (mc - t * kMr) {
-          case 5: MicroKernel<5>(packed, kc, xt, yt, n_out, first, nr); break;
-          case 4: MicroKernel<4>(packed, kc, xt, yt, n_out, first, nr); break;
-          case 3: MicroKernel<3>(packed, kc, xt, yt, n_out, first, nr); break;
-          case 2: MicroKernel<2>(packed, kc, xt, yt, n_out, first, nr); break;
-          case 1: MicroKernel<1>(packed, kc, xt, yt, n_out, first, nr); break;
+          case 5: MicroKernel<5>(panel, kc, xt, yt, n_out, first, nr); break;
+          case 4: MicroKernel<4>(panel, kc, xt, yt, n_out, first, nr); break;
+          case 3: MicroKernel<3>(panel, kc, xt, yt, n_out, first, nr); break;
+          case 2: MicroKernel<2>(panel, kc, xt, yt, n_out, first, nr); break;
+          case 1: MicroKernel<1>(panel, kc, xt, yt, n_out, first, nr); break;
           default: break;
         }
       }
@@ -320,36 +353,98 @@ inline void WithDType(DType t, Fn&& fn) {
 
 }  // namespace
 
-void Linear(ThreadPool* pool, const float* x, int64_t m_rows, const TensorView& w,
-            const TensorView& bias, float* y) {
-  const int64_t n_out = w.shape[0];
-  const int64_t k_in = w.shape[1];
+void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs) {
+  // Work is cut into chunks of whole units (8 output rows for the streaming kernel, one 16-row
+  // panel for the packed one) that threads take from a shared counter: on a machine shared with
+  // other work a static split waits for the slowest thread, dynamic chunks do not. A chunk
+  // covers ~128 KB of weights (streaming) or 4 panels (packed). All jobs' chunks form one index
+  // space, so a group of projections costs one thread wake-up. Chunk boundaries are fixed, and
+  // every row's result is independent of its tile and thread, so the output bits do not depend
+  // on which thread ran what.
   const bool direct = m_rows <= kDirectMaxRows;
-  // Work units: 8 output rows (direct) or one 16-row panel (packed); a thread's chunk should
-  // carry at least ~64K multiply-adds so that waking it pays off.
   const int64_t unit_rows = direct ? 8 : kNr;
-  const int64_t n_units = (n_out + unit_rows - 1) / unit_rows;
-  const int64_t unit_work = unit_rows * k_in * m_rows;
-  const int64_t grain = unit_work >= 65536 ? 1 : (65536 + unit_work - 1) / unit_work;
-  auto run = [&](int64_t u_begin, int64_t u_end, int) {
+  struct JobChunks {
+    int64_t n_units, chunk_units, first_chunk;
+  };
+  JobChunks plan[kMaxLinearGroup];
+  KCHECK(jobs.size() <= static_cast<size_t>(kMaxLinearGroup));
+  int64_t n_chunks = 0, total_work = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const TensorView& w = *jobs[j].w;
+    const int64_t n_out = w.shape[0], k_in = w.shape[1];
+    const int64_t n_units = (n_out + unit_rows - 1) / unit_rows;
+    const int64_t unit_bytes = unit_rows * k_in * (w.dtype == DType::kF32 ? 4 : 2);
+    const int64_t chunk_units =
+        direct ? (unit_bytes >= (128 << 10) ? 1 : (128 << 10) / unit_bytes) : kChunkPanels;
+    plan[j] = {n_units, chunk_units, n_chunks};
+    n_chunks += (n_units + chunk_units - 1) / chunk_units;
+    total_work += n_out * k_in * m_rows;
+  }
+  // Job index and unit range [u_begin, u_end) of chunk c.
+  auto locate = [&](int64_t c, size_t* j, int64_t* u_begin, int64_t* u_end) {
+    *j = 0;
+    while (*j + 1 < jobs.size() && c >= plan[*j + 1].first_chunk) ++*j;
+    *u_begin = (c - plan[*j].first_chunk) * plan[*j].chunk_units;
+    *u_end = *u_begin + plan[*j].chunk_units < plan[*j].n_units
+                 ? *u_begin + plan[*j].chunk_units
+                 : plan[*j].n_units;
+  };
+  // Runs chunk c; `next` is the chunk this thread runs after it (or n_chunks for none), whose
+  // first rows the streaming kernel prefetches during c's last tile.
+  auto run_chunk = [&](int64_t c, int64_t next) {
+    size_t j;
+    int64_t u_begin, u_end;
+    locate(c, &j, &u_begin, &u_end);
+    const LinearJob& job = jobs[j];
+    const TensorView& w = *job.w;
+    const int64_t n_out = w.shape[0], k_in = w.shape[1];
     const int64_t n_begin = u_begin * unit_rows;
     const int64_t n_end = u_end * unit_rows < n_out ? u_end * unit_rows : n_out;
     WithDType(w.dtype, [&]<DType T>() {
       if (direct) {
-        DirectRange<T>(w.data, k_in, n_begin, n_end, x, m_rows, y, n_out);
+        PrefetchNext after;
+        if (next < n_chunks) {
+          size_t nj;
+          int64_t nu_begin, nu_end;
+          locate(next, &nj, &nu_begin, &nu_end);
+          const TensorView& nw = *jobs[nj].w;
+          const int64_t row_bytes = nw.shape[1] * (nw.dtype == DType::kF32 ? 4 : 2);
+          const int64_t rows = nw.shape[0] - nu_begin * unit_rows < unit_rows
+                                   ? nw.shape[0] - nu_begin * unit_rows
+                                   : unit_rows;
+          after = {static_cast<const char*>(nw.data) + nu_begin * unit_rows * row_bytes,
+                   rows * row_bytes};
+        }
+        DirectRange<T>(w.data, k_in, n_out, n_begin, n_end, job.x, m_rows, job.y, after);
       } else {
-        PackedPanels<T>(w.data, n_out, k_in, u_begin, u_end, x, m_rows, y);
+        PackedPanels<T>(w.data, n_out, k_in, u_begin, u_end, job.x, m_rows, job.y);
       }
     });
-    if (!bias.empty()) {
-      WithDType(bias.dtype, [&]<DType T>() { AddBias<T>(bias.data, n_out, n_begin, n_end, m_rows, y); });
+    if (job.bias != nullptr && !job.bias->empty()) {
+      WithDType(job.bias->dtype, [&]<DType T>() {
+        AddBias<T>(job.bias->data, n_out, n_begin, n_end, m_rows, job.y);
+      });
     }
   };
-  if (pool == nullptr) {
-    run(0, n_units, 0);
-  } else {
-    pool->ParallelFor(n_units, grain, run);
+  // Threads worth waking: each should get at least ~256K multiply-adds.
+  int64_t n_workers = pool != nullptr ? pool->n_threads() : 1;
+  if (n_workers > total_work / (256 << 10)) n_workers = total_work / (256 << 10);
+  if (n_workers > n_chunks) n_workers = n_chunks;
+  if (n_workers <= 1) {
+    for (int64_t c = 0; c < n_chunks; ++c) run_chunk(c, c + 1);
+    return;
   }
+  // Each thread claims its next chunk before running the current one, so that it can prefetch it.
+  std::atomic<int64_t> next_chunk{0};
+  pool->ParallelFor(n_workers, 1, [&](int64_t, int64_t, int) {
+    int64_t c = next_chunk.fetch_add(1, std::memory_order_relaxed);
+    while (c < n_chunks) {
+      int64_t next = next_chunk.fetch_add(1, std::memory_order_relaxed);
+      if (next > n_chunks) next = n_chunks;
+      run_chunk(c, next);
+      c = next;
+    }
+  });
 }
 
 }  // namespace kestrel::cpu::avx2

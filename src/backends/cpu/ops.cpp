@@ -31,14 +31,28 @@ static void CheckWeight2D(const TensorView& w) {
 
 void Linear(const OpContext& ctx, const float* x, int64_t m_rows, const TensorView& w,
             const TensorView& bias, float* y) {
-  CheckWeight2D(w);
-  KCHECK(bias.empty() || (bias.n_dims == 1 && bias.shape[0] == w.shape[0]));
-  if (m_rows <= 0) return;
+  const LinearJob job{x, &w, &bias, y};
+  LinearGroup(ctx, m_rows, std::span<const LinearJob>(&job, 1));
+}
+
+void LinearGroup(const OpContext& ctx, int64_t m_rows, std::span<const LinearJob> jobs) {
+  KCHECK(jobs.size() <= static_cast<size_t>(kMaxLinearGroup));
+  for (const LinearJob& job : jobs) {
+    CheckWeight2D(*job.w);
+    KCHECK(job.bias == nullptr || job.bias->empty() ||
+           (job.bias->n_dims == 1 && job.bias->shape[0] == job.w->shape[0]));
+  }
+  if (m_rows <= 0 || jobs.empty()) return;
   switch (ctx.kernels) {
-    case KernelSet::kReference: reference::Linear(x, m_rows, w, bias, y); return;
+    case KernelSet::kReference:
+      for (const LinearJob& job : jobs) {
+        reference::Linear(job.x, m_rows, *job.w, job.bias != nullptr ? *job.bias : TensorView{},
+                          job.y);
+      }
+      return;
     case KernelSet::kAvx2:
       KCHECK(CpuHasAvx2Fma());
-      avx2::Linear(ctx.pool, x, m_rows, w, bias, y);
+      avx2::LinearGroup(ctx.pool, m_rows, jobs);
       return;
   }
 }
@@ -134,7 +148,12 @@ void ApplyRope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, co
   }
 }
 
-void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+void SiluMul(const OpContext& ctx, const float* gate, const float* up, int64_t n, float* out) {
+  if (ctx.kernels == KernelSet::kAvx2) {
+    KCHECK(CpuHasAvx2Fma());
+    avx2::SiluMul(gate, up, n, out);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + std::exp(-g)) * up[i];

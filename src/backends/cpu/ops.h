@@ -6,8 +6,8 @@
 //   kAvx2       AVX2/FMA/F16C kernels (files *_avx2.cpp), threaded over output rows / heads with
 //               the ThreadPool. Selected only when CpuHasAvx2Fma() (checked at run time).
 // Both sets are deterministic: every output element is computed by one thread in a fixed order,
-// so results do not depend on the thread count. Cheap element-wise ops (norms, RoPE, SiLU) have a
-// single implementation shared by both sets.
+// so results do not depend on the thread count. Cheap element-wise ops (norms, RoPE) have a
+// single implementation shared by both sets; SiLU, whose exp dominates it, has both.
 //
 // Weights are TensorViews into the mmapped safetensors: possibly unaligned, never written.
 // Activations are f32, row-major, contiguous; shapes are given in the comments.
@@ -47,6 +47,18 @@ struct OpContext {
 void Linear(const OpContext& ctx, const float* x, int64_t m_rows, const TensorView& w,
             const TensorView& bias, float* y);
 
+// Several Linear ops over the same number of token rows, run as one parallel region (one thread
+// wake-up for the group instead of one per op; chunks of all jobs are shared out dynamically).
+// Results are bit-identical to calling Linear on each job.
+struct LinearJob {
+  const float* x = nullptr;            // [m_rows, k]
+  const TensorView* w = nullptr;       // [n, k]
+  const TensorView* bias = nullptr;    // [n] or null / empty
+  float* y = nullptr;                  // [m_rows, n]
+};
+inline constexpr int kMaxLinearGroup = 4;
+void LinearGroup(const OpContext& ctx, int64_t m_rows, std::span<const LinearJob> jobs);
+
 // Token rows up to which the fast Linear uses the streaming (matvec-like) kernel. Measured on a
 // 2-core Zen 3: the streaming kernel (tiles of 3 weight rows x 4 tokens, 12 accumulators) beats
 // packing up to ~32 rows; above that x no longer stays in L2 and the packed kernel wins.
@@ -76,7 +88,8 @@ void ApplyRope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, co
                const float* sin, int64_t n_half);
 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).  out may alias gate or up.
-void SiluMul(const float* gate, const float* up, int64_t n, float* out);
+// Reference: scalar expf; fast: vectorised exp (within a few ulp).
+void SiluMul(const OpContext& ctx, const float* gate, const float* up, int64_t n, float* out);
 
 // x[i] += y[i]
 void AddInPlace(float* x, const float* y, int64_t n);

@@ -36,9 +36,24 @@ enum class ExprKind {
 };
 
 enum class Op {
-  kAdd, kSub, kMul, kDiv, kFloorDiv, kMod, kPow, kConcat,
-  kEq, kNe, kLt, kLe, kGt, kGe, kIn, kNotIn,
-  kNeg, kPos,
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kFloorDiv,
+  kMod,
+  kPow,
+  kConcat,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kIn,
+  kNotIn,
+  kNeg,
+  kPos,
 };
 
 struct Expr;
@@ -61,8 +76,8 @@ struct Expr {
 struct Target {
   enum class Kind { kName, kTuple, kNamespaceAttr };
   Kind kind = Kind::kName;
-  std::string name;  // kName; the namespace variable for kNamespaceAttr
-  std::string attr;  // kNamespaceAttr
+  std::string name;           // kName; the namespace variable for kNamespaceAttr
+  std::string attr;           // kNamespaceAttr
   std::vector<Target> items;  // kTuple
 };
 

@@ -106,26 +106,27 @@ bool CompareTest(Interp& in, const Value& v, CallArgs& a) {
 
 std::unordered_map<std::string_view, TestFn> BuildTestTable() {
   return {
-      {"odd", [](Interp& in, const Value& v, CallArgs& a) {
+      {"odd",
+       [](Interp& in, const Value& v, CallArgs& a) {
          BindArgs("odd", a, {});
          return Mod2Equals(in, v, 1);
        }},
-      {"even", [](Interp& in, const Value& v, CallArgs& a) {
+      {"even",
+       [](Interp& in, const Value& v, CallArgs& a) {
          BindArgs("even", a, {});
          return Mod2Equals(in, v, 0);
        }},
-      {"divisibleby", [](Interp& in, const Value& v, CallArgs& a) {
+      {"divisibleby",
+       [](Interp& in, const Value& v, CallArgs& a) {
          const Value num = Arg(in, a, "divisibleby", "num");
          return Equals(in.BinaryOp(Op::kMod, v, num), Value::MakeInt(0));
        }},
       {"defined", [](Interp&, const Value& v, CallArgs&) { return !v.is_undefined(); }},
       {"undefined", [](Interp&, const Value& v, CallArgs&) { return v.is_undefined(); }},
-      {"filter", [](Interp&, const Value& v, CallArgs&) {
-         return v.is_string() && FindFilter(v.str()) != nullptr;
-       }},
-      {"test", [](Interp&, const Value& v, CallArgs&) {
-         return v.is_string() && FindTest(v.str()) != nullptr;
-       }},
+      {"filter", [](Interp&, const Value& v,
+                    CallArgs&) { return v.is_string() && FindFilter(v.str()) != nullptr; }},
+      {"test", [](Interp&, const Value& v,
+                  CallArgs&) { return v.is_string() && FindTest(v.str()) != nullptr; }},
       {"none", [](Interp&, const Value& v, CallArgs&) { return v.is_none(); }},
       {"boolean", [](Interp&, const Value& v, CallArgs&) { return v.is_bool(); }},
       {"false", [](Interp&, const Value& v, CallArgs&) { return v.is_bool() && !v.bool_value(); }},
@@ -138,30 +139,38 @@ std::unordered_map<std::string_view, TestFn> BuildTestTable() {
       {"mapping", [](Interp&, const Value& v, CallArgs&) { return v.is_dict(); }},
       {"number", [](Interp&, const Value& v, CallArgs&) { return v.is_number(); }},
       // Undefined defines __len__, __getitem__ and __iter__, so it passes both.
-      {"sequence", [](Interp&, const Value& v, CallArgs&) {
+      {"sequence",
+       [](Interp&, const Value& v, CallArgs&) {
          return v.is_string() || v.is_list() || v.is_tuple() || v.is_dict() || v.is_undefined();
        }},
-      {"iterable", [](Interp&, const Value& v, CallArgs&) {
+      {"iterable",
+       [](Interp&, const Value& v, CallArgs&) {
          return v.is_string() || v.has_items() || v.is_dict() || v.is_undefined();
        }},
-      {"callable", [](Interp&, const Value& v, CallArgs&) {
+      {"callable",
+       [](Interp&, const Value& v, CallArgs&) {
          return v.is_object() &&
                 (v.object()->IsCallable() || v.object()->TypeName() == "LoopContext");
        }},
-      {"sameas", [](Interp& in, const Value& v, CallArgs& a) {
-         return IsIdentical(v, Arg(in, a, "sameas", "other"));
-       }},
+      {"sameas", [](Interp& in, const Value& v,
+                    CallArgs& a) { return IsIdentical(v, Arg(in, a, "sameas", "other")); }},
       {"escaped", [](Interp&, const Value&, CallArgs&) { return false; }},
-      {"in", [](Interp& in, const Value& v, CallArgs& a) {
-         return in.CompareOp(Op::kIn, v, Arg(in, a, "in", "seq"));
-       }},
-      {"==", CompareTest<Op::kEq>}, {"eq", CompareTest<Op::kEq>},
-      {"equalto", CompareTest<Op::kEq>}, {"!=", CompareTest<Op::kNe>},
-      {"ne", CompareTest<Op::kNe>}, {">", CompareTest<Op::kGt>},
-      {"gt", CompareTest<Op::kGt>}, {"greaterthan", CompareTest<Op::kGt>},
-      {">=", CompareTest<Op::kGe>}, {"ge", CompareTest<Op::kGe>},
-      {"<", CompareTest<Op::kLt>}, {"lt", CompareTest<Op::kLt>},
-      {"lessthan", CompareTest<Op::kLt>}, {"<=", CompareTest<Op::kLe>},
+      {"in", [](Interp& in, const Value& v,
+                CallArgs& a) { return in.CompareOp(Op::kIn, v, Arg(in, a, "in", "seq")); }},
+      {"==", CompareTest<Op::kEq>},
+      {"eq", CompareTest<Op::kEq>},
+      {"equalto", CompareTest<Op::kEq>},
+      {"!=", CompareTest<Op::kNe>},
+      {"ne", CompareTest<Op::kNe>},
+      {">", CompareTest<Op::kGt>},
+      {"gt", CompareTest<Op::kGt>},
+      {"greaterthan", CompareTest<Op::kGt>},
+      {">=", CompareTest<Op::kGe>},
+      {"ge", CompareTest<Op::kGe>},
+      {"<", CompareTest<Op::kLt>},
+      {"lt", CompareTest<Op::kLt>},
+      {"lessthan", CompareTest<Op::kLt>},
+      {"<=", CompareTest<Op::kLe>},
       {"le", CompareTest<Op::kLe>},
   };
 }

@@ -12,12 +12,20 @@ namespace kestrel::jinja {
 
 namespace {
 
-Value Str(std::string s) { return Value::MakeString(std::move(s)); }
-Value None() { return Value::MakeNone(); }
-Value False() { return Value::MakeBool(false); }
+Value Str(std::string s) {
+  return Value::MakeString(std::move(s));
+}
+Value None() {
+  return Value::MakeNone();
+}
+Value False() {
+  return Value::MakeBool(false);
+}
 
 // str() as jinja2's soft_str applies it (Undefined -> "").
-std::string SoftStr(const Value& v) { return ToStr(v); }
+std::string SoftStr(const Value& v) {
+  return ToStr(v);
+}
 
 // make_attrgetter: "a.b.0" looks up a, then b, then item 0, with getitem semantics.
 class AttrGetter {
@@ -30,9 +38,8 @@ class AttrGetter {
       return;
     }
     for (const std::string& part : py::Split(attribute.str(), std::string("."), -1)) {
-      const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
-        return c >= '0' && c <= '9';
-      });
+      const bool digits = !part.empty() && std::all_of(part.begin(), part.end(),
+                                                       [](char c) { return c >= '0' && c <= '9'; });
       parts_.push_back(digits ? Value::MakeInt(std::stoll(part)) : Str(part));
     }
   }
@@ -86,12 +93,17 @@ ValueList SortedBy(ValueList items, std::vector<Value> keys, bool reverse) {
 
 int64_t Len(const Value& v) {
   switch (v.kind()) {
-    case Kind::kUndefined: return 0;
-    case Kind::kString: return static_cast<int64_t>(py::Length(v.str()));
+    case Kind::kUndefined:
+      return 0;
+    case Kind::kString:
+      return static_cast<int64_t>(py::Length(v.str()));
     case Kind::kList:
-    case Kind::kTuple: return static_cast<int64_t>(v.items().size());
-    case Kind::kDict: return static_cast<int64_t>(v.dict().size());
-    default: throw Error("object of type " + py::Repr(TypeName(v)) + " has no len()");
+    case Kind::kTuple:
+      return static_cast<int64_t>(v.items().size());
+    case Kind::kDict:
+      return static_cast<int64_t>(v.dict().size());
+    default:
+      throw Error("object of type " + py::Repr(TypeName(v)) + " has no len()");
   }
 }
 
@@ -156,9 +168,9 @@ Value FDefault(Interp&, const Value& v, CallArgs& a) {
   return v;
 }
 
-Value FDictsort(Interp& in, const Value& v, CallArgs& a) {
-  auto b = BindArgs("dictsort", a, {{"case_sensitive", False()}, {"by", Str("key")},
-                                    {"reverse", False()}});
+Value FDictsort(Interp&, const Value& v, CallArgs& a) {
+  auto b = BindArgs("dictsort", a,
+                    {{"case_sensitive", False()}, {"by", Str("key")}, {"reverse", False()}});
   const std::string by = ToStr(b[1]);
   if (by != "key" && by != "value") throw Error("You can only sort by either \"key\" or \"value\"");
   if (!v.is_dict()) {
@@ -174,7 +186,6 @@ Value FDictsort(Interp& in, const Value& v, CallArgs& a) {
     if (!b[0].Truthy() && key.is_string()) key = Str(py::Lower(key.str()));
     keys.push_back(std::move(key));
   }
-  (void)in;
   return Value::MakeList(SortedBy(std::move(items), std::move(keys), b[2].Truthy()));
 }
 
@@ -183,12 +194,23 @@ std::string HtmlEscape(const std::string& s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -234,12 +256,15 @@ Value FFormat(Interp&, const Value& v, CallArgs& a) {
 }
 
 Value FIndent(Interp&, const Value& v, CallArgs& a) {
-  auto b = BindArgs("indent", a, {{"width", Value::MakeInt(4)}, {"first", False()},
-                                  {"blank", False()}});
+  auto b =
+      BindArgs("indent", a, {{"width", Value::MakeInt(4)}, {"first", False()}, {"blank", False()}});
   if (v.is_undefined()) ThrowUndefined(v);
-  if (!v.is_string()) throw Error("unsupported operand type(s) for +=: " + py::Repr(TypeName(v)) + " and 'str'");
+  if (!v.is_string())
+    throw Error("unsupported operand type(s) for +=: " + py::Repr(TypeName(v)) + " and 'str'");
   const std::string indention =
-      b[0].is_string() ? b[0].str() : std::string(static_cast<size_t>(std::max<int64_t>(0, ToInt(b[0], "indent"))), ' ');
+      b[0].is_string()
+          ? b[0].str()
+          : std::string(static_cast<size_t>(std::max<int64_t>(0, ToInt(b[0], "indent"))), ' ');
   const std::vector<std::string> lines = py::SplitLines(v.str() + "\n", false);
   std::string rv;
   if (b[2].Truthy()) {
@@ -271,7 +296,8 @@ Value FInt(Interp&, const Value& v, CallArgs& a) {
     return Value::MakeInt(static_cast<int64_t>(d));
   }
   if (v.is_string()) {
-    if (auto i = py::ParseInt(v.str(), static_cast<int>(ToInt(b[1], "int")))) return Value::MakeInt(*i);
+    if (auto i = py::ParseInt(v.str(), static_cast<int>(ToInt(b[1], "int"))))
+      return Value::MakeInt(*i);
     if (auto d = py::ParseFloat(v.str())) {
       if (std::isnan(*d)) return b[0];
       if (std::isinf(*d)) throw Error("cannot convert float infinity to integer");
@@ -322,9 +348,9 @@ Value FUpper(Interp&, const Value& v, CallArgs& a) {
 
 Value FMap(Interp& in, const Value& v, CallArgs& a) {
   ValueList out;
-  const bool by_attribute = a.positional.empty() &&
-                            std::any_of(a.keywords.begin(), a.keywords.end(),
-                                        [](const auto& kv) { return kv.first == "attribute"; });
+  const bool by_attribute =
+      a.positional.empty() && std::any_of(a.keywords.begin(), a.keywords.end(),
+                                          [](const auto& kv) { return kv.first == "attribute"; });
   if (by_attribute) {
     auto b = BindArgs("map", a, {{"attribute", std::nullopt}, {"default", None()}});
     const AttrGetter getter(b[0], false, b[1]);
@@ -344,7 +370,8 @@ Value FMap(Interp& in, const Value& v, CallArgs& a) {
 }
 
 Value MinMax(Interp& in, const Value& v, CallArgs& a, bool is_max) {
-  auto b = BindArgs(is_max ? "max" : "min", a, {{"case_sensitive", False()}, {"attribute", None()}});
+  auto b =
+      BindArgs(is_max ? "max" : "min", a, {{"case_sensitive", False()}, {"attribute", None()}});
   const ValueList items = in.Iterate(v);
   if (items.empty()) return Value::MakeUndefined("No aggregated item, sequence was empty.");
   const AttrGetter getter(b[1], !b[0].Truthy(), None());
@@ -360,8 +387,12 @@ Value MinMax(Interp& in, const Value& v, CallArgs& a, bool is_max) {
   return items[best];
 }
 
-Value FMax(Interp& in, const Value& v, CallArgs& a) { return MinMax(in, v, a, true); }
-Value FMin(Interp& in, const Value& v, CallArgs& a) { return MinMax(in, v, a, false); }
+Value FMax(Interp& in, const Value& v, CallArgs& a) {
+  return MinMax(in, v, a, true);
+}
+Value FMin(Interp& in, const Value& v, CallArgs& a) {
+  return MinMax(in, v, a, false);
+}
 
 Value SelectOrReject(Interp& in, const Value& v, CallArgs& a, bool select, bool by_attr) {
   size_t off = 0;
@@ -375,7 +406,8 @@ Value SelectOrReject(Interp& in, const Value& v, CallArgs& a, bool select, bool 
   CallArgs test_args;
   if (a.positional.size() > off) {
     test = ToString(a.positional[off], "select");
-    test_args.positional.assign(a.positional.begin() + static_cast<long>(off) + 1, a.positional.end());
+    test_args.positional.assign(a.positional.begin() + static_cast<long>(off) + 1,
+                                a.positional.end());
     test_args.keywords = a.keywords;
   }
   ValueList out;
@@ -393,13 +425,22 @@ Value SelectOrReject(Interp& in, const Value& v, CallArgs& a, bool select, bool 
   return Value::MakeIterator(std::move(out));
 }
 
-Value FSelect(Interp& in, const Value& v, CallArgs& a) { return SelectOrReject(in, v, a, true, false); }
-Value FReject(Interp& in, const Value& v, CallArgs& a) { return SelectOrReject(in, v, a, false, false); }
-Value FSelectAttr(Interp& in, const Value& v, CallArgs& a) { return SelectOrReject(in, v, a, true, true); }
-Value FRejectAttr(Interp& in, const Value& v, CallArgs& a) { return SelectOrReject(in, v, a, false, true); }
+Value FSelect(Interp& in, const Value& v, CallArgs& a) {
+  return SelectOrReject(in, v, a, true, false);
+}
+Value FReject(Interp& in, const Value& v, CallArgs& a) {
+  return SelectOrReject(in, v, a, false, false);
+}
+Value FSelectAttr(Interp& in, const Value& v, CallArgs& a) {
+  return SelectOrReject(in, v, a, true, true);
+}
+Value FRejectAttr(Interp& in, const Value& v, CallArgs& a) {
+  return SelectOrReject(in, v, a, false, true);
+}
 
 Value FReplace(Interp&, const Value& v, CallArgs& a) {
-  auto b = BindArgs("replace", a, {{"old", std::nullopt}, {"new", std::nullopt}, {"count", None()}});
+  auto b =
+      BindArgs("replace", a, {{"old", std::nullopt}, {"new", std::nullopt}, {"count", None()}});
   const int64_t count = b[2].is_none() ? -1 : ToInt(b[2], "replace");
   return Str(py::Replace(SoftStr(v), SoftStr(b[0]), SoftStr(b[1]), count));
 }
@@ -414,7 +455,8 @@ Value FReverse(Interp& in, const Value& v, CallArgs& a) {
   if (v.is_undefined() || v.has_items() || v.is_dict()) {
     ValueList items = in.Iterate(v);
     std::reverse(items.begin(), items.end());
-    return v.is_iterator() ? Value::MakeList(std::move(items)) : Value::MakeIterator(std::move(items));
+    return v.is_iterator() ? Value::MakeList(std::move(items))
+                           : Value::MakeIterator(std::move(items));
   }
   throw Error("argument must be iterable");
 }
@@ -442,7 +484,8 @@ Value FRound(Interp&, const Value& v, CallArgs& a) {
   if (method == "common") {
     if (v.is_integral()) {
       if (precision >= 0) return Value::MakeInt(v.int_value());
-      return Value::MakeInt(static_cast<int64_t>(RoundHalfEven(static_cast<double>(v.int_value()), precision)));
+      return Value::MakeInt(
+          static_cast<int64_t>(RoundHalfEven(static_cast<double>(v.int_value()), precision)));
     }
     return Value::MakeFloat(RoundHalfEven(v.float_value(), precision));
   }
@@ -479,8 +522,8 @@ Value FSlice(Interp& in, const Value& v, CallArgs& a) {
 }
 
 Value FSort(Interp& in, const Value& v, CallArgs& a) {
-  auto b = BindArgs("sort", a, {{"reverse", False()}, {"case_sensitive", False()},
-                                {"attribute", None()}});
+  auto b = BindArgs("sort", a,
+                    {{"reverse", False()}, {"case_sensitive", False()}, {"attribute", None()}});
   ValueList items = in.Iterate(v);
   const auto getters = MultiGetter(b[2], !b[1].Truthy());
   std::vector<Value> keys;
@@ -526,14 +569,18 @@ Value FTitle(Interp&, const Value& v, CallArgs& a) {
 }
 
 Value FToJson(Interp&, const Value& v, CallArgs& a) {
-  auto b = BindArgs("tojson", a, {{"ensure_ascii", False()}, {"indent", None()},
-                                  {"separators", None()}, {"sort_keys", False()}});
+  auto b = BindArgs("tojson", a,
+                    {{"ensure_ascii", False()},
+                     {"indent", None()},
+                     {"separators", None()},
+                     {"sort_keys", False()}});
   JsonDumpOptions o;
   o.ensure_ascii = b[0].Truthy();
   if (b[1].is_string()) {
     o.indent = b[1].str();
   } else if (b[1].is_integral()) {
-    o.indent = std::string(static_cast<size_t>(std::clamp<int64_t>(b[1].int_value(), 0, 1000)), ' ');
+    o.indent =
+        std::string(static_cast<size_t>(std::clamp<int64_t>(b[1].int_value(), 0, 1000)), ' ');
   } else if (!b[1].is_none()) {
     throw Error("indent must be an int or a string");
   }
@@ -554,8 +601,11 @@ Value FTrim(Interp&, const Value& v, CallArgs& a) {
 }
 
 Value FTruncate(Interp&, const Value& v, CallArgs& a) {
-  auto b = BindArgs("truncate", a, {{"length", Value::MakeInt(255)}, {"killwords", False()},
-                                    {"end", Str("...")}, {"leeway", None()}});
+  auto b = BindArgs("truncate", a,
+                    {{"length", Value::MakeInt(255)},
+                     {"killwords", False()},
+                     {"end", Str("...")},
+                     {"leeway", None()}});
   const std::u32string s = py::Decode(ToString(v, "truncate"));
   const int64_t length = ToInt(b[0], "truncate");
   const std::string& end = ToString(b[2], "truncate");
@@ -604,22 +654,61 @@ Value FUnsupported(Interp&, const Value&, CallArgs&) {
 
 const std::unordered_map<std::string_view, FilterFn>& Table() {
   static const auto* table = new std::unordered_map<std::string_view, FilterFn>{
-      {"abs", FAbs}, {"attr", FAttr}, {"batch", FBatch}, {"capitalize", FCapitalize},
-      {"center", FCenter}, {"count", FLength}, {"d", FDefault}, {"default", FDefault},
-      {"dictsort", FDictsort}, {"e", FEscape}, {"escape", FEscape}, {"forceescape", FEscape},
-      {"first", FFirst}, {"float", FFloat}, {"format", FFormat}, {"indent", FIndent},
-      {"int", FInt}, {"items", FItems}, {"join", FJoin}, {"last", FLast}, {"length", FLength},
-      {"list", FList}, {"lower", FLower}, {"map", FMap}, {"max", FMax}, {"min", FMin},
-      {"reject", FReject}, {"rejectattr", FRejectAttr}, {"replace", FReplace},
-      {"reverse", FReverse}, {"round", FRound}, {"safe", FSafe}, {"select", FSelect},
-      {"selectattr", FSelectAttr}, {"slice", FSlice}, {"sort", FSort}, {"string", FString},
-      {"sum", FSum}, {"title", FTitle}, {"tojson", FToJson}, {"trim", FTrim},
-      {"truncate", FTruncate}, {"unique", FUnique}, {"upper", FUpper},
+      {"abs", FAbs},
+      {"attr", FAttr},
+      {"batch", FBatch},
+      {"capitalize", FCapitalize},
+      {"center", FCenter},
+      {"count", FLength},
+      {"d", FDefault},
+      {"default", FDefault},
+      {"dictsort", FDictsort},
+      {"e", FEscape},
+      {"escape", FEscape},
+      {"forceescape", FEscape},
+      {"first", FFirst},
+      {"float", FFloat},
+      {"format", FFormat},
+      {"indent", FIndent},
+      {"int", FInt},
+      {"items", FItems},
+      {"join", FJoin},
+      {"last", FLast},
+      {"length", FLength},
+      {"list", FList},
+      {"lower", FLower},
+      {"map", FMap},
+      {"max", FMax},
+      {"min", FMin},
+      {"reject", FReject},
+      {"rejectattr", FRejectAttr},
+      {"replace", FReplace},
+      {"reverse", FReverse},
+      {"round", FRound},
+      {"safe", FSafe},
+      {"select", FSelect},
+      {"selectattr", FSelectAttr},
+      {"slice", FSlice},
+      {"sort", FSort},
+      {"string", FString},
+      {"sum", FSum},
+      {"title", FTitle},
+      {"tojson", FToJson},
+      {"trim", FTrim},
+      {"truncate", FTruncate},
+      {"unique", FUnique},
+      {"upper", FUpper},
       {"wordcount", FWordcount},
       // Known to jinja2 but not implemented: templates using them fail when they reach them.
-      {"filesizeformat", FUnsupported}, {"groupby", FUnsupported}, {"pprint", FUnsupported},
-      {"random", FUnsupported}, {"striptags", FUnsupported}, {"urlencode", FUnsupported},
-      {"urlize", FUnsupported}, {"wordwrap", FUnsupported}, {"xmlattr", FUnsupported},
+      {"filesizeformat", FUnsupported},
+      {"groupby", FUnsupported},
+      {"pprint", FUnsupported},
+      {"random", FUnsupported},
+      {"striptags", FUnsupported},
+      {"urlencode", FUnsupported},
+      {"urlize", FUnsupported},
+      {"wordwrap", FUnsupported},
+      {"xmlattr", FUnsupported},
   };
   return *table;
 }

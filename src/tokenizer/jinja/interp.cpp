@@ -77,15 +77,15 @@ class LoopObject : public Object, public std::enable_shared_from_this<LoopObject
     }
     auto self = std::const_pointer_cast<LoopObject>(shared_from_this());
     if (name == "cycle") {
-      return Value::MakeObject(std::make_shared<Function>(
-          "cycle", [self](Interp&, CallArgs& args) -> Value {
+      return Value::MakeObject(
+          std::make_shared<Function>("cycle", [self](Interp&, CallArgs& args) -> Value {
             if (args.positional.empty()) throw Error("no items for cycling given");
             return args.positional[self->index0_ % args.positional.size()];
           }));
     }
     if (name == "changed") {
-      return Value::MakeObject(std::make_shared<Function>(
-          "changed", [self](Interp&, CallArgs& args) -> Value {
+      return Value::MakeObject(
+          std::make_shared<Function>("changed", [self](Interp&, CallArgs& args) -> Value {
             Value now = Value::MakeList(args.positional);
             if (self->has_last_ && Equals(self->last_changed_, now)) return Value::MakeBool(false);
             self->last_changed_ = now;
@@ -154,7 +154,32 @@ Interp::CallGuard::CallGuard(Interp* i) : interp(i) {
   }
 }
 
-Interp::CallGuard::~CallGuard() { --interp->call_depth_; }
+Interp::CallGuard::~CallGuard() {
+  --interp->call_depth_;
+}
+
+namespace {
+// Drops entries only the tracker still holds (they cannot be in a cycle), so a template that
+// creates objects in a long loop does not keep them all alive until the render ends.
+template <class T>
+void Prune(std::vector<std::shared_ptr<T>>* tracked, size_t* prune_at) {
+  if (tracked->size() < *prune_at) return;
+  tracked->erase(std::remove_if(tracked->begin(), tracked->end(),
+                                [](const std::shared_ptr<T>& p) { return p.use_count() == 1; }),
+                 tracked->end());
+  *prune_at = std::max<size_t>(1024, 2 * tracked->size());
+}
+}  // namespace
+
+void Interp::Track(const ScopePtr& scope) {
+  tracked_scopes_.push_back(scope);
+  Prune(&tracked_scopes_, &prune_scopes_at_);
+}
+
+void Interp::Track(const std::shared_ptr<Namespace>& ns) {
+  tracked_namespaces_.push_back(ns);
+  Prune(&tracked_namespaces_, &prune_namespaces_at_);
+}
 
 void Interp::Step() {
   if (++steps_ > limits_.max_steps) throw Error("template exceeded its step limit");
@@ -228,8 +253,8 @@ Interp::Flow Interp::Exec(const StmtList& body, const ScopePtr& scope, std::stri
         const Expr& call = *s.expr;
         CallArgs args;
         EvalArgs(call, 1, scope, &args);
-        args.keywords.emplace_back(
-            "caller", Value::MakeObject(std::make_shared<Macro>(&s, scope, "caller")));
+        args.keywords.emplace_back("caller",
+                                   Value::MakeObject(std::make_shared<Macro>(&s, scope, "caller")));
         Value callee = Eval(*call.args[0], scope);
         Append(out, Call(callee, args));
         break;
@@ -297,7 +322,6 @@ void Interp::Assign(const Target& t, const Value& v, const ScopePtr& scope) {
   switch (t.kind) {
     case Target::Kind::kName:
       scope->Set(t.name, v);
-      if (v.is_object()) Track(scope);
       return;
     case Target::Kind::kNamespaceAttr: {
       const Value* ns = scope->Lookup(t.name);
@@ -334,7 +358,8 @@ Value Interp::InvokeMacro(const Stmt& m, const ScopePtr& closure, CallArgs& args
   }
   auto& kw = args.keywords;
   for (size_t i = n_pos; i < n_params; ++i) {
-    auto it = std::find_if(kw.begin(), kw.end(), [&](const auto& p) { return p.first == m.params[i]; });
+    auto it =
+        std::find_if(kw.begin(), kw.end(), [&](const auto& p) { return p.first == m.params[i]; });
     if (it != kw.end()) {
       scope->Set(m.params[i], it->second);
       provided[i] = true;
@@ -365,10 +390,9 @@ Value Interp::InvokeMacro(const Stmt& m, const ScopePtr& closure, CallArgs& args
     for (auto& [k, v] : kw) d.Set(Value::MakeString(k), v);
     scope->Set("kwargs", Value::MakeDict(std::move(d)));
   } else if (!kw.empty()) {
-    if (kw.front().first == "caller" || std::any_of(kw.begin(), kw.end(), [](const auto& p) {
-          return p.first == "caller";
-        })) {
-      throw Error("macro " + py::Repr(name) + " was invoked with two values for the special "
+    if (std::any_of(kw.begin(), kw.end(), [](const auto& p) { return p.first == "caller"; })) {
+      throw Error("macro " + py::Repr(name) +
+                  " was invoked with two values for the special "
                   "'caller' argument. This is most likely a bug.");
     }
     throw Error("macro " + py::Repr(name) + " takes no keyword argument " +
@@ -448,7 +472,8 @@ Value Interp::Eval(const Expr& e, const ScopePtr& scope) {
         if (i == INT64_MIN) throw Error("integer overflow");
         return Value::MakeInt(-i);
       }
-      if (v.is_float()) return Value::MakeFloat(e.op == Op::kNeg ? -v.float_value() : v.float_value());
+      if (v.is_float())
+        return Value::MakeFloat(e.op == Op::kNeg ? -v.float_value() : v.float_value());
       throw Error(std::string("bad operand type for unary ") + (e.op == Op::kNeg ? "-" : "+") +
                   ": " + py::Repr(TypeName(v)));
     }

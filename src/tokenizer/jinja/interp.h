@@ -86,10 +86,11 @@ class Interp {
   Value BinaryOp(Op op, const Value& a, const Value& b);
   bool CompareOp(Op op, const Value& a, const Value& b);
   void Step();
-  // Macros close over their scope and namespaces can hold macros: such reference cycles are
-  // broken when the render ends by clearing every scope / namespace registered here.
-  void Track(const ScopePtr& scope) { tracked_scopes_.push_back(scope); }
-  void Track(const std::shared_ptr<Namespace>& ns) { tracked_namespaces_.push_back(ns); }
+  // A macro keeps the scope it was defined in alive, and that scope holds the macro; a
+  // namespace can hold a macro too. These reference cycles are broken when the render ends by
+  // clearing every scope and namespace registered here.
+  void Track(const ScopePtr& scope);
+  void Track(const std::shared_ptr<Namespace>& ns);
   // Counts call nesting (macros and callbacks); throws past the limit.
   struct CallGuard {
     explicit CallGuard(Interp* interp);
@@ -116,7 +117,9 @@ class Interp {
   int call_depth_ = 0;
   std::vector<Value> block_subjects_;
   std::vector<ScopePtr> tracked_scopes_;
-  std::vector<std::shared_ptr<Namespace>> tracked_namespaces_;  // innermost {% filter %} / {% set | f %} body
+  std::vector<std::shared_ptr<Namespace>> tracked_namespaces_;
+  size_t prune_scopes_at_ = 1024;
+  size_t prune_namespaces_at_ = 1024;  // innermost {% filter %} / {% set | f %} body
 };
 
 }  // namespace kestrel::jinja

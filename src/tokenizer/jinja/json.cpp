@@ -57,13 +57,27 @@ void AppendEscaped(std::string& out, const std::string& s, bool ensure_ascii) {
     size_t n = 0;
     const char32_t c = py::CharAt(s, pos, &n);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20 || (ensure_ascii && c >= 0x7F)) {
           if (c >= 0x10000) {
@@ -206,8 +220,12 @@ class Dumper {
 
 }  // namespace
 
-Value FromJson(const nlohmann::ordered_json& j) { return Convert(j, 0); }
-Value FromJson(const nlohmann::json& j) { return Convert(j, 0); }
+Value FromJson(const nlohmann::ordered_json& j) {
+  return Convert(j, 0);
+}
+Value FromJson(const nlohmann::json& j) {
+  return Convert(j, 0);
+}
 
 nlohmann::ordered_json ToJsonValue(const Value& v) {
   switch (v.kind()) {

@@ -20,7 +20,7 @@ nlohmann::ordered_json ToJsonValue(const Value& v);
 
 struct JsonDumpOptions {
   bool ensure_ascii = false;
-  std::optional<std::string> indent;  // nullopt: single line
+  std::optional<std::string> indent;          // nullopt: single line
   std::optional<std::string> item_separator;  // default ", " (or "," with indent)
   std::string key_separator = ": ";
   bool sort_keys = false;

@@ -10,12 +10,16 @@ namespace kestrel::jinja {
 
 namespace {
 
-bool IsDigitChar(char c) { return c >= '0' && c <= '9'; }
+bool IsDigitChar(char c) {
+  return c >= '0' && c <= '9';
+}
 bool IsNameStart(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
          static_cast<unsigned char>(c) >= 0x80;
 }
-bool IsNameChar(char c) { return IsNameStart(c) || IsDigitChar(c); }
+bool IsNameChar(char c) {
+  return IsNameStart(c) || IsDigitChar(c);
+}
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -86,9 +90,7 @@ class Lexer {
     return p;
   }
 
-  bool StartsWith(size_t p, std::string_view s) const {
-    return src_.compare(p, s.size(), s) == 0;
-  }
+  bool StartsWith(size_t p, std::string_view s) const { return src_.compare(p, s.size(), s) == 0; }
 
   // Matches `%}` (with trim_blocks' optional newline), `-%}\s*` or `+%}` at p.
   // Returns the end of the match or npos.
@@ -244,18 +246,15 @@ class Lexer {
     }
   }
 
-  size_t Digits(size_t p) const {  // (\d+_)*\d+
+  // End of `(\d+_)*\d+` starting at p (p itself when there is no digit).
+  size_t Digits(size_t p) const {
     size_t q = p;
-    while (true) {
-      const size_t start = q;
-      while (q < src_.size() && IsDigitChar(src_[q])) ++q;
-      if (q == start) return start == p ? p : start - 1;  // undo a trailing '_'
-      if (q < src_.size() && src_[q] == '_' && q + 1 < src_.size() && IsDigitChar(src_[q + 1])) {
-        ++q;
-        continue;
-      }
-      return q;
+    while (q < src_.size() && IsDigitChar(src_[q])) {
+      ++q;
+      // An underscore continues the number only between two digits.
+      if (q + 1 < src_.size() && src_[q] == '_' && IsDigitChar(src_[q + 1])) ++q;
     }
+    return q;
   }
 
   bool LexNumber() {
@@ -348,7 +347,8 @@ class Lexer {
     if (quote != '\'' && quote != '"') return false;
     size_t q = pos_ + 1;
     while (q < src_.size() && src_[q] != quote) q += src_[q] == '\\' ? 2 : 1;
-    if (q >= src_.size()) Fail("unexpected char " + std::string(1, quote) + " (unterminated string)");
+    if (q >= src_.size())
+      Fail("unexpected char " + std::string(1, quote) + " (unterminated string)");
     Emit(TokenType::kString, Unescape(std::string_view(src_).substr(pos_ + 1, q - pos_ - 1)));
     Advance(q + 1);
     return true;
@@ -368,18 +368,41 @@ class Lexer {
       const char c = s[i + 1];
       i += 2;
       switch (c) {
-        case '\n': break;
-        case '\\': out.push_back('\\'); break;
-        case '\'': out.push_back('\''); break;
-        case '"': out.push_back('"'); break;
-        case 'a': out.push_back('\a'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'v': out.push_back('\v'); break;
-        case 'x': case 'u': case 'U': {
+        case '\n':
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '\'':
+          out.push_back('\'');
+          break;
+        case '"':
+          out.push_back('"');
+          break;
+        case 'a':
+          out.push_back('\a');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'v':
+          out.push_back('\v');
+          break;
+        case 'x':
+        case 'u':
+        case 'U': {
           const size_t n = c == 'x' ? 2 : c == 'u' ? 4 : 8;
           char32_t v = 0;
           for (size_t k = 0; k < n; ++k) {

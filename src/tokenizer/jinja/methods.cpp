@@ -17,7 +17,9 @@ Value Bound(const Value& self, std::string_view name, Method m) {
       std::string(name), [self, m](Interp& in, CallArgs& args) { return m(in, self, args); }));
 }
 
-Value Str(std::string s) { return Value::MakeString(std::move(s)); }
+Value Str(std::string s) {
+  return Value::MakeString(std::move(s));
+}
 
 Value StrList(const std::vector<std::string>& parts) {
   ValueList out;
@@ -34,8 +36,9 @@ void Bounds(const Value& start, const Value& end, int64_t* s, int64_t* e) {
 
 Value AffixTest(const Value& self, CallArgs& args, bool suffix) {
   const char* fn = suffix ? "endswith" : "startswith";
-  auto a = BindArgs(fn, args, {{"prefix", std::nullopt}, {"start", Value::MakeNone()},
-                               {"end", Value::MakeNone()}});
+  auto a = BindArgs(
+      fn, args,
+      {{"prefix", std::nullopt}, {"start", Value::MakeNone()}, {"end", Value::MakeNone()}});
   int64_t s = 0;
   int64_t e = 0;
   Bounds(a[1], a[2], &s, &e);
@@ -63,8 +66,8 @@ Value AffixTest(const Value& self, CallArgs& args, bool suffix) {
   py::AdjustIndices(n, &s, &e);
   if (s > n) return Value::MakeBool(false);
   const std::u32string u = py::Decode(str);
-  const std::u32string window = u.substr(static_cast<size_t>(s),
-                                         static_cast<size_t>(std::max<int64_t>(0, e - s)));
+  const std::u32string window =
+      u.substr(static_cast<size_t>(s), static_cast<size_t>(std::max<int64_t>(0, e - s)));
   for (const Value& c : candidates) {
     const std::u32string p = py::Decode(ToString(c, fn));
     if (p.size() > window.size()) continue;
@@ -76,8 +79,8 @@ Value AffixTest(const Value& self, CallArgs& args, bool suffix) {
 }
 
 Value FindLike(const Value& self, CallArgs& args, const char* fn, bool reverse, bool raise) {
-  auto a = BindArgs(fn, args, {{"sub", std::nullopt}, {"start", Value::MakeNone()},
-                               {"end", Value::MakeNone()}});
+  auto a = BindArgs(
+      fn, args, {{"sub", std::nullopt}, {"start", Value::MakeNone()}, {"end", Value::MakeNone()}});
   int64_t s = 0;
   int64_t e = 0;
   Bounds(a[1], a[2], &s, &e);
@@ -272,8 +275,8 @@ Value Copy(Interp&, const Value& self, CallArgs& args) {
 }
 
 bool IsMutator(std::string_view name, bool is_dict) {
-  static constexpr std::string_view kList[] = {"append", "extend", "insert", "pop", "remove",
-                                               "reverse", "sort", "clear"};
+  static constexpr std::string_view kList[] = {"append", "extend",  "insert", "pop",
+                                               "remove", "reverse", "sort",   "clear"};
   static constexpr std::string_view kDict[] = {"pop", "popitem", "setdefault", "update", "clear"};
   if (is_dict) return std::find(std::begin(kDict), std::end(kDict), name) != std::end(kDict);
   return std::find(std::begin(kList), std::end(kList), name) != std::end(kList);
@@ -347,7 +350,8 @@ std::string FormatValue(const Value& v, const std::string& spec) {
     ++p;
   }
   int64_t width = 0;
-  while (p < rest.size() && rest[p] >= '0' && rest[p] <= '9') width = width * 10 + (rest[p++] - '0');
+  while (p < rest.size() && rest[p] >= '0' && rest[p] <= '9')
+    width = width * 10 + (rest[p++] - '0');
   if (p < rest.size() && (rest[p] == ',' || rest[p] == '_')) {
     throw Error("thousands separators in format specs are not supported");
   }
@@ -368,7 +372,8 @@ std::string FormatValue(const Value& v, const std::string& spec) {
   if (v.is_string() || v.is_undefined() || v.is_none() || !v.is_number()) {
     if (type != 0 && type != 's') throw Error("Unknown format code '" + std::string(1, type) + "'");
     body = ToStr(v);
-    if (precision >= 0) body = py::Encode(py::Decode(body).substr(0, static_cast<size_t>(precision)));
+    if (precision >= 0)
+      body = py::Encode(py::Decode(body).substr(0, static_cast<size_t>(precision)));
   } else {
     numeric = true;
     std::string cspec = "%" + sign + (alt ? "#" : "");
@@ -422,11 +427,15 @@ std::string FormatValue(const Value& v, const std::string& spec) {
     return s;
   };
   switch (align) {
-    case '<': return body + pad_of(total);
-    case '>': return pad_of(total) + body;
-    case '^': return pad_of(total / 2) + body + pad_of(total - total / 2);
+    case '<':
+      return body + pad_of(total);
+    case '>':
+      return pad_of(total) + body;
+    case '^':
+      return pad_of(total / 2) + body + pad_of(total - total / 2);
     default: {  // '=': padding after the sign
-      const size_t sign_len = (!body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ')) ? 1 : 0;
+      const size_t sign_len =
+          (!body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ')) ? 1 : 0;
       return body.substr(0, sign_len) + pad_of(total) + body.substr(sign_len);
     }
   }
@@ -482,7 +491,8 @@ std::string StrFormat(const std::string& fmt, const CallArgs& args) {
                     " out of range for positional args tuple");
       }
       v = args.positional[auto_index++];
-    } else if (std::all_of(head.begin(), head.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    } else if (std::all_of(head.begin(), head.end(),
+                           [](char ch) { return ch >= '0' && ch <= '9'; })) {
       const size_t k = std::stoul(head);
       if (k >= args.positional.size()) {
         throw Error("Replacement index " + head + " out of range for positional args tuple");

@@ -14,18 +14,30 @@ constexpr size_t kMaxRepeatBytes = size_t{64} << 20;  // 'x' * n beyond this is 
 
 const char* OpSymbol(Op op) {
   switch (op) {
-    case Op::kAdd: return "+";
-    case Op::kSub: return "-";
-    case Op::kMul: return "*";
-    case Op::kDiv: return "/";
-    case Op::kFloorDiv: return "//";
-    case Op::kMod: return "%";
-    case Op::kPow: return "** or pow()";
-    case Op::kLt: return "<";
-    case Op::kLe: return "<=";
-    case Op::kGt: return ">";
-    case Op::kGe: return ">=";
-    default: return "?";
+    case Op::kAdd:
+      return "+";
+    case Op::kSub:
+      return "-";
+    case Op::kMul:
+      return "*";
+    case Op::kDiv:
+      return "/";
+    case Op::kFloorDiv:
+      return "//";
+    case Op::kMod:
+      return "%";
+    case Op::kPow:
+      return "** or pow()";
+    case Op::kLt:
+      return "<";
+    case Op::kLe:
+      return "<=";
+    case Op::kGt:
+      return ">";
+    case Op::kGe:
+      return ">=";
+    default:
+      return "?";
   }
 }
 
@@ -130,9 +142,12 @@ Value Arithmetic(Op op, const Value& a, const Value& b) {
   const double x = a.AsDouble();
   const double y = b.AsDouble();
   switch (op) {
-    case Op::kAdd: return Value::MakeFloat(x + y);
-    case Op::kSub: return Value::MakeFloat(x - y);
-    case Op::kMul: return Value::MakeFloat(x * y);
+    case Op::kAdd:
+      return Value::MakeFloat(x + y);
+    case Op::kSub:
+      return Value::MakeFloat(x - y);
+    case Op::kMul:
+      return Value::MakeFloat(x * y);
     case Op::kDiv:
       if (y == 0) throw Error("division by zero");
       return Value::MakeFloat(x / y);
@@ -169,7 +184,8 @@ bool Contains(const Value& container, const Value& item) {
       }
       return false;
     case Kind::kDict:
-      if (item.is_list() || item.is_dict()) throw Error("unhashable type: " + py::Repr(TypeName(item)));
+      if (item.is_list() || item.is_dict())
+        throw Error("unhashable type: " + py::Repr(TypeName(item)));
       return container.dict().Find(item) != nullptr;
     default:
       throw Error("argument of type " + py::Repr(TypeName(container)) + " is not iterable");
@@ -181,10 +197,14 @@ bool Ordered(Op op, const Value& a, const Value& b) {
   if (b.is_undefined()) ThrowUndefined(b);
   auto from_cmp = [op](int c) {
     switch (op) {
-      case Op::kLt: return c < 0;
-      case Op::kLe: return c <= 0;
-      case Op::kGt: return c > 0;
-      default: return c >= 0;
+      case Op::kLt:
+        return c < 0;
+      case Op::kLe:
+        return c <= 0;
+      case Op::kGt:
+        return c > 0;
+      default:
+        return c >= 0;
     }
   };
   if (a.is_number() && b.is_number()) {
@@ -196,10 +216,14 @@ bool Ordered(Op op, const Value& a, const Value& b) {
     const double x = a.AsDouble();
     const double y = b.AsDouble();
     switch (op) {  // NaN compares false everywhere
-      case Op::kLt: return x < y;
-      case Op::kLe: return x <= y;
-      case Op::kGt: return x > y;
-      default: return x >= y;
+      case Op::kLt:
+        return x < y;
+      case Op::kLe:
+        return x <= y;
+      case Op::kGt:
+        return x > y;
+      default:
+        return x >= y;
     }
   }
   if (a.is_string() && b.is_string()) return from_cmp(a.str().compare(b.str()));
@@ -269,11 +293,16 @@ Value Interp::BinaryOp(Op op, const Value& a, const Value& b) {
 
 bool Interp::CompareOp(Op op, const Value& a, const Value& b) {
   switch (op) {
-    case Op::kEq: return Equals(a, b);
-    case Op::kNe: return !Equals(a, b);
-    case Op::kIn: return Contains(b, a);
-    case Op::kNotIn: return !Contains(b, a);
-    default: return Ordered(op, a, b);
+    case Op::kEq:
+      return Equals(a, b);
+    case Op::kNe:
+      return !Equals(a, b);
+    case Op::kIn:
+      return Contains(b, a);
+    case Op::kNotIn:
+      return !Contains(b, a);
+    default:
+      return Ordered(op, a, b);
   }
 }
 
@@ -294,7 +323,6 @@ std::string PercentFormat(const std::string& fmt, const Value& args) {
   };
   std::string out;
   size_t i = 0;
-  bool used_mapping = false;
   while (i < fmt.size()) {
     if (fmt[i] != '%') {
       out.push_back(fmt[i++]);
@@ -312,7 +340,6 @@ std::string PercentFormat(const std::string& fmt, const Value& args) {
       if (v == nullptr) throw Error("KeyError: " + py::Repr(fmt.substr(i + 1, close - i - 1)));
       mapped = *v;
       value = &mapped;
-      used_mapping = true;
       i = close + 1;
     }
     std::string flags;
@@ -355,7 +382,9 @@ std::string PercentFormat(const std::string& fmt, const Value& args) {
     const bool left = flags.find('-') != std::string::npos;
     std::string piece;
     switch (conv) {
-      case 's': case 'r': case 'a': {
+      case 's':
+      case 'r':
+      case 'a': {
         piece = conv == 's' ? ToStr(*value) : ToRepr(*value);
         if (precision >= 0) {
           const std::u32string u = py::Decode(piece);
@@ -374,7 +403,12 @@ std::string PercentFormat(const std::string& fmt, const Value& args) {
           throw Error("%c requires int or char");
         }
         break;
-      case 'd': case 'i': case 'u': case 'x': case 'X': case 'o': {
+      case 'd':
+      case 'i':
+      case 'u':
+      case 'x':
+      case 'X':
+      case 'o': {
         if (!value->is_number()) {
           throw Error(std::string("%") + conv + " format: a real number is required, not " +
                       TypeName(*value));
@@ -382,8 +416,8 @@ std::string PercentFormat(const std::string& fmt, const Value& args) {
         if (value->is_float() && conv != 'd' && conv != 'i' && conv != 'u') {
           throw Error(std::string("%") + conv + " format: an integer is required, not float");
         }
-        const int64_t n = value->is_float() ? static_cast<int64_t>(value->float_value())
-                                            : value->int_value();
+        const int64_t n =
+            value->is_float() ? static_cast<int64_t>(value->float_value()) : value->int_value();
         std::string spec = "%" + flags;
         if (precision >= 0) spec += "." + std::to_string(precision);
         const char c = conv == 'i' || conv == 'u' ? 'd' : conv;
@@ -392,15 +426,19 @@ std::string PercentFormat(const std::string& fmt, const Value& args) {
         char buf[128];
         std::snprintf(buf, sizeof(buf), spec.c_str(), static_cast<long long>(n));
         piece = buf;
-        if ((conv == 'x' || conv == 'X' || conv == 'o') && flags.find('#') != std::string::npos &&
-            conv == 'o') {
+        if (conv == 'o' && flags.find('#') != std::string::npos) {
           // C prints "0" + digits for %#o; Python prints "0o" + digits.
           const size_t p = piece.find_first_of("0123456789");
           if (p != std::string::npos) piece.replace(p, 1, "0o");
         }
         break;
       }
-      case 'e': case 'E': case 'f': case 'F': case 'g': case 'G': {
+      case 'e':
+      case 'E':
+      case 'f':
+      case 'F':
+      case 'g':
+      case 'G': {
         if (!value->is_number()) {
           throw Error(std::string("must be real number, not ") + TypeName(*value));
         }
@@ -422,8 +460,8 @@ std::string PercentFormat(const std::string& fmt, const Value& args) {
       if (left) {
         piece.append(static_cast<size_t>(width - len), ' ');
       } else if (zero) {
-        size_t sign_len = (!piece.empty() && (piece[0] == '-' || piece[0] == '+' || piece[0] == ' '))
-                              ? 1 : 0;
+        size_t sign_len =
+            (!piece.empty() && (piece[0] == '-' || piece[0] == '+' || piece[0] == ' ')) ? 1 : 0;
         piece.insert(sign_len, static_cast<size_t>(width - len), '0');
       } else {
         piece.insert(0, static_cast<size_t>(width - len), ' ');
@@ -434,7 +472,6 @@ std::string PercentFormat(const std::string& fmt, const Value& args) {
   if (!is_mapping && next_arg < positional.size()) {
     throw Error("not all arguments converted during string formatting");
   }
-  (void)used_mapping;
   return out;
 }
 

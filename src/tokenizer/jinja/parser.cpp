@@ -4,7 +4,6 @@
 #include <initializer_list>
 #include <string_view>
 
-
 namespace kestrel::jinja {
 
 namespace {
@@ -49,21 +48,32 @@ class Parser {
 
   static std::string Describe(const Token& t) {
     switch (t.type) {
-      case TokenType::kText: return "template data";
-      case TokenType::kVariableBegin: return "begin of print statement";
-      case TokenType::kVariableEnd: return "end of print statement";
-      case TokenType::kBlockBegin: return "begin of statement block";
-      case TokenType::kBlockEnd: return "end of statement block";
-      case TokenType::kString: return "string";
-      case TokenType::kInteger: return "integer";
-      case TokenType::kFloat: return "float";
-      case TokenType::kEof: return "end of template";
-      default: return t.value;
+      case TokenType::kText:
+        return "template data";
+      case TokenType::kVariableBegin:
+        return "begin of print statement";
+      case TokenType::kVariableEnd:
+        return "end of print statement";
+      case TokenType::kBlockBegin:
+        return "begin of statement block";
+      case TokenType::kBlockEnd:
+        return "end of statement block";
+      case TokenType::kString:
+        return "string";
+      case TokenType::kInteger:
+        return "integer";
+      case TokenType::kFloat:
+        return "float";
+      case TokenType::kEof:
+        return "end of template";
+      default:
+        return t.value;
     }
   }
 
   void ExpectOp(std::string_view op) {
-    if (!SkipOp(op)) Fail("expected token '" + std::string(op) + "', got '" + Describe(Cur()) + "'");
+    if (!SkipOp(op))
+      Fail("expected token '" + std::string(op) + "', got '" + Describe(Cur()) + "'");
   }
   void ExpectName(std::string_view name) {
     if (!SkipName(name)) {
@@ -298,8 +308,8 @@ class Parser {
   Target ParseAssignTarget(bool with_tuple, bool with_namespace,
                            std::initializer_list<std::string_view> extra_end) {
     Target t;
-    if (with_namespace && Cur().type == TokenType::kName &&
-        Look().type == TokenType::kOperator && Look().value == ".") {
+    if (with_namespace && Cur().type == TokenType::kName && Look().type == TokenType::kOperator &&
+        Look().value == ".") {
       t.kind = Target::Kind::kNamespaceAttr;
       t.name = ExpectAnyName();
       Next();  // '.'
@@ -492,8 +502,10 @@ class Parser {
   ExprPtr ParseMath2() {
     ExprPtr left = ParsePow();
     while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
-      const Op op = IsOp("*") ? Op::kMul : IsOp("/") ? Op::kDiv : IsOp("//") ? Op::kFloorDiv
-                                                                             : Op::kMod;
+      const Op op = IsOp("*")    ? Op::kMul
+                    : IsOp("/")  ? Op::kDiv
+                    : IsOp("//") ? Op::kFloorDiv
+                                 : Op::kMod;
       const int line = Cur().line;
       Next();
       left = Binary(op, std::move(left), ParsePow(), line);

@@ -152,9 +152,24 @@ size_t Length(std::string_view s) {
 
 bool IsSpace(char32_t c) {
   switch (c) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x1C: case 0x1D: case 0x1E:
-    case 0x1F: case 0x20: case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029:
-    case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x1C:
+    case 0x1D:
+    case 0x1E:
+    case 0x1F:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return c >= 0x2000 && c <= 0x200A;
@@ -188,11 +203,12 @@ bool IsDigit(char32_t c) {
 bool IsNumeric(char32_t c) {
   if (c < 0x80) return c >= '0' && c <= '9';
   const auto cat = Category(c);
-  return cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL ||
-         cat == UTF8PROC_CATEGORY_NO;
+  return cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_NO;
 }
 
-bool IsAlnum(char32_t c) { return IsAlpha(c) || IsNumeric(c); }
+bool IsAlnum(char32_t c) {
+  return IsAlpha(c) || IsNumeric(c);
+}
 
 bool IsUpper(char32_t c) {
   if (c < 0x80) return c >= 'A' && c <= 'Z';
@@ -207,23 +223,29 @@ bool IsLower(char32_t c) {
 bool IsCased(char32_t c) {
   if (c < 0x80) return IsUpper(c) || IsLower(c);
   const auto cat = Category(c);
-  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL ||
-         cat == UTF8PROC_CATEGORY_LT;
+  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
 }
 
 bool IsPrintable(char32_t c) {
   if (c < 0x80) return c >= 0x20 && c < 0x7F;
   switch (Category(c)) {
-    case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_CS:
-    case UTF8PROC_CATEGORY_CO: case UTF8PROC_CATEGORY_CN: case UTF8PROC_CATEGORY_ZL:
-    case UTF8PROC_CATEGORY_ZP: case UTF8PROC_CATEGORY_ZS:
+    case UTF8PROC_CATEGORY_CC:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_CS:
+    case UTF8PROC_CATEGORY_CO:
+    case UTF8PROC_CATEGORY_CN:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP:
+    case UTF8PROC_CATEGORY_ZS:
       return false;
     default:
       return true;
   }
 }
 
-bool IsWordChar(char32_t c) { return c == '_' || IsAlnum(c); }
+bool IsWordChar(char32_t c) {
+  return c == '_' || IsAlnum(c);
+}
 
 char32_t ToUpper(char32_t c) {
   if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
@@ -255,9 +277,9 @@ struct FullCase {
   const char* title;
 };
 constexpr FullCase kFullCase[] = {
-    {0x00DF, "SS", "Ss"},          {0xFB00, "FF", "Ff"},  {0xFB01, "FI", "Fi"},
-    {0xFB02, "FL", "Fl"},          {0xFB03, "FFI", "Ffi"}, {0xFB04, "FFL", "Ffl"},
-    {0xFB05, "ST", "St"},          {0xFB06, "ST", "St"},  {0x0149, "\u02BCN", "\u02BCN"},
+    {0x00DF, "SS", "Ss"}, {0xFB00, "FF", "Ff"},   {0xFB01, "FI", "Fi"},
+    {0xFB02, "FL", "Fl"}, {0xFB03, "FFI", "Ffi"}, {0xFB04, "FFL", "Ffl"},
+    {0xFB05, "ST", "St"}, {0xFB06, "ST", "St"},   {0x0149, "\u02BCN", "\u02BCN"},
 };
 
 const FullCase* FindFullCase(char32_t c) {
@@ -284,8 +306,7 @@ bool IsCaseIgnorable(char32_t c) {
   if (c < 0x80) return false;
   const auto cat = Category(c);
   return cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_ME ||
-         cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_LM ||
-         cat == UTF8PROC_CATEGORY_SK;
+         cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_LM || cat == UTF8PROC_CATEGORY_SK;
 }
 
 // Greek capital sigma lowercases to final sigma at the end of a word (CPython's rule).
@@ -549,8 +570,7 @@ void AdjustIndices(int64_t n, int64_t* start, int64_t* end) {
   if (*start < 0) *start = std::max<int64_t>(0, *start + n);
 }
 
-int64_t Find(std::string_view s, std::string_view sub, int64_t start, int64_t end,
-             bool reverse) {
+int64_t Find(std::string_view s, std::string_view sub, int64_t start, int64_t end, bool reverse) {
   if (start == 0 && end == INT64_MAX) {  // whole string: search bytes
     const size_t hit = reverse ? s.rfind(sub) : s.find(sub);
     return hit == std::string_view::npos ? -1 : static_cast<int64_t>(Length(s.substr(0, hit)));

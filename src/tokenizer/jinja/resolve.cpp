@@ -96,7 +96,9 @@ void ScanStmts(const StmtList& list, Stmt* m) {
 
 }  // namespace
 
-void ResolveNames(StmtList& body) { Resolver().Stmts(body, false); }
+void ResolveNames(StmtList& body) {
+  Resolver().Stmts(body, false);
+}
 
 void ScanSpecialNames(Stmt* macro) {
   ScanStmts(macro->body, macro);

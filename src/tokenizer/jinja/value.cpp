@@ -10,9 +10,13 @@ Value Object::Call(Interp& /*interp*/, CallArgs& /*args*/) {
   throw Error("'" + TypeName() + "' object is not callable");
 }
 
-std::optional<Value> Object::GetAttr(std::string_view /*name*/) const { return std::nullopt; }
+std::optional<Value> Object::GetAttr(std::string_view /*name*/) const {
+  return std::nullopt;
+}
 
-bool Object::SetAttr(const std::string& /*name*/, const Value& /*value*/) { return false; }
+bool Object::SetAttr(const std::string& /*name*/, const Value& /*value*/) {
+  return false;
+}
 
 // ---------------------------------------------------------------- construction
 
@@ -372,10 +376,12 @@ bool Less(const Value& a, const Value& b) {
   }
   if (a.is_undefined()) ThrowUndefined(a);
   if (b.is_undefined()) ThrowUndefined(b);
-  throw Error("'<' not supported between instances of '" + TypeName(a) + "' and '" +
-              TypeName(b) + "'");
+  throw Error("'<' not supported between instances of '" + TypeName(a) + "' and '" + TypeName(b) +
+              "'");
 }
 
-void ThrowUndefined(const Value& v) { throw Error(v.undefined_hint()); }
+void ThrowUndefined(const Value& v) {
+  throw Error(v.undefined_hint());
+}
 
 }  // namespace kestrel::jinja

@@ -1,6 +1,6 @@
 // Tokenizer encode throughput, single thread. Prints one JSON object.
 //
-//   bench_tokenizer <tokenizer_dir> <corpus.jsonl>
+//   bench_tokenizer <tokenizer_dir> <corpus.jsonl>   (CMake: benches/<name>.cpp -> bench_<name>)
 //
 // Same workload as `tools/golden_tokenizer.py --bench` (so the numbers compare with HF):
 //   lines: every corpus line encoded separately (add_special_tokens=false);

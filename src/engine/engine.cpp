@@ -1,0 +1,493 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "core/check.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "engine/stop_matcher.h"
+#include "kv/kv_cache_manager.h"
+
+namespace kestrel {
+
+// ---------------------------------------------------------------- RequestHandle
+
+bool RequestHandle::Next(RequestOutput* out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [this] { return !events_.empty(); })) return false;
+  *out = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void RequestHandle::Cancel() {
+  cancelled_.store(true, std::memory_order_relaxed);
+}
+
+bool RequestHandle::cancelled() const {
+  return cancelled_.load(std::memory_order_relaxed);
+}
+
+void RequestHandle::Push(RequestOutput out) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(out));
+  }
+  cv_.notify_one();
+}
+
+// ---------------------------------------------------------------- Engine
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// Everything the engine keeps per request beside the scheduler's view of it. Built on the
+// submitting thread, so the engine thread allocates nothing for a new request.
+struct EngineSequence : Sequence {
+  EngineSequence(int64_t id, const EngineRequest& request, int32_t vocab,
+                 const Tokenizer* tokenizer, StopMatcher stop_matcher,
+                 std::shared_ptr<RequestHandle> request_handle)
+      : Sequence(id, request.prompt_ids, request.max_new_tokens),
+        handle(std::move(request_handle)),
+        sampler(request.sampling, vocab),
+        detok(tokenizer),
+        stop(std::move(stop_matcher)),
+        ignore_eos(request.ignore_eos),
+        submitted(Clock::now()) {
+    sampler.AddPromptTokens(request.prompt_ids);
+  }
+
+  std::shared_ptr<RequestHandle> handle;
+  Sampler sampler;
+  StreamingDetokenizer detok;
+  StopMatcher stop;
+  bool ignore_eos;
+  Clock::time_point submitted;
+  Clock::time_point last_token;
+  bool admission_counted = false;
+
+  RequestUsage Usage() const {
+    RequestUsage u;
+    u.prompt_tokens = n_prompt_tokens();
+    u.completion_tokens = n_generated_tokens();
+    u.cached_tokens = std::max(n_cached_prompt_tokens, 0);
+    return u;
+  }
+};
+
+// Names the model and its numerics, so a cached block is never reused across models.
+std::string ModelFingerprint(const Model& m) {
+  const ModelConfig& c = m.config();
+  std::string key = "kestrel-kv-v1";
+  for (int64_t v : {static_cast<int64_t>(c.arch), c.vocab_size, c.hidden_size, c.intermediate_size,
+                    c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, m.n_parameters(),
+                    m.weight_bytes(), int64_t{m.block_size_tokens()}}) {
+    key += '/' + std::to_string(v);
+  }
+  return key + '/' + m.kernels_name();
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  Impl(std::unique_ptr<Model> m, const Tokenizer* tok, std::vector<int32_t> eos,
+       const EngineConfig& cfg);
+
+  Status Validate(const EngineRequest& request) const;
+  void Loop();
+  void Step();
+  void BuildBatch(const SchedulerOutput& out);
+  void ProcessSamples(const SchedulerOutput& out);
+  void CheckCancellations();
+  // Takes seq out of the scheduler and `active`, and sends its finished event.
+  void Finish(EngineSequence* seq, RequestOutput event);
+  void CancelAll(const Status& why);
+  void PublishMetrics();
+
+  std::unique_ptr<Model> model;
+  const Tokenizer* tokenizer;
+  std::vector<int32_t> eos_ids;
+  EngineConfig config;
+  int32_t vocab;
+  KvCacheManager kv;
+  Scheduler scheduler;
+
+  // Shared with the submitting threads, under mu.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<EngineSequence>> incoming;
+  bool accepting = true;
+  bool cancel_all = false;
+  bool started = false;
+  std::atomic<int64_t> next_id{0};
+  std::atomic<int32_t> n_waiting_published{0};
+  std::atomic<uint64_t> n_rejected{0};
+
+  std::mutex join_mu;  // one joiner at a time
+  std::thread thread;
+
+  mutable std::mutex metrics_mu;
+  EngineMetrics published;  // under metrics_mu
+  EngineMetrics live;       // engine thread only
+
+  // Engine-thread state. Batch vectors keep their capacity from step to step.
+  std::vector<std::unique_ptr<EngineSequence>> active;
+  std::vector<int32_t> token_ids, positions, slots, seq_starts, context_lens, block_tables,
+      logits_indices;
+  std::vector<float> logits;  // [max_num_seqs, vocab]
+  std::vector<EngineSequence*> finished_this_step;
+};
+
+Engine::Impl::Impl(std::unique_ptr<Model> m, const Tokenizer* tok, std::vector<int32_t> eos,
+                   const EngineConfig& cfg)
+    : model(std::move(m)),
+      tokenizer(tok),
+      eos_ids(std::move(eos)),
+      config(cfg),
+      vocab(static_cast<int32_t>(model->config().vocab_size)),
+      kv(KvCacheConfig{model->n_kv_blocks(), model->block_size_tokens(), cfg.prefix_caching,
+                       ModelFingerprint(*model)}),
+      scheduler(SchedulerConfig{cfg.max_num_seqs, cfg.max_batched_tokens}, &kv) {
+  KCHECK(config.max_num_seqs >= 1 && config.max_batched_tokens >= 1 && config.max_waiting >= 0);
+  const size_t max_tokens = static_cast<size_t>(config.max_batched_tokens);
+  const size_t max_seqs = static_cast<size_t>(config.max_num_seqs);
+  for (auto* v : {&token_ids, &positions, &slots}) v->reserve(max_tokens);
+  for (auto* v : {&seq_starts, &context_lens, &logits_indices}) v->reserve(max_seqs + 1);
+  block_tables.reserve(max_seqs *
+                       static_cast<size_t>(std::min<int64_t>(
+                           kv.n_blocks(), kv.BlocksFor(model->config().max_position_embeddings))));
+  logits.resize(max_seqs * static_cast<size_t>(vocab));
+  finished_this_step.reserve(max_seqs);
+  active.reserve(max_seqs + static_cast<size_t>(std::min(config.max_waiting, 4096)));
+  published.kv_blocks_total = live.kv_blocks_total = kv.n_blocks();
+}
+
+Status Engine::Impl::Validate(const EngineRequest& r) const {
+  if (r.prompt_ids.empty()) return InvalidArgument("the prompt is empty");
+  if (r.max_new_tokens < 1) return InvalidArgument("max_new_tokens must be at least 1");
+  for (int32_t id : r.prompt_ids) {
+    if (id < 0 || id >= vocab) {
+      return InvalidArgument("token id " + std::to_string(id) + " outside the vocabulary [0, " +
+                             std::to_string(vocab) + ")");
+    }
+  }
+  KTRY(ValidateSamplingParams(r.sampling, vocab));
+  KTRY(StopMatcher::Validate(r.stop));
+  if (!r.stop.empty() && tokenizer == nullptr) {
+    return InvalidArgument("stop strings need a tokenizer");
+  }
+  const int64_t total = static_cast<int64_t>(r.prompt_ids.size()) + r.max_new_tokens;
+  const int64_t context = model->config().max_position_embeddings;
+  const std::string what = "prompt (" + std::to_string(r.prompt_ids.size()) + " tokens) plus " +
+                           std::to_string(r.max_new_tokens) + " new tokens";
+  if (context > 0 && total > context) {
+    return InvalidArgument(what + " exceeds the context length of " + std::to_string(context) +
+                           " tokens");
+  }
+  if (total > kv.capacity_tokens()) {
+    return InvalidArgument(what + " exceeds the KV cache capacity of " +
+                           std::to_string(kv.capacity_tokens()) + " tokens");
+  }
+  return Status::Ok();
+}
+
+void Engine::Impl::Loop() {
+  for (;;) {
+    bool stop_now = false;
+    bool draining = false;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [this] { return !incoming.empty() || !accepting || scheduler.has_work(); });
+      for (std::unique_ptr<EngineSequence>& seq : incoming) {
+        scheduler.Add(seq.get());
+        active.push_back(std::move(seq));
+      }
+      incoming.clear();
+      stop_now = !accepting && cancel_all;
+      draining = !accepting;
+    }
+    if (stop_now) {
+      CancelAll(Unavailable("the server is shutting down"));
+      break;
+    }
+    CheckCancellations();
+    if (scheduler.has_work()) Step();
+    PublishMetrics();
+    if (draining && !scheduler.has_work()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (incoming.empty()) break;
+    }
+  }
+  PublishMetrics();
+}
+
+void Engine::Impl::Step() {
+  const SchedulerOutput& out = scheduler.Schedule();
+  live.preemptions += out.preempted.size();
+  if (out.empty()) return;  // everything preempted itself; admission resumes next step
+  for (const ScheduledSequence& s : out.scheduled) {
+    auto* seq = static_cast<EngineSequence*>(s.seq);
+    if (!seq->admission_counted) {
+      seq->admission_counted = true;
+      live.prompt_tokens += static_cast<uint64_t>(seq->n_prompt_tokens());
+      live.prompt_tokens_cached += static_cast<uint64_t>(seq->n_cached_prompt_tokens);
+    }
+  }
+  BuildBatch(out);
+  Batch batch;
+  batch.token_ids = token_ids;
+  batch.positions = positions;
+  batch.slot_mapping = slots;
+  batch.seq_starts = seq_starts;
+  batch.context_lens = context_lens;
+  batch.block_tables = block_tables;
+  batch.max_blocks_per_seq = static_cast<int32_t>(block_tables.size() / out.scheduled.size());
+  batch.logits_indices = logits_indices;
+  model->Forward(batch, logits.data());
+  scheduler.Commit();
+  ++live.steps;
+  ProcessSamples(out);
+}
+
+void Engine::Impl::BuildBatch(const SchedulerOutput& out) {
+  token_ids.clear();
+  positions.clear();
+  slots.clear();
+  seq_starts.clear();
+  context_lens.clear();
+  logits_indices.clear();
+  int32_t max_blocks = 1;
+  for (const ScheduledSequence& s : out.scheduled) {
+    max_blocks = std::max(max_blocks, s.seq->kv.n_blocks());
+  }
+  block_tables.assign(out.scheduled.size() * static_cast<size_t>(max_blocks), -1);
+  seq_starts.push_back(0);
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    const ScheduledSequence& s = out.scheduled[i];
+    const Sequence& seq = *s.seq;
+    const int32_t begin = seq.n_computed_tokens;
+    const int32_t end = begin + s.n_new_tokens;
+    for (int32_t t = begin; t < end; ++t) {
+      token_ids.push_back(seq.tokens()[static_cast<size_t>(t)]);
+      positions.push_back(t);
+      slots.push_back(kv.SlotFor(seq.kv, t));
+    }
+    seq_starts.push_back(static_cast<int32_t>(token_ids.size()));
+    context_lens.push_back(end);
+    if (s.samples) logits_indices.push_back(static_cast<int32_t>(token_ids.size()) - 1);
+    std::copy(seq.kv.blocks().begin(), seq.kv.blocks().end(),
+              block_tables.begin() + static_cast<std::ptrdiff_t>(i * max_blocks));
+  }
+}
+
+void Engine::Impl::ProcessSamples(const SchedulerOutput& out) {
+  finished_this_step.clear();
+  size_t row = 0;
+  for (const ScheduledSequence& s : out.scheduled) {
+    if (!s.samples) continue;
+    auto* seq = static_cast<EngineSequence*>(s.seq);
+    std::span<float> row_logits(logits.data() + row * static_cast<size_t>(vocab),
+                                static_cast<size_t>(vocab));
+    ++row;
+    RequestOutput event;
+    SampleResult sample = seq->sampler.Sample(row_logits);
+    const int32_t token = sample.token;
+    seq->AppendToken(token);
+    event.token_ids.push_back(token);
+    event.samples.push_back(std::move(sample));
+
+    const Clock::time_point now = Clock::now();
+    if (seq->n_generated_tokens() == 1) {
+      live.time_to_first_token.Observe(Seconds(now - seq->submitted));
+    } else {
+      live.inter_token_latency.Observe(Seconds(now - seq->last_token));
+    }
+    seq->last_token = now;
+    ++live.generation_tokens;
+
+    // EOS, stop strings and text deltas exactly as Generator::Run does.
+    const bool is_eos =
+        !seq->ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
+    bool stopped = false;
+    if (tokenizer != nullptr && !is_eos) {
+      StopMatcher::Output o = seq->stop.Push(seq->detok.Push(token));
+      event.text = std::move(o.text);
+      stopped = o.stopped;
+    }
+    const bool last = is_eos || stopped || seq->n_generated_tokens() == seq->max_new_tokens();
+    if (last && !stopped && tokenizer != nullptr) {
+      StopMatcher::Output o = seq->stop.Push(seq->detok.Finish());
+      event.text += o.text;
+      stopped = o.stopped;
+      if (!stopped) event.text += seq->stop.Finish();
+    }
+    event.usage = seq->Usage();
+    if (last) {
+      event.finished = true;
+      event.finish_reason = is_eos || stopped ? FinishReason::kStop : FinishReason::kLength;
+      ++(event.finish_reason == FinishReason::kStop ? live.requests_finished_stop
+                                                    : live.requests_finished_length);
+      live.e2e_latency.Observe(Seconds(now - seq->submitted));
+      finished_this_step.push_back(seq);
+    }
+    seq->handle->Push(std::move(event));
+  }
+  for (EngineSequence* seq : finished_this_step) {
+    scheduler.Remove(seq);
+    auto it =
+        std::find_if(active.begin(), active.end(),
+                     [seq](const std::unique_ptr<EngineSequence>& p) { return p.get() == seq; });
+    KCHECK(it != active.end());
+    std::swap(*it, active.back());
+    active.pop_back();
+  }
+}
+
+void Engine::Impl::Finish(EngineSequence* seq, RequestOutput event) {
+  if (seq->status != SequenceStatus::kFinished) scheduler.Remove(seq);
+  event.finished = true;
+  event.usage = seq->Usage();
+  seq->handle->Push(std::move(event));
+  auto it =
+      std::find_if(active.begin(), active.end(),
+                   [seq](const std::unique_ptr<EngineSequence>& p) { return p.get() == seq; });
+  KCHECK(it != active.end());
+  std::swap(*it, active.back());
+  active.pop_back();
+}
+
+void Engine::Impl::CheckCancellations() {
+  for (size_t i = 0; i < active.size();) {
+    EngineSequence* seq = active[i].get();
+    if (!seq->handle->cancelled()) {
+      ++i;
+      continue;
+    }
+    RequestOutput event;
+    event.finish_reason = FinishReason::kCancelled;
+    ++live.requests_cancelled;
+    Finish(seq, std::move(event));  // swaps the last sequence into slot i
+  }
+}
+
+void Engine::Impl::CancelAll(const Status& why) {
+  while (!active.empty()) {
+    RequestOutput event;
+    event.finish_reason = FinishReason::kCancelled;
+    event.error = why;
+    ++live.requests_cancelled;
+    Finish(active.back().get(), std::move(event));
+  }
+}
+
+void Engine::Impl::PublishMetrics() {
+  live.waiting = scheduler.n_waiting();
+  live.running = scheduler.n_running();
+  live.kv_blocks_used = kv.n_used_blocks();
+  live.kv_blocks_cached_free = kv.n_cached_free_blocks();
+  n_waiting_published.store(scheduler.n_waiting(), std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(metrics_mu);
+  published = live;
+}
+
+Engine::Engine(std::unique_ptr<Model> model, const Tokenizer* tokenizer,
+               std::vector<int32_t> eos_ids, const EngineConfig& config)
+    : impl_(std::make_unique<Impl>(std::move(model), tokenizer, std::move(eos_ids), config)) {}
+
+Engine::~Engine() {
+  Shutdown(/*cancel_running=*/true);
+}
+
+void Engine::Start() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  KCHECK_MSG(!impl_->started, "Engine::Start called twice");
+  if (!impl_->accepting) return;  // shut down before it started
+  impl_->started = true;
+  impl_->thread = std::thread([this] { impl_->Loop(); });
+}
+
+Result<std::shared_ptr<RequestHandle>> Engine::Submit(EngineRequest request) {
+  Impl& m = *impl_;
+  KTRY(m.Validate(request));
+  Result<StopMatcher> stop = StopMatcher::Create(std::move(request.stop));
+  if (!stop.ok()) return stop.status();
+  auto handle = std::make_shared<RequestHandle>();
+  auto seq = std::make_unique<EngineSequence>(m.next_id.fetch_add(1), request, m.vocab, m.tokenizer,
+                                              std::move(*stop), handle);
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (!m.accepting) {
+      m.n_rejected.fetch_add(1);
+      return Unavailable("the server is shutting down");
+    }
+    const int64_t queued = static_cast<int64_t>(m.incoming.size()) +
+                           m.n_waiting_published.load(std::memory_order_relaxed);
+    if (queued >= m.config.max_waiting) {
+      m.n_rejected.fetch_add(1);
+      return ResourceExhausted("too many queued requests (" + std::to_string(queued) +
+                               "); retry later");
+    }
+    m.incoming.push_back(std::move(seq));
+  }
+  m.cv.notify_one();
+  return handle;
+}
+
+void Engine::Shutdown(bool cancel_running) {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.accepting = false;
+    m.cancel_all = m.cancel_all || cancel_running;
+  }
+  m.cv.notify_one();
+  std::lock_guard<std::mutex> join_lock(m.join_mu);
+  if (m.thread.joinable()) m.thread.join();
+  // Never started (or already joined): nothing will run what is still queued.
+  std::vector<std::unique_ptr<EngineSequence>> left;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    left.swap(m.incoming);
+  }
+  for (std::unique_ptr<EngineSequence>& seq : left) {
+    RequestOutput event;
+    event.finished = true;
+    event.finish_reason = FinishReason::kCancelled;
+    event.error = Unavailable("the server is shutting down");
+    event.usage = seq->Usage();
+    seq->handle->Push(std::move(event));
+    ++m.live.requests_cancelled;
+  }
+  if (!left.empty()) m.PublishMetrics();
+}
+
+EngineMetrics Engine::Metrics() const {
+  EngineMetrics snapshot;
+  {
+    std::lock_guard<std::mutex> lock(impl_->metrics_mu);
+    snapshot = impl_->published;
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  snapshot.waiting += static_cast<int64_t>(impl_->incoming.size());
+  snapshot.requests_rejected = impl_->n_rejected.load();
+  return snapshot;
+}
+
+const ModelConfig& Engine::model_config() const {
+  return impl_->model->config();
+}
+
+int64_t Engine::kv_capacity_tokens() const {
+  return impl_->kv.capacity_tokens();
+}
+
+}  // namespace kestrel

@@ -1,0 +1,108 @@
+// OpenAI request schemas: parsing and validation of /v1/chat/completions and /v1/completions
+// bodies into what the engine needs. Pure functions (no engine, no HTTP), so every field and
+// every error is unit-tested.
+//
+// Conventions (as the OpenAI API and vLLM behave):
+//   - unknown fields are ignored; a field set to null is the same as an omitted one;
+//   - a field of the wrong type is a 400 whose `param` names the field ("messages[2].content");
+//   - integer fields accept integral numbers written as floats (5.0), not 5.5 or "5";
+//   - omitted sampling fields take the model's generation_config.json defaults.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sampling/sampler.h"
+#include "server/api_error.h"
+
+namespace kestrel::server {
+
+using Json = nlohmann::ordered_json;  // keeps the client's key order (tool schemas are printed)
+
+// What the parsers need to know about the served model.
+struct ParseContext {
+  SamplingParams defaults;  // generation_config.json (DefaultSampling)
+  int32_t vocab_size = 0;   // logit_bias and prompt token ids are checked against it
+  std::vector<std::string> accepted_models;  // "model" must be one of these (or omitted)
+};
+
+// Fields shared by both endpoints.
+struct GenerationOptions {
+  std::string model;                  // as sent ("" when omitted)
+  SamplingParams sampling;            // validated (ValidateSamplingParams)
+  bool seed_given = false;            // false: the caller draws a random seed
+  std::optional<int64_t> max_tokens;  // >= 1 when set; default: the rest of the context
+  std::vector<std::string> stop;      // validated (StopMatcher::Validate)
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // vLLM extension
+};
+
+struct ChatRequest {
+  GenerationOptions options;
+  Json messages;  // normalized for the chat template (content as a string, arguments parsed)
+  Json tools;     // null or the array as sent
+  Json template_kwargs = Json::object();  // chat_template_kwargs
+  bool add_generation_prompt = true;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+};
+
+struct CompletionRequest {
+  GenerationOptions options;
+  std::variant<std::string, std::vector<int32_t>> prompt;
+  std::optional<int32_t> logprobs;  // number of alternatives (0..20) when set
+};
+
+// Bytes of a request body -> JSON object. 400 for invalid UTF-8, nesting deeper than
+// kMaxJsonDepth, malformed JSON, or a top level that is not an object.
+inline constexpr int kMaxJsonDepth = 64;
+std::optional<ApiError> ParseJsonBody(std::string_view body, Json* out);
+
+std::optional<ApiError> ParseChatRequest(const Json& body, const ParseContext& ctx,
+                                         ChatRequest* out);
+std::optional<ApiError> ParseCompletionRequest(const Json& body, const ParseContext& ctx,
+                                               CompletionRequest* out);
+
+// The completion budget of a request whose prompt has n_prompt_tokens, for a model with
+// context_tokens positions (the smaller of the context length and the KV pool):
+// 400 context_length_exceeded when the prompt leaves no room, or when an explicit max_tokens
+// does not fit; the rest of the context when max_tokens is omitted. `prompt_param` names the
+// field in the error ("messages" or "prompt").
+std::variant<int32_t, ApiError> ResolveMaxTokens(int64_t n_prompt_tokens,
+                                                 std::optional<int64_t> max_tokens,
+                                                 int64_t context_tokens,
+                                                 const std::string& prompt_param);
+
+namespace detail {
+// Shared field readers (request_fields.cpp), exposed for chat_request.cpp and
+// completion_request.cpp. Each returns an error naming `param` when the field has the wrong
+// type or range; a missing or null field leaves *out untouched.
+std::optional<ApiError> ReadBool(const Json& obj, const char* key, const std::string& param,
+                                 bool* out);
+std::optional<ApiError> IntValue(const Json& value, const std::string& param, int64_t min_value,
+                                 int64_t max_value, int64_t* out);
+std::optional<ApiError> ReadInt(const Json& obj, const char* key, const std::string& param,
+                                int64_t min_value, int64_t max_value, std::optional<int64_t>* out);
+std::optional<ApiError> ReadString(const Json& obj, const char* key, const std::string& param,
+                                   std::optional<std::string>* out);
+// model, sampling fields, max_tokens / max_completion_tokens, stop, n, stream, stream_options,
+// ignore_eos, response_format, user. Logprob fields differ per endpoint and are read by the
+// callers.
+// max_completion_tokens wins over max_tokens when both are set (as in vLLM).
+std::optional<ApiError> ParseCommonFields(const Json& body, const ParseContext& ctx,
+                                          GenerationOptions* out);
+// Final check of the sampling parameters (after the endpoint has set the logprob fields).
+std::optional<ApiError> ValidateSampling(const SamplingParams& params, int32_t vocab_size);
+const char* TypeName(const Json& j);  // "string", "number", ... for error messages
+// Deepest nesting of arrays/objects in JSON text (strings skipped); stops counting past `limit`.
+int JsonDepth(std::string_view text, int limit);
+}  // namespace detail
+
+}  // namespace kestrel::server

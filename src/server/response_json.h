@@ -1,0 +1,92 @@
+// OpenAI response objects built from engine events: chat.completion / text_completion bodies,
+// their streaming chunks, usage and logprobs. Pure (no HTTP), so the shapes are unit-tested.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/api_error.h"
+#include "server/openai_request.h"
+
+namespace kestrel::server {
+
+enum class ApiKind { kChat, kCompletion };
+
+// What every object of one response repeats, and how logprobs are reported.
+struct ResponseMeta {
+  ApiKind kind = ApiKind::kChat;
+  std::string id;       // "chatcmpl-..." or "cmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  bool logprobs = false;       // chat: logprobs; completions: logprobs set
+  int32_t top_logprobs = 0;    // alternatives per token
+  bool include_usage = false;  // streaming: usage chunk at the end, "usage": null before
+};
+
+// Raw bytes of a token (may be a partial UTF-8 sequence); Tokenizer::TokenBytes in the server.
+using TokenBytesFn = std::function<std::string(int32_t)>;
+
+std::string NewResponseId(ApiKind kind);  // random, "chatcmpl-" / "cmpl-" + 24 alphanumerics
+int64_t UnixSeconds();
+// "stop" or "length" (a cancelled request has no finish reason a client can see).
+const char* FinishReasonText(FinishReason reason);
+Json UsageJson(const RequestUsage& usage);
+
+// Logprobs of a run of tokens in the endpoint's format:
+//   chat:        {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
+//                 "refusal": null}
+//   completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob} | null],
+//                 "text_offset"}  (offsets in code points of the generated text)
+// A -inf log-probability (a banned token) is reported as -9999.0, as OpenAI does.
+class LogprobsBuilder {
+ public:
+  LogprobsBuilder(ApiKind kind, int32_t top_logprobs, TokenBytesFn token_bytes);
+  // Appends the tokens of one event to the current run.
+  void Add(const std::vector<SampleResult>& samples);
+  // The run so far as JSON, then starts a new run (text offsets keep counting).
+  Json Take();
+  bool empty() const;
+
+ private:
+  ApiKind kind_;
+  int32_t top_logprobs_;
+  TokenBytesFn token_bytes_;
+  Json entries_;                                  // chat: the "content" array
+  Json tokens_, token_logprobs_, top_, offsets_;  // completions: parallel arrays
+  int64_t text_offset_ = 0;
+};
+
+// Collects the events of a non-streaming request into its response body.
+class ResponseAccumulator {
+ public:
+  ResponseAccumulator(ResponseMeta meta, TokenBytesFn token_bytes);
+  void Add(const RequestOutput& event);
+  bool finished() const { return finished_; }
+  // After the finished event: the error of a failed request, if any.
+  const std::optional<ApiError>& error() const { return error_; }
+  Json Build();  // chat.completion or text_completion
+
+ private:
+  ResponseMeta meta_;
+  LogprobsBuilder logprobs_;
+  std::string text_;
+  bool finished_ = false;
+  FinishReason finish_reason_ = FinishReason::kLength;
+  RequestUsage usage_;
+  std::optional<ApiError> error_;
+};
+
+// The error a finished event stands for: its Status, or a cancellation (which only the server
+// causes while a client listens: shutdown after the grace period). nullopt for a normal finish.
+std::optional<ApiError> EventError(const RequestOutput& event);
+
+// Streaming chunks. `delta_text` is the text of this chunk; `logprobs` null or the builder's run.
+Json ChatChunk(const ResponseMeta& meta, Json delta, Json logprobs, const char* finish_reason);
+Json CompletionChunk(const ResponseMeta& meta, const std::string& text, Json logprobs,
+                     const char* finish_reason);
+Json UsageChunk(const ResponseMeta& meta, const RequestUsage& usage);
+
+}  // namespace kestrel::server

@@ -1,0 +1,552 @@
+// Drives the real `kestrel serve` binary on models/kestrel-tiny from outside, as clients do:
+// start on a free port, wait for /health, exercise the endpoints and error paths, disconnect a
+// stream, then SIGTERM and expect exit code 0.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <csignal>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr const char* kApiKey = "test-key-123";
+
+// The server process: started once for the whole suite (loading takes a moment).
+class ServeProcess {
+ public:
+  bool Start(const std::vector<std::string>& extra_args) {
+    int err_pipe[2];
+    if (pipe(err_pipe) != 0) return false;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(err_pipe[1], 2);
+      close(err_pipe[0]);
+      close(err_pipe[1]);
+      std::vector<std::string> args = {
+          KESTREL_BINARY, "serve",
+          "--model",      std::string(KESTREL_SOURCE_DIR) + "/models/kestrel-tiny",
+          "--port",       "0",
+          "--kv-memory",  "0.05",
+          "--threads",    "2"};
+      args.insert(args.end(), extra_args.begin(), extra_args.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(err_pipe[1]);
+    err_fd_ = err_pipe[0];
+    // "kestrel: serving <id> at http://127.0.0.1:<port>/v1"
+    const std::regex ready(R"(serving \S+ at http://127\.0\.0\.1:(\d+)/v1)");
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      ReadStderr(100);
+      std::smatch m;
+      if (std::regex_search(stderr_, m, ready)) {
+        port_ = std::stoi(m[1]);
+        return true;
+      }
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+    }
+    return false;
+  }
+
+  // Reads what the server wrote to stderr within timeout_ms.
+  void ReadStderr(int timeout_ms) {
+    pollfd fd{err_fd_, POLLIN, 0};
+    if (poll(&fd, 1, timeout_ms) <= 0) return;
+    char buf[4096];
+    const ssize_t n = read(err_fd_, buf, sizeof(buf));
+    if (n > 0) stderr_.append(buf, static_cast<size_t>(n));
+  }
+
+  void Signal(int signo) {
+    if (pid_ > 0) kill(pid_, signo);
+  }
+
+  // The exit code, or -1 if the process did not exit within the timeout.
+  int WaitExit(std::chrono::seconds timeout) {
+    if (pid_ <= 0) return -1;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      ReadStderr(50);
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+    }
+    return -1;
+  }
+
+  ~ServeProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (err_fd_ >= 0) close(err_fd_);
+  }
+
+  int port() const { return port_; }
+  const std::string& stderr_text() const { return stderr_; }
+
+ private:
+  pid_t pid_ = -1;
+  int err_fd_ = -1;
+  int port_ = 0;
+  std::string stderr_;
+};
+
+class ServeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::signal(SIGPIPE, SIG_IGN);
+    server_ = new ServeProcess();
+    started_ = server_->Start({"--api-key", kApiKey, "--shutdown-grace", "60"});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(started_) << "kestrel serve did not start:\n" << server_->stderr_text();
+  }
+
+  static httplib::Client Client() {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  static httplib::Headers Auth() { return {{"Authorization", std::string("Bearer ") + kApiKey}}; }
+  static httplib::Result PostJson(const std::string& path, const std::string& body,
+                                  httplib::Headers headers = Auth()) {
+    return Client().Post(path.c_str(), headers, body, "application/json");
+  }
+  // The error object of a response, checked for OpenAI's shape.
+  static json ErrorOf(const httplib::Result& r) {
+    json j = json::parse(r->body, nullptr, false);
+    EXPECT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    if (!j.is_object() || !j.contains("error")) return json::object();
+    const json& e = j["error"];
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_TRUE(e["type"].is_string());
+    EXPECT_TRUE(e.contains("param"));
+    EXPECT_TRUE(e.contains("code"));
+    EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
+    return e;
+  }
+
+  static ServeProcess* server_;
+  static bool started_;
+};
+
+ServeProcess* ServeTest::server_ = nullptr;
+bool ServeTest::started_ = false;
+
+// Raw HTTP/1.1 over a socket, for what httplib's client hides (early close, chunked uploads).
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& data) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads until `needle` appears or the timeout passes.
+std::string ReadUntil(int fd, const std::string& needle, std::chrono::milliseconds timeout) {
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (got.find(needle) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+double MetricValue(const std::string& metrics, const std::string& sample) {
+  const size_t at = metrics.find("\n" + sample + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(metrics.substr(at + sample.size() + 2));
+}
+
+TEST_F(ServeTest, HealthAndModels) {
+  auto health = Client().Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body)["status"], "ok");
+
+  auto models = Client().Get("/v1/models", Auth());
+  ASSERT_TRUE(models);
+  ASSERT_EQ(models->status, 200);
+  json m = json::parse(models->body);
+  EXPECT_EQ(m["object"], "list");
+  ASSERT_EQ(m["data"].size(), 1u);
+  EXPECT_EQ(m["data"][0]["id"], "kestrel-tiny");
+  EXPECT_EQ(m["data"][0]["object"], "model");
+
+  auto one = Client().Get("/v1/models/kestrel-tiny", Auth());
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  auto missing = Client().Get("/v1/models/gpt-4", Auth());
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(ErrorOf(missing)["code"], "model_not_found");
+}
+
+TEST_F(ServeTest, ChatCompletion) {
+  auto r = PostJson("/v1/chat/completions", R"({"model": "kestrel-tiny", "max_tokens": 6,
+      "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hi"}],
+      "temperature": 0, "logprobs": true, "top_logprobs": 2})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["model"], "kestrel-tiny");
+  const json& choice = j["choices"][0];
+  EXPECT_EQ(choice["message"]["role"], "assistant");
+  EXPECT_TRUE(choice["message"]["content"].is_string());
+  EXPECT_TRUE(choice["finish_reason"] == "stop" || choice["finish_reason"] == "length");
+  const json& usage = j["usage"];
+  EXPECT_GT(usage["prompt_tokens"], 0);
+  EXPECT_GE(usage["completion_tokens"], 1);
+  EXPECT_LE(usage["completion_tokens"], 6);
+  EXPECT_EQ(usage["total_tokens"],
+            usage["prompt_tokens"].get<int>() + usage["completion_tokens"].get<int>());
+  EXPECT_TRUE(usage["prompt_tokens_details"]["cached_tokens"].is_number());
+  EXPECT_EQ(choice["logprobs"]["content"].size(), usage["completion_tokens"].get<size_t>());
+  EXPECT_EQ(choice["logprobs"]["content"][0]["top_logprobs"].size(), 2u);
+}
+
+TEST_F(ServeTest, StreamingChatCompletion) {
+  auto r = PostJson("/v1/chat/completions", R"({"max_tokens": 5, "stream": true,
+      "stream_options": {"include_usage": true},
+      "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  const std::string& body = r->body;
+  ASSERT_GE(body.size(), 20u);
+  EXPECT_EQ(body.rfind("data: ", 0), 0u);
+  EXPECT_EQ(body.substr(body.size() - 14), "data: [DONE]\n\n");
+  std::vector<json> chunks;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    const size_t end = body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos);
+    const std::string payload = body.substr(pos + 6, end - pos - 6);
+    if (payload != "[DONE]") chunks.push_back(json::parse(payload));
+    pos = end + 2;
+  }
+  ASSERT_GE(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i]["object"], "chat.completion.chunk");
+    EXPECT_EQ(chunks[i]["id"], chunks[0]["id"]);
+    if (chunks[i]["choices"][0]["delta"].contains("content")) {
+      text += chunks[i]["choices"][0]["delta"]["content"].get<std::string>();
+    }
+  }
+  const json& finish = chunks[chunks.size() - 2];
+  EXPECT_TRUE(finish["choices"][0]["finish_reason"].is_string());
+  const json& usage_chunk = chunks.back();
+  EXPECT_EQ(usage_chunk["choices"], json::array());
+  EXPECT_LE(usage_chunk["usage"]["completion_tokens"], 5);
+}
+
+TEST_F(ServeTest, TextCompletion) {
+  auto r = PostJson("/v1/completions",
+                    R"({"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 1, "seed": 7})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);
+  EXPECT_TRUE(j["choices"][0]["text"].is_string());
+  EXPECT_EQ(j["choices"][0]["logprobs"]["tokens"].size(),
+            j["usage"]["completion_tokens"].get<size_t>());
+  // Same seed, same request: same text.
+  auto again = PostJson("/v1/completions",
+                        R"({"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 1, "seed": 7})");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(json::parse(again->body)["choices"][0]["text"], j["choices"][0]["text"]);
+}
+
+std::string LongPrompt(int n_tokens) {
+  std::string ids;
+  for (int i = 0; i < n_tokens; ++i) ids += (i ? ",1" : "1");
+  return "{\"prompt\": [" + ids + "]}";
+}
+
+TEST_F(ServeTest, BadRequests) {
+  struct Case {
+    const char* path;
+    std::string body;
+    int status;
+    const char* param;  // nullptr: not checked
+  };
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", "{not json", 400, nullptr},
+      {"/v1/chat/completions", "{\"messages\": \"\xff\"}", 400, nullptr},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}],
+                                   "temperature": "warm"})",
+       400, "temperature"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}],
+                                   "max_tokens": 0})",
+       400, "max_tokens"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", 400,
+       "n"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}],
+                                   "max_tokens": 100000})",
+       400, "messages"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}],
+                                   "model": "gpt-4o"})",
+       404, "model"},
+      {"/v1/completions", R"({"prompt": "hi", "echo": true})", 400, "echo"},
+      {"/v1/completions", R"({"prompt": [1, 99999]})", 400, "prompt[1]"},
+      {"/v1/completions", LongPrompt(3000), 400, "prompt"},  // context is 2048
+  };
+  for (const Case& c : cases) {
+    auto r = PostJson(c.path, c.body);
+    ASSERT_TRUE(r) << c.body;
+    EXPECT_EQ(r->status, c.status) << c.body << " -> " << r->body;
+    json e = ErrorOf(r);
+    if (c.param != nullptr) {
+      EXPECT_EQ(e["param"], c.param) << r->body;
+    }
+  }
+}
+
+TEST_F(ServeTest, AuthenticationRoutesAndLimits) {
+  auto no_key = PostJson("/v1/chat/completions", "{}", {});
+  ASSERT_TRUE(no_key);
+  EXPECT_EQ(no_key->status, 401);
+  EXPECT_EQ(ErrorOf(no_key)["code"], "invalid_api_key");
+  auto wrong_key =
+      PostJson("/v1/chat/completions", "{}", {{"Authorization", "Bearer not-the-key"}});
+  ASSERT_TRUE(wrong_key);
+  EXPECT_EQ(wrong_key->status, 401);
+  auto models_no_key = Client().Get("/v1/models");
+  ASSERT_TRUE(models_no_key);
+  EXPECT_EQ(models_no_key->status, 401);
+
+  auto unknown = Client().Get("/v2/nothing");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  ErrorOf(unknown);
+  auto unknown_post = PostJson("/v1/nothing", "{}");
+  ASSERT_TRUE(unknown_post);
+  EXPECT_EQ(unknown_post->status, 404);
+
+  auto wrong_method = Client().Get("/v1/chat/completions", Auth());
+  ASSERT_TRUE(wrong_method);
+  EXPECT_EQ(wrong_method->status, 405);
+  EXPECT_EQ(wrong_method->get_header_value("Allow"), "POST");
+  ErrorOf(wrong_method);
+  auto wrong_method_post = PostJson("/health", "{}");
+  ASSERT_TRUE(wrong_method_post);
+  EXPECT_EQ(wrong_method_post->status, 405);
+
+  auto too_large = PostJson("/v1/chat/completions", std::string(9u << 20, ' '));
+  ASSERT_TRUE(too_large);
+  EXPECT_EQ(too_large->status, 413);
+  ErrorOf(too_large);
+}
+
+TEST_F(ServeTest, ChunkedUploadIsBoundedToo) {
+  const int fd = Connect(server_->port());
+  ASSERT_GE(fd, 0);
+  std::thread writer([fd] {
+    std::string head = std::string("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n") +
+                       "Authorization: Bearer " + kApiKey +
+                       "\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n";
+    SendAll(fd, head);
+    const std::string chunk = "100000\r\n" + std::string(0x100000, ' ') + "\r\n";  // 1 MiB
+    for (int i = 0; i < 9; ++i) {
+      if (!SendAll(fd, chunk)) return;
+    }
+    SendAll(fd, "0\r\n\r\n");
+  });
+  const std::string response = ReadUntil(fd, "}}", 30s);
+  writer.join();
+  close(fd);
+  EXPECT_EQ(response.rfind("HTTP/1.1 413", 0), 0u) << response.substr(0, 200);
+  EXPECT_NE(response.find("request_too_large"), std::string::npos);
+}
+
+TEST_F(ServeTest, DisconnectCancelsTheStream) {
+  auto before = Client().Get("/metrics");
+  ASSERT_TRUE(before);
+  const double cancelled_before =
+      MetricValue(before->body, R"(kestrel_requests_finished_total{finish_reason="cancelled"})");
+  ASSERT_GE(cancelled_before, 0) << before->body;
+
+  const int fd = Connect(server_->port());
+  ASSERT_GE(fd, 0);
+  const std::string body =
+      R"({"prompt": "Once upon a time", "max_tokens": 1900, "ignore_eos": true, "stream": true})";
+  ASSERT_TRUE(SendAll(
+      fd, std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n") + "Authorization: Bearer " +
+              kApiKey + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
+  const std::string first = ReadUntil(fd, "data: ", 30s);
+  ASSERT_NE(first.find("data: "), std::string::npos) << first;
+  close(fd);  // the client goes away mid-stream
+
+  double cancelled = cancelled_before;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (cancelled <= cancelled_before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+    auto m = Client().Get("/metrics");
+    if (m) {
+      cancelled =
+          MetricValue(m->body, R"(kestrel_requests_finished_total{finish_reason="cancelled"})");
+    }
+  }
+  EXPECT_GT(cancelled, cancelled_before) << "the engine request was not cancelled";
+}
+
+TEST_F(ServeTest, DisconnectCancelsANonStreamingRequest) {
+  auto before = Client().Get("/metrics");
+  ASSERT_TRUE(before);
+  const std::string cancelled_sample =
+      R"(kestrel_requests_finished_total{finish_reason="cancelled"})";
+  const double cancelled_before = MetricValue(before->body, cancelled_sample);
+
+  // A client that gives up (a timeout) before the answer, which comes all at once at the end.
+  httplib::Client impatient("127.0.0.1", server_->port());
+  impatient.set_read_timeout(0, 200000);
+  auto r = impatient.Post("/v1/completions", Auth(),
+                          R"({"prompt": "Once", "max_tokens": 1900, "ignore_eos": true})",
+                          "application/json");
+  EXPECT_FALSE(r);  // timed out
+  impatient.stop();
+
+  double cancelled = cancelled_before;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (cancelled <= cancelled_before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+    auto m = Client().Get("/metrics");
+    if (m) cancelled = MetricValue(m->body, cancelled_sample);
+  }
+  EXPECT_GT(cancelled, cancelled_before) << "the engine request was not cancelled";
+}
+
+TEST_F(ServeTest, MetricsAfterRequests) {
+  ASSERT_TRUE(PostJson("/v1/completions", R"({"prompt": "a", "max_tokens": 2})"));
+  auto r = Client().Get("/metrics");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/plain", 0), 0u);
+  EXPECT_GE(
+      MetricValue(r->body, R"(kestrel_http_requests_total{route="/v1/completions",status="200"})"),
+      1);
+  // At least one token: a sampled end-of-sequence may end the request after its first token.
+  EXPECT_GE(MetricValue(r->body, "kestrel_generation_tokens_total"), 1);
+  EXPECT_NE(r->body.find("kestrel_time_to_first_token_seconds_bucket{le=\"+Inf\"}"),
+            std::string::npos);
+  EXPECT_NE(r->body.find("kestrel_inter_token_latency_seconds_count"), std::string::npos);
+}
+
+// Runs last (gtest keeps declaration order within a file): the process exits here.
+// SIGTERM while a stream runs: new requests get 503, the stream still runs to [DONE], exit 0.
+TEST_F(ServeTest, ZzSigtermDrainsThenExitsCleanly) {
+  const int fd = Connect(server_->port());
+  ASSERT_GE(fd, 0);
+  const std::string body =
+      R"({"prompt": "Once upon a time", "max_tokens": 1900, "ignore_eos": true, "stream": true})";
+  ASSERT_TRUE(SendAll(
+      fd, std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n") + "Authorization: Bearer " +
+              kApiKey + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
+  ASSERT_NE(ReadUntil(fd, "data: ", 30s).find("data: "), std::string::npos);
+  // The stream takes seconds (1900 tokens); the probes below take milliseconds.
+  server_->Signal(SIGTERM);
+
+  int health_status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (health_status != 503 && std::chrono::steady_clock::now() < deadline) {
+    auto h = Client().Get("/health");
+    if (h) health_status = h->status;
+    if (health_status != 503) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(health_status, 503);
+  auto refused = PostJson("/v1/completions", R"({"prompt": "a", "max_tokens": 2})");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  ErrorOf(refused);
+
+  const std::string rest = ReadUntil(fd, "data: [DONE]", 60s);
+  close(fd);
+  EXPECT_NE(rest.find("\"finish_reason\":\"length\""), std::string::npos);
+  EXPECT_NE(rest.find("data: [DONE]"), std::string::npos) << "the running stream was cut off";
+
+  EXPECT_EQ(server_->WaitExit(30s), 0) << server_->stderr_text();
+  EXPECT_NE(server_->stderr_text().find("stopped"), std::string::npos) << server_->stderr_text();
+}
+
+// Past the grace period, the streams still running are cancelled: they end with an error
+// frame and [DONE], and the process still exits 0.
+TEST(ServeShutdown, GraceExpiryCancelsRunningStreams) {
+  std::signal(SIGPIPE, SIG_IGN);
+  ServeProcess server;
+  ASSERT_TRUE(server.Start({"--shutdown-grace", "1"})) << server.stderr_text();
+  const int fd = Connect(server.port());
+  ASSERT_GE(fd, 0);
+  const std::string body =
+      R"({"prompt": "Once upon a time", "max_tokens": 1900, "ignore_eos": true, "stream": true})";
+  ASSERT_TRUE(SendAll(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body));
+  ASSERT_NE(ReadUntil(fd, "data: ", 30s).find("data: "), std::string::npos);
+  server.Signal(SIGTERM);
+  const std::string rest = ReadUntil(fd, "data: [DONE]", 60s);
+  close(fd);
+  EXPECT_NE(rest.find("shutting down"), std::string::npos) << rest.substr(rest.size() - 300);
+  EXPECT_NE(rest.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(rest.find("\"finish_reason\":\"length\""), std::string::npos);
+  EXPECT_EQ(server.WaitExit(30s), 0) << server.stderr_text();
+  EXPECT_NE(server.stderr_text().find("cancelling 1 unfinished request"), std::string::npos)
+      << server.stderr_text();
+}
+
+}  // namespace
