@@ -173,17 +173,6 @@ void HandleGeneration(HttpServer::State& s, ApiKind kind, const std::string& bod
   request.ignore_eos = options.ignore_eos;
   request.stop = options.stop;
 
-  if (s.draining.load()) {
-    return SendError(res, ServiceUnavailable("The server is shutting down"));
-  }
-  Result<std::shared_ptr<RequestHandle>> submitted = s.engine->Submit(std::move(request));
-  if (!submitted.ok()) return SendError(res, FromStatus(submitted.status(), prompt_param));
-
-  auto job = std::make_shared<Job>();
-  job->state = &s;
-  job->handle = std::move(submitted).value();
-  job->active_id = s.active.Add(job->handle);
-
   ResponseMeta meta;
   meta.kind = kind;
   meta.id = NewResponseId(kind);
@@ -194,6 +183,21 @@ void HandleGeneration(HttpServer::State& s, ApiKind kind, const std::string& bod
   meta.include_usage = options.include_usage;
   const Tokenizer* tokenizer = s.tokenizer;
   TokenBytesFn token_bytes = [tokenizer](int32_t id) { return tokenizer->TokenBytes(id); };
+  auto job = std::make_shared<Job>();
+  job->state = &s;
+  if (options.stream) {
+    job->stream = std::make_unique<StreamEncoder>(std::move(meta), std::move(token_bytes));
+  } else {
+    job->collect = std::make_unique<ResponseAccumulator>(std::move(meta), std::move(token_bytes));
+  }
+
+  if (s.draining.load()) {
+    return SendError(res, ServiceUnavailable("The server is shutting down"));
+  }
+  Result<std::shared_ptr<RequestHandle>> submitted = s.engine->Submit(std::move(request));
+  if (!submitted.ok()) return SendError(res, FromStatus(submitted.status(), prompt_param));
+  job->handle = std::move(submitted).value();
+  job->active_id = s.active.Add(job->handle);
 
   // Runs when the response is destroyed, whatever happened: a request that did not run to its
   // end (client gone, write failed, server stopping) is cancelled so the engine frees it.
@@ -203,7 +207,6 @@ void HandleGeneration(HttpServer::State& s, ApiKind kind, const std::string& bod
   };
   res.status = 200;
   if (options.stream) {
-    job->stream = std::make_unique<StreamEncoder>(std::move(meta), std::move(token_bytes));
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");  // reverse proxies: do not buffer the stream
     res.set_chunked_content_provider(
@@ -213,7 +216,6 @@ void HandleGeneration(HttpServer::State& s, ApiKind kind, const std::string& bod
         },
         release);
   } else {
-    job->collect = std::make_unique<ResponseAccumulator>(std::move(meta), std::move(token_bytes));
     res.set_chunked_content_provider(
         "application/json",
         [job](size_t /*offset*/, httplib::DataSink& sink) {
