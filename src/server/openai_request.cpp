@@ -230,6 +230,17 @@ std::optional<ApiError> ParseChatRequest(const Json& body, const ParseContext& c
     if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
     out->template_kwargs = *kw;
   }
+  // vLLM extensions: continue_final_message (the template continues the last assistant message
+  // instead of opening a new one) turns add_generation_prompt off unless that is set explicitly.
+  bool continue_final = false;
+  if (auto e =
+          ReadBool(body, "continue_final_message", "continue_final_message", &continue_final)) {
+    return e;
+  }
+  if (continue_final) {
+    out->template_kwargs["continue_final_message"] = true;
+    out->add_generation_prompt = false;
+  }
   if (auto e = ReadBool(body, "add_generation_prompt", "add_generation_prompt",
                         &out->add_generation_prompt)) {
     return e;

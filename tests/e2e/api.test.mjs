@@ -7,9 +7,10 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import {
   Server, loadOpenAI, curl, parseSSE, metricValue, waitIdle, modelDir, longPrompt,
+  ms,
 } from './lib/harness.mjs';
 
-const T = { timeout: 60_000 };
+const T = { timeout: ms(60_000) };
 let server;
 let client;
 let MODEL;
@@ -19,7 +20,7 @@ const EOS_TEXT = /(<\|im_end\|>|<\|endoftext\|>)$/;
 before(async () => {
   server = await new Server().start();
   const OpenAI = await loadOpenAI();
-  client = new OpenAI({ apiKey: 'unused', baseURL: server.baseURL, maxRetries: 0, timeout: 60_000 });
+  client = new OpenAI({ apiKey: 'unused', baseURL: server.baseURL, maxRetries: 0, timeout: ms(60_000) });
   const models = await client.models.list();
   MODEL = models.data[0].id;
 });

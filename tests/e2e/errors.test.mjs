@@ -8,9 +8,10 @@ import { execFileSync } from 'node:child_process';
 import net from 'node:net';
 import {
   Server, loadOpenAI, curl, httpRequest, assertErrorShape, kestrelBinary, sleep, waitIdle, rng, CODE_PROMPTS,
+  ms,
 } from './lib/harness.mjs';
 
-const T = { timeout: 60_000 };
+const T = { timeout: ms(60_000) };
 let server;
 let OpenAI;
 let client;
@@ -19,7 +20,7 @@ let MODEL;
 before(async () => {
   server = await new Server().start();
   OpenAI = await loadOpenAI();
-  client = new OpenAI({ apiKey: 'unused', baseURL: server.baseURL, maxRetries: 0, timeout: 30_000 });
+  client = new OpenAI({ apiKey: 'unused', baseURL: server.baseURL, maxRetries: 0, timeout: ms(30_000) });
   MODEL = (await client.models.list()).data[0].id;
 });
 
@@ -165,7 +166,7 @@ test('413: oversized body', T, async () => {
   const body = Buffer.concat([Buffer.from(`{"model":"${MODEL}","max_tokens":1,"prompt":"`), big, Buffer.from('"}')]);
   let r;
   try {
-    r = await httpRequest(server, 'POST', '/v1/completions', { body, headers: { 'content-type': 'application/json' }, timeoutMs: 30_000 });
+    r = await httpRequest(server, 'POST', '/v1/completions', { body, headers: { 'content-type': 'application/json' }, timeoutMs: ms(30_000) });
   } catch (e) {
     // The server may answer 413 and close before reading the body; node then reports EPIPE/ECONNRESET
     // instead of the response on some timings. curl reads the early response reliably.
@@ -213,7 +214,7 @@ test('fixed-seed mutated request bodies: always an answer (2xx/4xx with JSON), n
       if (typeof mt !== 'number' || mt > 16) { statuses.skipped = (statuses.skipped ?? 0) + 1; continue; }
     }
     const path = 'messages' in seed ? '/v1/chat/completions' : '/v1/completions';
-    const res = await httpRequest(server, 'POST', path, { body: text, headers: { 'content-type': 'application/json' }, timeoutMs: 30_000 });
+    const res = await httpRequest(server, 'POST', path, { body: text, headers: { 'content-type': 'application/json' }, timeoutMs: ms(30_000) });
     statuses[res.status] = (statuses[res.status] ?? 0) + 1;
     assert.ok([200, 400, 404].includes(res.status), `HTTP ${res.status} for ${text}: ${res.body.slice(0, 200)}`);
     if (res.status !== 200) assertErrorShape(assert, res.body, res.status, text);
@@ -273,7 +274,7 @@ test('429 when the queue is full', T, async (t) => {
     return;
   }
   const s = await new Server({ args: ['--max-num-seqs', '1', flag, '1'] }).start();
-  const c = new OpenAI({ apiKey: 'x', baseURL: s.baseURL, maxRetries: 0, timeout: 30_000 });
+  const c = new OpenAI({ apiKey: 'x', baseURL: s.baseURL, maxRetries: 0, timeout: ms(30_000) });
   const aborts = [];
   try {
     const long = async (prompt) => {

@@ -11,16 +11,16 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import { readFileSync } from 'node:fs';
-import { Server, curl, metricValue, waitIdle, rng, sleep, CODE_PROMPTS, longPrompt } from './lib/harness.mjs';
+import { Server, curl, metricValue, waitIdle, rng, sleep, ms, SANITIZED, CODE_PROMPTS, longPrompt } from './lib/harness.mjs';
 
-const N = Number(process.env.KESTREL_SOAK_REQUESTS ?? 1000);
+const N = Number(process.env.KESTREL_SOAK_REQUESTS ?? (SANITIZED ? 200 : 1000));
 const CONC = Number(process.env.KESTREL_SOAK_CONCURRENCY ?? 12);
 const SEED = Number(process.env.KESTREL_SOAK_SEED ?? 42);
 const KV_GIB = process.env.KESTREL_SOAK_KV_GIB ?? '0.03';
 // Warm-up before the RSS baseline: enough concurrent requests that every HTTP worker thread of
 // the server (64 by default) has served requests, since each one grows once to a bounded size
 // (stack pages, malloc arena, the tokenizer's per-thread word cache of ~1-3 MiB).
-const WARMUP = Number(process.env.KESTREL_SOAK_WARMUP ?? 512);
+const WARMUP = Number(process.env.KESTREL_SOAK_WARMUP ?? (SANITIZED ? 64 : 512));
 const WARMUP_CONC = 64;
 
 // One request; resolves { outcome: 'ok' | 'aborted' | 'http-<status>' | 'error', ms }.
@@ -91,7 +91,7 @@ function makePlans(model, n, seed) {
   return plans;
 }
 
-test(`leak soak: ${N} requests with random disconnects; idle metrics and flat RSS`, { timeout: 600_000 }, async (t) => {
+test(`leak soak: ${N} requests with random disconnects; idle metrics and flat RSS`, { timeout: ms(600_000) }, async (t) => {
   const server = await new Server({ args: ['--max-num-seqs', '16', '--kv-memory', KV_GIB] }).start();
   const keepAlive = new http.Agent({ keepAlive: true, maxSockets: WARMUP_CONC });
   try {
@@ -145,6 +145,8 @@ test(`leak soak: ${N} requests with random disconnects; idle metrics and flat RS
       warmup_outcomes: warmOutcomes,
       idle,
       kv_blocks_free: (() => { try { return metricValue(m, 'kvFree'); } catch { return null; } })(),
+      preemptions: m.find((x) => /preempt/.test(x.name))?.value ?? null,
+      cancelled: m.filter((x) => /finished/.test(x.name) && x.labels.finish_reason === 'cancelled').reduce((a, x) => a + x.value, 0),
       warmup_requests: WARMUP,
       rss_kib_at_start: rssStart,
       rss_kib_after_warmup: rssWarm,

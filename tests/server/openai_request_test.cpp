@@ -132,6 +132,14 @@ TEST(ChatRequest, ReadsTemplateOptionsAndLogprobs) {
   EXPECT_EQ(req.options.sampling.n_top_logprobs, 3);
 }
 
+TEST(ChatRequest, ContinueFinalMessage) {
+  ChatRequest req;
+  ASSERT_FALSE(ParseChat(ChatBody(R"("continue_final_message": true)"), &req).has_value());
+  EXPECT_FALSE(req.add_generation_prompt);
+  EXPECT_EQ(req.template_kwargs["continue_final_message"], true);
+  ExpectChatError(ChatBody(R"("continue_final_message": "yes")"), "continue_final_message");
+}
+
 TEST(ChatRequest, SharesTheCommonFields) {
   ChatRequest req;
   ASSERT_FALSE(

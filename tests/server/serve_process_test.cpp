@@ -475,18 +475,28 @@ TEST_F(ServeTest, DisconnectCancelsANonStreamingRequest) {
 
 TEST_F(ServeTest, MetricsAfterRequests) {
   ASSERT_TRUE(PostJson("/v1/completions", R"({"prompt": "a", "max_tokens": 2})"));
-  auto r = Client().Get("/metrics");
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200);
-  EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/plain", 0), 0u);
-  EXPECT_GE(
-      MetricValue(r->body, R"(kestrel_http_requests_total{route="/v1/completions",status="200"})"),
-      1);
+  // A response is counted once it is fully written, which may be just after the client has it.
+  const std::string counted =
+      R"(kestrel_http_requests_total{route="/v1/completions",status="200"})";
+  std::string metrics;
+  std::string content_type;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  for (;;) {
+    auto r = Client().Get("/metrics");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    metrics = r->body;
+    content_type = r->get_header_value("Content-Type");
+    if (MetricValue(metrics, counted) >= 1 || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(content_type.rfind("text/plain", 0), 0u);
+  EXPECT_GE(MetricValue(metrics, counted), 1);
   // At least one token: a sampled end-of-sequence may end the request after its first token.
-  EXPECT_GE(MetricValue(r->body, "kestrel_generation_tokens_total"), 1);
-  EXPECT_NE(r->body.find("kestrel_time_to_first_token_seconds_bucket{le=\"+Inf\"}"),
+  EXPECT_GE(MetricValue(metrics, "kestrel_generation_tokens_total"), 1);
+  EXPECT_NE(metrics.find("kestrel_time_to_first_token_seconds_bucket{le=\"+Inf\"}"),
             std::string::npos);
-  EXPECT_NE(r->body.find("kestrel_inter_token_latency_seconds_count"), std::string::npos);
+  EXPECT_NE(metrics.find("kestrel_inter_token_latency_seconds_count"), std::string::npos);
 }
 
 // Runs last (gtest keeps declaration order within a file): the process exits here.

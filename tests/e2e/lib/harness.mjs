@@ -26,6 +26,19 @@ export function kestrelBinary() {
   throw new Error('kestrel binary not found: set KESTREL_BINARY');
 }
 
+// Sanitizer builds (the debug preset) run the model ~40x slower: time bounds stretch by
+// KESTREL_E2E_TIME_FACTOR (default 10 there, 1 otherwise) and heavy workloads shrink (SANITIZED).
+function detectSanitized() {
+  try {
+    return /__asan_init|__tsan_init|__msan_init/.test(readFileSync(kestrelBinary(), 'latin1'));
+  } catch {
+    return false;
+  }
+}
+export const SANITIZED = detectSanitized();
+export const TIME_FACTOR = Number(process.env.KESTREL_E2E_TIME_FACTOR ?? (SANITIZED ? 10 : 1));
+export const ms = (x) => x * TIME_FACTOR;
+
 export function modelDir() {
   return process.env.KESTREL_MODEL || path.join(REPO_ROOT, 'models/kestrel-tiny');
 }
@@ -140,6 +153,7 @@ export class Server {
 
   // SIGTERM, then SIGKILL after graceMs. Resolves with { code, signal, graceful }.
   async stop(graceMs = 20_000) {
+    graceMs = ms(graceMs);
     if (!this.child || this.exitCode !== undefined || this.exitSignal !== undefined) {
       return { code: this.exitCode, signal: this.exitSignal, graceful: true };
     }
@@ -290,6 +304,7 @@ export function metricValue(samples, what) {
 
 // Polls /metrics until running sequences and used KV blocks are both 0 (or timeoutMs).
 export async function waitIdle(server, timeoutMs = 15_000) {
+  timeoutMs = ms(timeoutMs);
   const t0 = Date.now();
   let last;
   for (;;) {
@@ -362,10 +377,11 @@ export function longPrompt(nFunctions = 12, tag = '') {
   return s + 'def main():\n';
 }
 
-export async function withTimeout(promise, ms, what) {
+export async function withTimeout(promise, limitMs, what) {
   let timer;
+  const limit = ms(limitMs);
   try {
-    return await Promise.race([promise, new Promise((_, rej) => { timer = setTimeout(() => rej(new Error(`${what}: timed out after ${ms} ms`)), ms); })]);
+    return await Promise.race([promise, new Promise((_, rej) => { timer = setTimeout(() => rej(new Error(`${what}: timed out after ${limit} ms`)), limit); })]);
   } finally {
     clearTimeout(timer);
   }
