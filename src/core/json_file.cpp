@@ -1,5 +1,7 @@
 #include "core/json_file.h"
 
+#include <algorithm>
+
 #include <exception>
 
 #include "core/mapped_file.h"
@@ -74,6 +76,30 @@ std::string JsonExcerpt(const nlohmann::json& j, size_t max_chars) {
   std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (s.size() > max_chars && max_chars >= 3) s = s.substr(0, max_chars - 3) + "...";
   return s;
+}
+
+int JsonNestingDepth(std::string_view text, int limit) {
+  int depth = 0;
+  int deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 }  // namespace kestrel

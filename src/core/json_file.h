@@ -35,4 +35,9 @@ std::string JsonTypeName(const nlohmann::json& j);
 // strings that are not valid UTF-8).
 std::string JsonExcerpt(const nlohmann::json& j, size_t max_chars = 40);
 
+// Deepest nesting of arrays/objects in JSON text, brackets inside strings skipped; stops counting
+// once it passes `limit`. Checked before parsing so that untrusted text bounds the parser's work
+// and stack (safetensors headers, HTTP request bodies).
+int JsonNestingDepth(std::string_view text, int limit);
+
 }  // namespace kestrel

@@ -37,30 +37,6 @@ std::string ShapeToString(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// Rejects nesting deeper than kMaxJsonDepth before the parser sees the text (bounded work and
-// stack no matter what the file holds). Brackets inside strings do not count.
-bool NestingWithinLimit(std::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxJsonDepth) return false;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return true;
-}
-
 Result<DType> ParseDType(const std::string& name, const std::string& dtype,
                          const std::string& where) {
   if (dtype == "F32") return DType::kF32;
@@ -195,7 +171,7 @@ Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const uint8_t* data
   if (text.empty() || text.front() != '{') {
     return InvalidArgument(where + "header is not a JSON object (must start with '{')");
   }
-  if (!NestingWithinLimit(text)) {
+  if (JsonNestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
     return InvalidArgument(where + "header JSON is nested deeper than " +
                            std::to_string(kMaxJsonDepth) + " levels");
   }

@@ -1,5 +1,6 @@
 // The endpoint-specific parts of the OpenAI schemas: chat messages and tools for
 // /v1/chat/completions, the prompt and legacy options for /v1/completions.
+#include "core/json_file.h"
 #include "server/openai_request.h"
 
 #include <limits>
@@ -95,7 +96,7 @@ std::optional<ApiError> NormalizeToolCalls(const Json& calls, const std::string&
         // The body's nesting limit does not see inside strings: check the arguments too.
         const std::string& text = a->get_ref<const std::string&>();
         Json parsed;
-        if (detail::JsonDepth(text, kMaxJsonDepth) <= kMaxJsonDepth) {
+        if (JsonNestingDepth(text, kMaxJsonDepth) <= kMaxJsonDepth) {
           parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
         }
         arguments = parsed.is_object() ? std::move(parsed) : *a;

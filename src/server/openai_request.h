@@ -101,8 +101,6 @@ std::optional<ApiError> ParseCommonFields(const Json& body, const ParseContext& 
 // Final check of the sampling parameters (after the endpoint has set the logprob fields).
 std::optional<ApiError> ValidateSampling(const SamplingParams& params, int32_t vocab_size);
 const char* TypeName(const Json& j);  // "string", "number", ... for error messages
-// Deepest nesting of arrays/objects in JSON text (strings skipped); stops counting past `limit`.
-int JsonDepth(std::string_view text, int limit);
 }  // namespace detail
 
 }  // namespace kestrel::server

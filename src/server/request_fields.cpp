@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/json_file.h"
 #include "engine/stop_matcher.h"
 #include "server/openai_request.h"
 #include "tokenizer/unicode.h"
@@ -124,33 +125,6 @@ std::optional<ApiError> ReadResponseFormat(const Json& body) {
 }  // namespace
 
 namespace detail {
-
-// Bounds the recursion of everything that later walks a document (dump, the template engine).
-int JsonDepth(std::string_view text, int limit) {
-  int depth = 0;
-  int deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) return deepest;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
 
 const char* TypeName(const Json& j) {
   switch (j.type()) {
@@ -300,7 +274,7 @@ std::optional<ApiError> ValidateSampling(const SamplingParams& params, int32_t v
 std::optional<ApiError> ParseJsonBody(std::string_view body, Json* out) {
   if (body.empty()) return BadRequest("The request body is empty; expected a JSON object");
   if (!tok::IsValidUtf8(body)) return BadRequest("The request body is not valid UTF-8");
-  if (detail::JsonDepth(body, kMaxJsonDepth) > kMaxJsonDepth) {
+  if (JsonNestingDepth(body, kMaxJsonDepth) > kMaxJsonDepth) {
     return BadRequest("The request body nests arrays/objects deeper than " +
                       std::to_string(kMaxJsonDepth) + " levels");
   }
