@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_cuda.h"
 #include "cli/common.h"
 #include "cli/model_setup.h"
 #include "cli/verbs.h"
@@ -23,9 +24,11 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchFlags {
   LoadFlags load;
-  std::string device = "cpu";
-  std::vector<int64_t> prefill_tokens{128, 512};
-  std::vector<int64_t> decode_contexts{128, 1024};
+  std::vector<int64_t> prefill_tokens;   // default: 128,512 (cpu); 128,512,2048,8192 (cuda)
+  std::vector<int64_t> decode_contexts;  // default: 128,1024 (cpu); 128,2048,8192 (cuda)
+  std::vector<int64_t> batch_sizes;      // cuda; default 1,2,4,...,256
+  bool no_graphs = false;
+  bool no_profile = false;
   int32_t decode_tokens = 32;
   int repeats = 3;
 };
@@ -63,9 +66,38 @@ Result<ByteModel> CountBytes(const std::string& dir, const ModelConfig& cfg) {
 }
 
 int RunBench(BenchFlags f) {
-  if (f.device != "cpu") {
-    return Fail("--device " + f.device + ": this build has only the cpu backend");
+  Result<Device> device = ResolveDevice(f.load.device);
+  if (!device.ok()) return Fail(device.status());
+  if (*device == Device::kCuda) {
+    CudaBenchOptions o;
+    o.prefill_tokens = f.prefill_tokens.empty() ? std::vector<int64_t>{128, 512, 2048, 8192}
+                                                : f.prefill_tokens;
+    o.decode_contexts = f.decode_contexts.empty() ? std::vector<int64_t>{128, 2048, 8192}
+                                                  : f.decode_contexts;
+    o.batch_sizes = f.batch_sizes.empty()
+                        ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256}
+                        : f.batch_sizes;
+    for (int64_t v : o.prefill_tokens) {
+      if (v < 1 || v > (int64_t{1} << 20)) return Fail("--prefill values must be in [1, 2^20]");
+    }
+    for (int64_t v : o.decode_contexts) {
+      if (v < 1 || v > (int64_t{1} << 20)) return Fail("--decode-context values must be in [1, 2^20]");
+    }
+    for (int64_t v : o.batch_sizes) {
+      if (v < 1 || v > 4096) return Fail("--batch values must be in [1, 4096]");
+    }
+    o.decode_tokens = f.decode_tokens;
+    o.repeats = f.repeats;
+    o.no_graphs = f.no_graphs;
+    o.profile = !f.no_profile;
+    f.load.kv_cache_tokens = 0;  // the GPU's memory budget decides
+    f.load.need_tokenizer = false;
+    Result<LoadedModel> loaded = LoadModelForCli(f.load);
+    if (!loaded.ok()) return Fail(loaded.status());
+    return RunCudaBench(o, *loaded);
   }
+  if (f.prefill_tokens.empty()) f.prefill_tokens = {128, 512};
+  if (f.decode_contexts.empty()) f.decode_contexts = {128, 1024};
   int64_t max_ctx = 0;
   for (int64_t n : f.prefill_tokens) max_ctx = std::max(max_ctx, n + 1);
   for (int64_t n : f.decode_contexts) max_ctx = std::max(max_ctx, n + f.decode_tokens);
@@ -162,7 +194,10 @@ void RegisterBench(CLI::App& app, int& exit_code) {
   static BenchFlags f;
   auto* cmd = app.add_subcommand("bench", "Prefill/decode speed as JSON, with measured rooflines");
   cmd->add_option("--model", f.load.model_dir, "Model directory");
-  cmd->add_option("--device", f.device, "cpu (cuda arrives with the CUDA backend)");
+  cmd->add_option("--device", f.load.device, kDeviceHelp)->capture_default_str();
+  cmd->add_option("--batch", f.batch_sizes, "Decode batch sizes (cuda)")->delimiter(',');
+  cmd->add_flag("--no-graphs", f.no_graphs, "Decode without CUDA graphs (cuda)");
+  cmd->add_flag("--no-profile", f.no_profile, "Skip the per-stage breakdown runs (cuda)");
   cmd->add_option("--prefill", f.prefill_tokens, "Prompt lengths to prefill")->delimiter(',');
   cmd->add_option("--decode-context", f.decode_contexts, "Context lengths to decode at")
       ->delimiter(',');

@@ -98,6 +98,7 @@ void RegisterGenerate(CLI::App& app, int& exit_code) {
   static GenerateFlags f;
   auto* cmd = app.add_subcommand("generate", "Stream a completion of a prompt to stdout");
   cmd->add_option("--model", f.load.model_dir, "Model directory");
+  cmd->add_option("--device", f.load.device, kDeviceHelp)->capture_default_str();
   auto* p = cmd->add_option("--prompt", f.prompt, "Prompt text");
   auto* pf = cmd->add_option("--prompt-file", f.prompt_file, "File holding the prompt");
   p->excludes(pf);

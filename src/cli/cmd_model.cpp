@@ -124,6 +124,7 @@ void RegisterLogits(CLI::App& app, int& exit_code) {
   static LogitsFlags f;
   auto* cmd = app.add_subcommand("logits", "Print CPU logits of the last position as JSON");
   cmd->add_option("--model", f.load.model_dir, "Model directory");
+  cmd->add_option("--device", f.load.device, kDeviceHelp)->capture_default_str();
   cmd->add_option("--ids", f.ids, "Comma-separated token ids")->required();
   cmd->add_option("--greedy", f.greedy, "Also continue greedily for N tokens");
   cmd->add_flag("--reference", f.load.reference_kernels, "Use the scalar reference kernels");

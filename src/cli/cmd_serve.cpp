@@ -28,7 +28,7 @@ struct ServeFlags {
   std::string model_dir;
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string device = "cpu";
+  std::string device = "auto";
   int32_t max_num_seqs = 64;
   int32_t max_batched_tokens = 2048;
   int32_t max_waiting = 128;
@@ -66,10 +66,7 @@ std::string Basename(std::string path) {
 }
 
 Status CheckFlags(const ServeFlags& f) {
-  if (f.device == "cuda") {
-    return Unsupported("--device cuda: this build has no CUDA backend yet; use --device cpu");
-  }
-  if (f.device != "cpu") return InvalidArgument("--device must be cpu or cuda, got " + f.device);
+  KTRY(ResolveDevice(f.device).status());
   if (f.port < 0 || f.port > 65535) return InvalidArgument("--port must be in [0, 65535]");
   if (f.max_num_seqs < 1) return InvalidArgument("--max-num-seqs must be at least 1");
   if (f.max_batched_tokens < 1) return InvalidArgument("--max-batched-tokens must be at least 1");
@@ -144,14 +141,26 @@ int RunServe(ServeFlags f) {
         "); /v1/chat/completions will answer 400");
   }
 
-  Result<int64_t> kv_tokens = KvCacheTokens(f, *cfg);
-  if (!kv_tokens.ok()) return Fail(kv_tokens.status());
-  Log("kestrel: [2/4] mapping the weights (" + ArchitectureName(cfg->arch) + ")");
+  Result<Device> device = ResolveDevice(f.device);
+  if (!device.ok()) return Fail(device.status());
   ModelLoadOptions options;
+  options.device = *device;
   options.kernels = f.reference_kernels ? CpuKernels::kReference : CpuKernels::kAuto;
   options.block_size_tokens = f.block_size;
-  options.kv_cache_tokens = *kv_tokens;
   options.n_threads = f.n_threads;
+  if (*device == Device::kCuda) {
+    // The GPU's KV pool: --kv-memory GiB, else 90 % of the memory left after the weights.
+    options.kv_cache_bytes =
+        f.kv_memory_gib ? static_cast<int64_t>(*f.kv_memory_gib * double(int64_t{1} << 30)) : 0;
+    options.max_batch_tokens = f.max_batched_tokens;
+    options.show_progress = true;
+  } else {
+    Result<int64_t> kv_tokens = KvCacheTokens(f, *cfg);
+    if (!kv_tokens.ok()) return Fail(kv_tokens.status());
+    options.kv_cache_tokens = *kv_tokens;
+  }
+  Log(std::string("kestrel: [2/4] loading the weights (") + ArchitectureName(cfg->arch) + ") on " +
+      DeviceName(*device));
   Result<std::unique_ptr<Model>> model = Model::Load(dir, options);
   if (!model.ok()) return Fail(model.status());
   const int64_t capacity =
@@ -215,7 +224,7 @@ void RegisterServe(CLI::App& app, int& exit_code) {
   cmd->add_option("--model", f.model_dir, "Model directory");
   cmd->add_option("--host", f.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", f.port, "Port to listen on (0 = any free port)")->capture_default_str();
-  cmd->add_option("--device", f.device, "cpu (cuda: not built yet)")->capture_default_str();
+  cmd->add_option("--device", f.device, kDeviceHelp)->capture_default_str();
   cmd->add_option("--max-num-seqs", f.max_num_seqs, "Sequences running at once")
       ->capture_default_str();
   cmd->add_option("--max-batched-tokens", f.max_batched_tokens,
@@ -225,7 +234,8 @@ void RegisterServe(CLI::App& app, int& exit_code) {
                   "Requests queued beyond the running ones; more get HTTP 429")
       ->capture_default_str();
   cmd->add_option("--kv-memory", f.kv_memory_gib,
-                  "KV cache budget in GiB (default 2, capped at max-num-seqs full contexts)");
+                  "KV cache budget in GiB (cpu default 2, capped at max-num-seqs full contexts; "
+                  "cuda default 90% of the GPU memory left after the weights)");
   cmd->add_option("--block-size", f.block_size, "KV cache block size in tokens")
       ->capture_default_str();
   cmd->add_option("--api-key", f.api_key,

@@ -7,7 +7,22 @@
 
 namespace kestrel::cli {
 
+Result<Device> ResolveDevice(const std::string& flag) {
+  if (flag == "cpu") return Device::kCpu;
+  if (flag == "cuda") {
+    if (!CudaBuildEnabled()) {
+      return Unsupported(
+          "--device cuda: this build of Kestrel has no CUDA backend (configure "
+          "with -DKESTREL_CUDA=ON where nvcc is installed); use --device cpu");
+    }
+    return Device::kCuda;
+  }
+  if (flag == "auto") return CudaDeviceAvailable() ? Device::kCuda : Device::kCpu;
+  return InvalidArgument("--device must be cpu, cuda or auto, got '" + flag + "'");
+}
+
 Result<LoadedModel> LoadModelForCli(const LoadFlags& flags) {
+  KASSIGN(Device device, ResolveDevice(flags.device));
   LoadedModel m;
   m.dir = ResolveModelDir(flags.model_dir);
   KTRY(CheckModelDir(m.dir));
@@ -17,6 +32,8 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags) {
     m.tokenizer.emplace(std::move(tok));
   }
   ModelLoadOptions options;
+  options.device = device;
+  options.show_progress = device == Device::kCuda;
   options.kernels = flags.reference_kernels ? CpuKernels::kReference : CpuKernels::kAuto;
   KASSIGN(ModelConfig cfg, LoadModelConfig(m.dir));
   options.kv_cache_tokens = flags.kv_cache_tokens;

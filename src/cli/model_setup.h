@@ -24,6 +24,7 @@ struct LoadedModel {
 
 struct LoadFlags {
   std::string model_dir;
+  std::string device = "auto";  // auto (cuda when a GPU is present, else cpu), cpu, cuda
   bool need_tokenizer = true;
   bool reference_kernels = false;
   int64_t kv_cache_tokens = 8192;  // KV pool capacity (capped at the context length)
@@ -31,6 +32,12 @@ struct LoadFlags {
 };
 
 Result<LoadedModel> LoadModelForCli(const LoadFlags& flags);
+
+// --device: "cpu", "cuda", or "auto" (cuda when this build has CUDA and a GPU is visible). An
+// explicit "cuda" never falls back: without a GPU the load fails with the reason.
+Result<Device> ResolveDevice(const std::string& flag);
+inline constexpr const char* kDeviceHelp =
+    "cpu, cuda, or auto (cuda when a GPU is present)";
 
 // Sampling parameters from generation_config.json (when do_sample is not false), else greedy.
 SamplingParams DefaultSampling(const GenerationDefaults& d);

@@ -106,7 +106,8 @@ struct Engine::Impl {
   void Loop();
   void Step();
   void BuildBatch(const SchedulerOutput& out);
-  void ProcessSamples(const SchedulerOutput& out);
+  // device_sampled: the tokens are in step_samples (sampled where the logits are).
+  void ProcessSamples(const SchedulerOutput& out, bool device_sampled);
   void CheckCancellations();
   // Takes seq out of the scheduler and `active`, and sends its finished event.
   void Finish(EngineSequence* seq, RequestOutput event);
@@ -143,7 +144,9 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<EngineSequence>> active;
   std::vector<int32_t> token_ids, positions, slots, seq_starts, context_lens, block_tables,
       logits_indices;
-  std::vector<float> logits;  // [max_num_seqs, vocab]
+  std::vector<float> logits;               // [max_num_seqs, vocab]
+  std::vector<Sampler*> step_samplers;     // device sampling: the sampler of each logits row
+  std::vector<SampleResult> step_samples;  // device sampling: the results, by logits row
   std::vector<EngineSequence*> finished_this_step;
 };
 
@@ -252,10 +255,20 @@ void Engine::Impl::Step() {
   batch.block_tables = block_tables;
   batch.max_blocks_per_seq = static_cast<int32_t>(block_tables.size() / out.scheduled.size());
   batch.logits_indices = logits_indices;
-  model->Forward(batch, logits.data());
+  // On CUDA the logits stay on the device; only token ids (and logprobs) come back.
+  const bool device_sampling = model->supports_device_sampling();
+  model->Forward(batch, device_sampling ? nullptr : logits.data());
+  if (device_sampling) {
+    step_samplers.clear();
+    for (const ScheduledSequence& s : out.scheduled) {
+      if (s.samples) step_samplers.push_back(&static_cast<EngineSequence*>(s.seq)->sampler);
+    }
+    step_samples.resize(step_samplers.size());
+    model->SampleLastLogits(step_samplers, step_samples);
+  }
   scheduler.Commit();
   ++live.steps;
-  ProcessSamples(out);
+  ProcessSamples(out, device_sampling);
 }
 
 void Engine::Impl::BuildBatch(const SchedulerOutput& out) {
@@ -289,17 +302,22 @@ void Engine::Impl::BuildBatch(const SchedulerOutput& out) {
   }
 }
 
-void Engine::Impl::ProcessSamples(const SchedulerOutput& out) {
+void Engine::Impl::ProcessSamples(const SchedulerOutput& out, bool device_sampled) {
   finished_this_step.clear();
   size_t row = 0;
   for (const ScheduledSequence& s : out.scheduled) {
     if (!s.samples) continue;
     auto* seq = static_cast<EngineSequence*>(s.seq);
-    std::span<float> row_logits(logits.data() + row * static_cast<size_t>(vocab),
-                                static_cast<size_t>(vocab));
-    ++row;
     RequestOutput event;
-    SampleResult sample = seq->sampler.Sample(row_logits);
+    SampleResult sample;
+    if (device_sampled) {
+      sample = std::move(step_samples[row]);
+    } else {
+      std::span<float> row_logits(logits.data() + row * static_cast<size_t>(vocab),
+                                  static_cast<size_t>(vocab));
+      sample = seq->sampler.Sample(row_logits);
+    }
+    ++row;
     const int32_t token = sample.token;
     seq->AppendToken(token);
     event.token_ids.push_back(token);

@@ -31,38 +31,39 @@ std::string DenseDecoder::kernels_name() const {
   return std::string(cpu::KernelSetName(ops_.kernels));
 }
 
-Status DenseDecoder::BindWeights() {
-  const ModelConfig& c = config_;
+namespace detail {
+
+Result<DenseDecoderWeights> BindDenseDecoderWeights(const ModelConfig& c,
+                                                    const WeightStore& store) {
   const int64_t hidden = c.hidden_size;
   const int64_t q_dim = c.n_heads * c.head_dim;
   const int64_t kv_dim = c.n_kv_heads * c.head_dim;
   const int64_t inter = c.intermediate_size;
-  int64_t n_params = 0;
-  int64_t n_bytes = 0;
+  DenseDecoderWeights w;
   auto get = [&](const std::string& name, std::vector<int64_t> shape,
                  TensorView* out) -> Status {
-    Result<TensorView> t = store_.Get(name, std::move(shape));
+    Result<TensorView> t = store.Get(name, std::move(shape));
     if (!t.ok()) return t.status();
     if (t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) {
-      return Unsupported(store_.file_of(name) + ": tensor '" + name + "' has dtype " +
+      return Unsupported(store.file_of(name) + ": tensor '" + name + "' has dtype " +
                          std::string(DTypeName(t->dtype)) + " (supported: F32, F16, BF16)");
     }
     *out = *t;
-    n_params += t->numel();
-    n_bytes += static_cast<int64_t>(t->size_bytes());
+    w.n_parameters += t->numel();
+    w.n_bytes += static_cast<int64_t>(t->size_bytes());
     return Status::Ok();
   };
 
-  KTRY(get("model.embed_tokens.weight", {c.vocab_size, hidden}, &embed_));
-  KTRY(get("model.norm.weight", {hidden}, &final_norm_));
+  KTRY(get("model.embed_tokens.weight", {c.vocab_size, hidden}, &w.embed));
+  KTRY(get("model.norm.weight", {hidden}, &w.final_norm));
   if (c.tie_word_embeddings) {
-    lm_head_ = embed_;
+    w.lm_head = w.embed;
   } else {
-    KTRY(get("lm_head.weight", {c.vocab_size, hidden}, &lm_head_));
+    KTRY(get("lm_head.weight", {c.vocab_size, hidden}, &w.lm_head));
   }
-  layers_.resize(static_cast<size_t>(c.n_layers));
+  w.layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    detail::DecoderLayerWeights& l = layers_[static_cast<size_t>(i)];
+    DecoderLayerWeights& l = w.layers[static_cast<size_t>(i)];
     const std::string p = "model.layers." + std::to_string(i) + ".";
     KTRY(get(p + "input_layernorm.weight", {hidden}, &l.input_norm));
     KTRY(get(p + "self_attn.q_proj.weight", {q_dim, hidden}, &l.q_proj));
@@ -92,13 +93,10 @@ Status DenseDecoder::BindWeights() {
                          c.layer_sliding[static_cast<size_t>(i)] && c.sliding_window.has_value();
     l.sliding_window = sliding ? *c.sliding_window : 0;
   }
-  n_parameters_ = n_params;
-  weight_bytes_ = n_bytes;
-  return Status::Ok();
+  return w;
 }
 
-Result<std::unique_ptr<Model>> LoadDenseDecoder(ModelConfig config, WeightStore store,
-                                                const ModelLoadOptions& options) {
+Status ValidateDenseDecoderConfig(const ModelConfig& config, const ModelLoadOptions& options) {
   if (config.hidden_size <= 0 || config.n_layers <= 0 || config.n_heads <= 0 ||
       config.n_kv_heads <= 0 || config.head_dim <= 0 || config.vocab_size <= 0 ||
       config.intermediate_size <= 0 || config.n_heads % config.n_kv_heads != 0) {
@@ -119,6 +117,26 @@ Result<std::unique_ptr<Model>> LoadDenseDecoder(ModelConfig config, WeightStore 
     return Unsupported("rotary dimension " + std::to_string(rotary_dim) + " for head_dim " +
                        std::to_string(config.head_dim));
   }
+  return Status::Ok();
+}
+
+}  // namespace detail
+
+Status DenseDecoder::BindWeights() {
+  KASSIGN(detail::DenseDecoderWeights w, detail::BindDenseDecoderWeights(config_, store_));
+  embed_ = w.embed;
+  final_norm_ = w.final_norm;
+  lm_head_ = w.lm_head;
+  layers_ = std::move(w.layers);
+  n_parameters_ = w.n_parameters;
+  weight_bytes_ = w.n_bytes;
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Model>> LoadDenseDecoder(ModelConfig config, WeightStore store,
+                                                const ModelLoadOptions& options) {
+  KTRY(detail::ValidateDenseDecoderConfig(config, options));
+  const int64_t rotary_dim = RopeRotaryDim(config);
 
   std::unique_ptr<DenseDecoder> m(new DenseDecoder(std::move(config), std::move(store)));
   KTRY(m->BindWeights());

@@ -45,6 +45,29 @@ struct DecoderLayerWeights {
   int64_t sliding_window = 0;       // 0: full causal attention in this layer
 };
 
+// Every tensor of a dense decoder, bound and shape-checked (views into the WeightStore's mmaps).
+// Shared by the CPU forward and the CUDA upload.
+struct DenseDecoderWeights {
+  TensorView embed;       // (vocab, hidden)
+  TensorView final_norm;  // (hidden)
+  TensorView lm_head;     // (vocab, hidden); the embedding when tied
+  std::vector<DecoderLayerWeights> layers;
+  int64_t n_parameters = 0;  // tied embeddings counted once
+  int64_t n_bytes = 0;
+};
+
+// Binds every tensor the forward needs, checking presence, shape and dtype (F32/F16/BF16).
+Result<DenseDecoderWeights> BindDenseDecoderWeights(const ModelConfig& c, const WeightStore& store);
+
+// Checks shared by every backend before a dense decoder is built (sizes, rotary dimension,
+// block size, KV capacity).
+Status ValidateDenseDecoderConfig(const ModelConfig& config, const ModelLoadOptions& options);
+
+// KCHECKs the internal consistency of a batch (a bug in the scheduler if it fails): spans sized
+// as documented in batch.h, positions inside each context, slots and blocks inside the pool.
+void CheckBatch(const Batch& b, int64_t vocab_size, int64_t n_slots, int32_t n_blocks,
+                int32_t block_size);
+
 // Activation buffers for up to `capacity_tokens` tokens per Forward. Sized on the first call
 // and grown only when a larger batch (or longer context, for attention scores) arrives, so a
 // steady stream of batches allocates nothing.
@@ -86,7 +109,6 @@ class DenseDecoder final : public Model {
   DenseDecoder(ModelConfig config, WeightStore store);
 
   Status BindWeights();
-  void CheckBatch(const Batch& batch) const;
   void EnsureScratch(int64_t n_tokens, int64_t max_context);
   void Layer(int64_t layer, const Batch& batch);
   // Runs the jobs as one parallel region (cpu::LinearGroup) and accounts time and bytes.

@@ -21,7 +21,10 @@ void GrowTo(std::vector<T>& v, int64_t n) {
 
 }  // namespace
 
-void DenseDecoder::CheckBatch(const Batch& b) const {
+namespace detail {
+
+void CheckBatch(const Batch& b, int64_t vocab_size, int64_t n_slots, int32_t n_blocks,
+                int32_t block_size) {
   const int32_t n = b.n_tokens();
   const int32_t n_seqs = b.n_seqs();
   KCHECK(n > 0 && n_seqs > 0);
@@ -33,18 +36,20 @@ void DenseDecoder::CheckBatch(const Batch& b) const {
   KCHECK(b.seq_starts[0] == 0 && b.seq_starts[n_seqs] == n);
   for (int32_t s = 0; s < n_seqs; ++s) {
     KCHECK(b.seq_starts[s] <= b.seq_starts[s + 1]);
-    KCHECK(b.context_lens[s] <= static_cast<int64_t>(b.max_blocks_per_seq) * block_size_);
+    KCHECK(b.context_lens[s] <= static_cast<int64_t>(b.max_blocks_per_seq) * block_size);
     for (int32_t t = b.seq_starts[s]; t < b.seq_starts[s + 1]; ++t) {
       KCHECK(b.positions[t] >= 0 && b.positions[t] < b.context_lens[s]);
     }
   }
   for (int32_t t = 0; t < n; ++t) {
-    KCHECK(b.token_ids[t] >= 0 && b.token_ids[t] < config_.vocab_size);
-    KCHECK(b.slot_mapping[t] >= 0 && b.slot_mapping[t] < n_slots_);
+    KCHECK(b.token_ids[t] >= 0 && b.token_ids[t] < vocab_size);
+    KCHECK(b.slot_mapping[t] >= 0 && b.slot_mapping[t] < n_slots);
   }
-  for (int32_t block : b.block_tables) KCHECK(block >= -1 && block < n_blocks_);
+  for (int32_t block : b.block_tables) KCHECK(block >= -1 && block < n_blocks);
   for (int32_t row : b.logits_indices) KCHECK(row >= 0 && row < n);
 }
+
+}  // namespace detail
 
 void DenseDecoder::EnsureScratch(int64_t n_tokens, int64_t max_context) {
   detail::ForwardScratch& s = scratch_;
@@ -151,7 +156,7 @@ void DenseDecoder::Layer(int64_t layer, const Batch& batch) {
 }
 
 void DenseDecoder::Forward(const Batch& batch, float* logits) {
-  CheckBatch(batch);
+  detail::CheckBatch(batch, config_.vocab_size, n_slots_, n_blocks_, block_size_);
   const ModelConfig& c = config_;
   const int64_t n = batch.n_tokens();
   const int64_t hidden = c.hidden_size;

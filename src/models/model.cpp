@@ -3,8 +3,30 @@
 
 #include "models/llama.h"
 #include "models/safetensors.h"
+#ifdef KESTREL_HAS_CUDA
+#include "backends/cuda/device.h"
+#include "models/llama_cuda.h"
+#endif
 
 namespace kestrel {
+
+const char* DeviceName(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+bool CudaBuildEnabled() {
+#ifdef KESTREL_HAS_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool CudaDeviceAvailable() {
+#ifdef KESTREL_HAS_CUDA
+  return cuda::CudaAvailable();
+#else
+  return false;
+#endif
+}
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
                                            const ModelLoadOptions& options) {
@@ -15,6 +37,14 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
     case Architecture::kMistral:
     case Architecture::kQwen2:
     case Architecture::kQwen3:
+      if (options.device == Device::kCuda) {
+#ifdef KESTREL_HAS_CUDA
+        return LoadCudaDenseDecoder(std::move(config), std::move(store), options);
+#else
+        return Unsupported("this build of Kestrel has no CUDA backend (configure with "
+                           "-DKESTREL_CUDA=ON where nvcc is installed); use --device cpu");
+#endif
+      }
       return LoadDenseDecoder(std::move(config), std::move(store), options);
   }
   return Unsupported(model_dir + ": architecture " + ArchitectureName(config.arch) +

@@ -5,12 +5,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
+#include "core/check.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "models/batch.h"
 #include "models/config.h"
+#include "sampling/sampler.h"
 
 namespace kestrel {
 
@@ -19,7 +22,27 @@ enum class CpuKernels {
   kReference,  // plain scalar loops: the numerical reference for every fast path and CUDA
 };
 
+enum class Device {
+  kCpu,
+  kCuda,
+};
+
+// "cpu" / "cuda".
+const char* DeviceName(Device d);
+// Whether this binary was built with the CUDA backend, and whether a usable GPU is present.
+bool CudaBuildEnabled();
+bool CudaDeviceAvailable();
+
 struct ModelLoadOptions {
+  Device device = Device::kCpu;
+  int cuda_device = 0;  // ordinal, for Device::kCuda
+  // CUDA: bytes of GPU memory for the KV pool. 0 = 90 % of what is free after the weights and
+  // activation buffers. Ignored when kv_cache_tokens > 0 (an explicit capacity wins).
+  int64_t kv_cache_bytes = 0;
+  // CUDA: token rows one Forward is prepared for at load (activation buffers, graphs); larger
+  // batches grow the buffers once.
+  int32_t max_batch_tokens = 2048;
+  bool show_progress = false;  // upload progress bar and capacity line on stderr
   CpuKernels kernels = CpuKernels::kAuto;
   int32_t block_size_tokens = 16;
   // Capacity of the paged KV pool in tokens (n_kv_blocks * block_size_tokens, rounded up to whole
@@ -62,8 +85,37 @@ class Model {
 
   virtual const ForwardStats& stats() const = 0;
   virtual void ResetStats() = 0;
-  // "reference" or "avx2": the CPU kernel set Load resolved CpuKernels to.
+  // "reference" or "avx2": the CPU kernel set Load resolved CpuKernels to; "cuda" on the GPU.
   virtual std::string kernels_name() const = 0;
+  virtual Device device() const { return Device::kCpu; }
+  // Bytes the forward reads per generated token besides the KV cache (weights of every layer,
+  // the LM head and one embedding row): the decode roofline's numerator.
+  virtual int64_t decode_weight_bytes() const { return weight_bytes(); }
+
+  // Sampling where the logits are (CUDA): after Forward(batch, nullptr), samples row i of that
+  // batch's logits with samplers[i] into results[i] — the same token the CPU Sampler would pick
+  // from those logits (each sampler's RNG advances by one draw and records the token). Only
+  // token ids and requested log-probabilities cross to the host.
+  virtual bool supports_device_sampling() const { return false; }
+  virtual void SampleLastLogits(std::span<Sampler* const> samplers,
+                                std::span<SampleResult> results) {
+    (void)samplers;
+    (void)results;
+    KCHECK_MSG(false, "this model has no device sampling");
+  }
+  // Benchmark switches: per-stage timing (CUDA: events, one sync per Forward) and decode
+  // through captured graphs. The CPU model always times its stages and has no graphs.
+  virtual void set_profiling(bool on) { (void)on; }
+  // Copies the K/V of n_blocks consecutive physical blocks starting at src_first onto those at
+  // dst_first, in every layer (a fork of a context; the benchmark fills many sequences with one
+  // prefill this way). Ranges must not overlap.
+  virtual void CopyKvBlocks(int32_t src_first, int32_t dst_first, int32_t n_blocks) {
+    (void)src_first;
+    (void)dst_first;
+    (void)n_blocks;
+    KCHECK_MSG(false, "this model cannot copy KV blocks");
+  }
+  virtual void set_use_graphs(bool on) { (void)on; }
 };
 
 }  // namespace kestrel

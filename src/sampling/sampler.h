@@ -110,6 +110,16 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
+  // For samplers that run elsewhere (backends/cuda/sampling.h) in place of Sample, which then
+  // Accept the token they chose. NextR53 takes this step's one random draw, exactly as Sample
+  // would: (mt19937_64 output) >> 11. repetition_ids: the distinct ids of prompt + generated
+  // (empty unless repetition_penalty != 1). generated_ids: the distinct generated ids (empty
+  // unless a presence or frequency penalty is set), each occurring generated_count(id) times.
+  uint64_t NextR53() { return rng_() >> 11; }
+  std::span<const int32_t> repetition_ids() const { return seen_ids_; }
+  std::span<const int32_t> generated_ids() const { return generated_ids_; }
+  int32_t generated_count(int32_t id) const { return generated_count_[static_cast<size_t>(id)]; }
+
  private:
   bool uses_repetition() const { return params_.repetition_penalty != 1.0f; }
   bool uses_counts() const {

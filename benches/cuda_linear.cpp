@@ -1,0 +1,256 @@
+// Benchmark of the CUDA linear layers (LinearEngine, SkinnyLinear) on the Qwen3-8B shapes, printed
+// as JSON lines next to the device's own ceilings measured in the same run:
+//   copy_bw     device-to-device cudaMemcpy of 2 GiB, bytes read + written over time
+//   gemm_peak   cuBLASLt 8192^3 bf16 -> f32 product, TFLOP/s
+// Then per (n, k, m, path): median microseconds of one call, GB/s of the bytes that must move
+// (n*k*2 weights + m*k*2 input + m*n*4 output) and the fractions of the two ceilings. For m up to
+// kSkinnyKernelMaxRows both paths are timed ("run": true marks the one LinearEngine::Run takes),
+// so the crossover kSkinnyMaxRows can be chosen from these lines.
+// The weights rotate over >= 4 copies (> 200 MB in all) so the 60 MB L2 never serves them.
+// Usage: bench_cuda_linear [--reps N]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#ifdef KESTREL_HAS_CUDA
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/device.h"
+#include "backends/cuda/device_buffer.h"
+#include "backends/cuda/linear.h"
+#include "core/check.h"
+#include "core/dtype.h"
+#include "cuda_timing.h"
+
+namespace kestrel::cuda {
+namespace {
+
+DeviceBuffer MustAllocate(size_t bytes, const char* what) {
+  auto buf = DeviceBuffer::Allocate(bytes, what);
+  if (!buf.ok()) {
+    std::fprintf(stderr, "%s\n", buf.status().message().c_str());
+    std::exit(1);
+  }
+  return std::move(buf).value();
+}
+
+// Fills a device buffer with random bf16 in (-1, 1) (never zeros: a product on zeros can run
+// faster than on real data). One 32 MiB random block is generated and tiled, which keeps start-up
+// short; the data is still random to the kernels.
+void FillRandomBf16(DeviceBuffer& buf, uint64_t seed) {
+  constexpr size_t kBlockElems = 16 << 20;
+  static std::vector<uint16_t> block;
+  if (block.empty()) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    block.resize(kBlockElems);
+    for (uint16_t& b : block) {
+      b = F32ToBf16(dist(rng));
+      if ((b & 0x7FFF) == 0) b = 0x3C00;
+    }
+  }
+  const size_t n_elems = buf.size_bytes() / 2;
+  // Start each buffer at a different offset of the block so copies differ.
+  size_t offset = (seed * 7919) % kBlockElems;
+  for (size_t done = 0; done < n_elems;) {
+    const size_t chunk = std::min(n_elems - done, kBlockElems - offset);
+    KCUDA_CHECK(cudaMemcpy(buf.as<uint16_t>() + done, block.data() + offset, chunk * 2,
+                           cudaMemcpyHostToDevice));
+    done += chunk;
+    offset = 0;
+  }
+}
+
+using bench::Median;
+
+// Median seconds of one call of fn(rep), behind one 1 GiB device copy (cuda_timing.h).
+template <class Fn>
+double MedianSeconds(int reps, cudaStream_t stream, DeviceBuffer& delay_src,
+                     DeviceBuffer& delay_dst, Fn&& fn) {
+  return bench::MedianSeconds(reps, stream, delay_src, delay_dst,
+                              std::min<size_t>(delay_src.size_bytes(), size_t{1} << 30), 1, fn);
+}
+
+int Main(int argc, char** argv) {
+  const int reps = bench::ParseReps(argc, argv);
+  auto info = OpenDevice(0);
+  if (!info.ok()) {
+    std::printf("{\"skipped\": \"%s\"}\n", info.status().message().c_str());
+    return 0;
+  }
+  std::printf("{\"device\": \"%s\"}\n", DescribeDevice(*info).c_str());
+  auto engine_or = LinearEngine::Create();
+  if (!engine_or.ok()) {
+    std::fprintf(stderr, "%s\n", engine_or.status().message().c_str());
+    return 1;
+  }
+  LinearEngine& engine = *engine_or.value();
+  cudaStream_t stream;
+  KCUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // Roofline 1: device-to-device copy of 2 GiB (read + written).
+  const size_t copy_bytes = size_t{2} << 30;
+  DeviceBuffer copy_src = MustAllocate(copy_bytes, "copy source");
+  DeviceBuffer copy_dst = MustAllocate(copy_bytes, "copy destination");
+  KCUDA_CHECK(cudaMemset(copy_src.get(), 0x3C, copy_bytes));
+  std::vector<double> copy_s;
+  {
+    cudaEvent_t e0, e1;
+    KCUDA_CHECK(cudaEventCreate(&e0));
+    KCUDA_CHECK(cudaEventCreate(&e1));
+    for (int r = 0; r < 12; ++r) {
+      KCUDA_CHECK(cudaEventRecord(e0, stream));
+      KCUDA_CHECK(cudaMemcpyAsync(copy_dst.get(), copy_src.get(), copy_bytes,
+                                  cudaMemcpyDeviceToDevice, stream));
+      KCUDA_CHECK(cudaEventRecord(e1, stream));
+      KCUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      KCUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 2) copy_s.push_back(ms * 1e-3);  // first two are warm-up
+    }
+    KCUDA_CHECK(cudaEventDestroy(e0));
+    KCUDA_CHECK(cudaEventDestroy(e1));
+  }
+  const double copy_gb_s = 2.0 * copy_bytes / Median(copy_s) / 1e9;
+  std::printf("{\"roofline\": \"copy_bw\", \"bytes\": %zu, \"gb_s\": %.1f}\n", 2 * copy_bytes,
+              copy_gb_s);
+
+  // Roofline 2: cuBLASLt 8192^3, bf16 inputs, f32 accumulation and output.
+  double gemm_tflops = 0;
+  {
+    const int64_t s = 8192;
+    DeviceBuffer a = MustAllocate(s * s * 2, "gemm a");
+    DeviceBuffer b = MustAllocate(s * s * 2, "gemm b");
+    DeviceBuffer c = MustAllocate(s * s * 4, "gemm c");
+    FillRandomBf16(a, 11);
+    FillRandomBf16(b, 12);
+    const double sec = MedianSeconds(10, stream, copy_src, copy_dst, [&](int) {
+      engine.RunCublasLt(a.as<__nv_bfloat16>(), s, s, b.as<__nv_bfloat16>(), s, c.as<float>(),
+                         stream);
+    });
+    gemm_tflops = 2.0 * s * s * s / sec / 1e12;
+    std::printf("{\"roofline\": \"gemm_peak\", \"m\": %ld, \"n\": %ld, \"k\": %ld, "
+                "\"tflops\": %.1f}\n",
+                static_cast<long>(s), static_cast<long>(s), static_cast<long>(s), gemm_tflops);
+  }
+
+  struct Shape {
+    int64_t n, k;
+    const char* name;
+  };
+  const Shape shapes[] = {{6144, 4096, "qkv"},     {4096, 4096, "o_proj"},
+                          {24576, 4096, "gate_up"}, {4096, 12288, "down"},
+                          {151936, 4096, "lm_head"}};
+  const int64_t ms[] = {1, 2, 4, 8, 16};
+  const int64_t max_m = 16;
+  const int n_variants = SkinnyVariantCount();
+  // us[shape][m index][variant], variant n_variants = cuBLASLt; < 0 where not timed.
+  std::vector<std::vector<std::vector<double>>> us_table;
+
+  for (const Shape& shape : shapes) {
+    const int64_t n = shape.n, k = shape.k;
+    const size_t w_bytes = static_cast<size_t>(n * k * 2);
+    const int n_copies =
+        std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
+    std::vector<DeviceBuffer> weights;
+    for (int c = 0; c < n_copies; ++c) {
+      weights.push_back(MustAllocate(w_bytes, "weights"));
+      FillRandomBf16(weights.back(), 100 + c);
+    }
+    DeviceBuffer x = MustAllocate(static_cast<size_t>(max_m * k * 2), "x");  // [max_m, k]
+    DeviceBuffer y = MustAllocate(static_cast<size_t>(max_m * n * 4), "y");  // [max_m, n]
+    FillRandomBf16(x, 7);
+    us_table.emplace_back();
+
+    for (const int64_t m : ms) {
+      us_table.back().emplace_back(n_variants + 1, -1.0);
+      for (int v = 0; v <= n_variants; ++v) {
+        const bool lt = v == n_variants;
+        if (!lt && m > SkinnyVariantMaxRows(v)) continue;
+        const char* name = lt ? "cublaslt" : SkinnyVariantName(v);
+        const double sec = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int r) {
+          const auto* w = weights[r % n_copies].as<__nv_bfloat16>();
+          if (lt) {
+            engine.RunCublasLt(x.as<__nv_bfloat16>(), m, k, w, n, y.as<float>(), stream);
+          } else {
+            SkinnyLinearVariant(v, x.as<__nv_bfloat16>(), m, k, w, n, y.as<float>(), stream);
+          }
+        });
+        us_table.back().back()[v] = sec * 1e6;
+        const double bytes = static_cast<double>(n) * k * 2 + static_cast<double>(m) * k * 2 +
+                             static_cast<double>(m) * n * 4;
+        const double gb_s = bytes / sec / 1e9;
+        const double tflops = 2.0 * m * n * k / sec / 1e12;
+        std::printf(
+            "{\"shape\": \"%s\", \"n\": %ld, \"k\": %ld, \"m\": %ld, \"path\": \"%s\", "
+            "\"variant\": \"%s\", \"default\": %s, \"us\": %.2f, \"gb_s\": %.1f, "
+            "\"frac_bw\": %.3f, \"tflops\": %.2f, \"frac_gemm_peak\": %.3f}\n",
+            shape.name, static_cast<long>(n), static_cast<long>(k), static_cast<long>(m),
+            lt ? "cublaslt" : "skinny", name,
+            (!lt && v == DefaultSkinnyVariant()) ? "true" : "false", sec * 1e6, gb_s,
+            gb_s / copy_gb_s, tflops, tflops / gemm_tflops);
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  // Per variant: sum of us over the four per-layer shapes (shapes[0..3]) at m = 1 and m = 8,
+  // alone and with each shape taking the better of (variant, cuBLASLt).
+  const int m_idx[2] = {0, 3};  // ms[0] = 1, ms[3] = 8
+  for (int v = 0; v < n_variants; ++v) {
+    double sum[2] = {0, 0}, best[2] = {0, 0};
+    bool ok[2] = {true, true};
+    for (int t = 0; t < 2; ++t) {
+      for (int s = 0; s < 4; ++s) {
+        const double vu = us_table[s][m_idx[t]][v];
+        const double lu = us_table[s][m_idx[t]][n_variants];
+        if (vu < 0) {
+          ok[t] = false;
+          continue;
+        }
+        sum[t] += vu;
+        best[t] += std::min(vu, lu);
+      }
+    }
+    std::printf("{\"summary\": \"layer_sum\", \"variant\": \"%s\", \"us_m1\": %.2f, "
+                "\"us_m8\": %.2f, \"best_of_with_cublaslt_us_m1\": %.2f, "
+                "\"best_of_with_cublaslt_us_m8\": %.2f, \"complete\": %s}\n",
+                SkinnyVariantName(v), sum[0], sum[1], best[0], best[1],
+                ok[0] && ok[1] ? "true" : "false");
+  }
+  {
+    double lt[2] = {0, 0};
+    for (int t = 0; t < 2; ++t) {
+      for (int s = 0; s < 4; ++s) lt[t] += us_table[s][m_idx[t]][n_variants];
+    }
+    std::printf("{\"summary\": \"layer_sum\", \"variant\": \"cublaslt\", \"us_m1\": %.2f, "
+                "\"us_m8\": %.2f}\n",
+                lt[0], lt[1]);
+  }
+  KCUDA_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
+
+}  // namespace
+}  // namespace kestrel::cuda
+
+int main(int argc, char** argv) { return kestrel::cuda::Main(argc, argv); }
+
+#else  // !KESTREL_HAS_CUDA
+
+int main() {
+  std::printf("{\"skipped\": \"no CUDA build\"}\n");
+  return 0;
+}
+
+#endif  // KESTREL_HAS_CUDA

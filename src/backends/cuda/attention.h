@@ -1,0 +1,76 @@
+// Paged attention on the GPU: the CUDA counterpart of cpu::PagedAttention (backends/cpu/ops.h),
+// same semantics and the same K/V pool layout, in bf16 with f32 softmax.
+//
+// Every token attends causally over positions [0, position] of its own sequence (with
+// sliding_window > 0: (position - window, position]), read through the sequence's block table;
+// query head h reads kv head h / (n_heads / n_kv_heads). The K/V of this batch must already be
+// in the cache.
+//
+// Two paths, picked by the host-known max_query_len:
+//   == 1  decode: split-K flash-decoding (attention_decode.cu). Each split covers a fixed range
+//         of kDecodeSplitTokens absolute positions, so a sequence's result depends only on its
+//         own context: bitwise the same alone or inside any batch (batch invariance).
+//   >  1  prefill / mixed: FlashAttention-2 style on tensor cores (attention_prefill.cu).
+// Both are deterministic (no atomics, fixed reduction orders) and CUDA-graph capturable: all
+// per-step data are read from device memory, and the grids depend only on n_tokens, n_seqs,
+// n_heads and max_context_len.
+//
+// Includable from plain host code (g++): CUDA runtime and bf16 headers only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kestrel::cuda {
+
+struct PagedAttentionParams {
+  const __nv_bfloat16* q = nullptr;        // [n_tokens, n_heads, head_dim]
+  const __nv_bfloat16* k_cache = nullptr;  // [n_blocks, n_kv_heads, block_size, head_dim]
+  const __nv_bfloat16* v_cache = nullptr;  // [n_blocks, n_kv_heads, block_size, head_dim]
+  __nv_bfloat16* out = nullptr;            // [n_tokens, n_heads, head_dim]
+  const int32_t* positions = nullptr;      // [n_tokens] absolute position of each token
+  const int32_t* seq_starts = nullptr;     // [n_seqs + 1] tokens of seq s: [seq_starts[s], [s+1])
+  const int32_t* context_lens = nullptr;   // [n_seqs] tokens in the cache for seq s
+  const int32_t* block_tables = nullptr;   // [n_seqs, max_blocks_per_seq] physical block ids
+  int32_t max_blocks_per_seq = 0;
+  int32_t n_tokens = 0, n_seqs = 0;
+  int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0;  // head_dim in {16, 32, 64, 128, 256}
+  int32_t block_size = 16;                            // tokens per KV block, a multiple of 16
+  float scale = 1.0f;                                 // multiplies q.k
+  int32_t sliding_window = 0;                         // > 0: attend (p - window, p]; 0: [0, p]
+  int32_t max_query_len = 0;    // host-known: max tokens of one sequence in the batch (1 = decode)
+  int32_t max_context_len = 0;  // host-known: upper bound of every position + 1 (graph bucket)
+};
+
+// Positions covered by one decode split (a constant: see the batch-invariance note above).
+inline constexpr int32_t kDecodeSplitTokens = 256;
+
+// Bytes of device workspace PagedAttention needs: the split-K partials of the decode path
+// (the prefill path uses none). max_tokens, max_context_len: the largest values any call with
+// this workspace will pass as n_tokens and max_context_len.
+size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_heads, int32_t head_dim,
+                                    int32_t max_context_len);
+
+// Launches the attention of one layer on `stream` (no allocation, no synchronisation).
+// Preconditions (KCHECK): supported head_dim, n_heads % n_kv_heads == 0, block_size % 16 == 0,
+// and for decode a workspace of at least PagedAttentionWorkspaceBytes(n_tokens, n_heads,
+// head_dim, max_context_len) bytes. Device-side data must satisfy: every position + 1 <=
+// max_context_len (the decode combine traps otherwise) and position / block_size <
+// max_blocks_per_seq. context_lens is not read: the attended range comes from the positions,
+// exactly as in cpu::PagedAttention.
+void PagedAttention(const PagedAttentionParams& p, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream);
+
+// Tuning: the decode split kernel has several implementations with identical semantics (each
+// batch invariant and deterministic on its own; different variants may differ in the last
+// bits). Process-wide, read at each launch (a captured graph keeps the variant it captured);
+// not meant to change while kernels are being enqueued from other threads.
+int DecodeAttentionVariantCount();
+const char* DecodeAttentionVariantName(int variant);  // e.g. "cp_async_s4"
+void SetDecodeAttentionVariant(int variant);  // 0 <= variant < Count(); default 3, "registers"
+int DecodeAttentionVariant();
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,653 @@
+// Decode path of PagedAttention (max_query_len == 1): split-K flash-decoding on CUDA cores,
+// plus the PagedAttention entry point that picks the path.
+//
+// Why CUDA cores: a decode token has one query row per head, so q.k is a matrix-vector product
+// with G = n_heads / n_kv_heads FMAs per loaded K/V element (G heads of a GQA group share each
+// row). At 4.3 TB/s that is ~2.2 G bf16 elements/s, so G <= 8 needs well under half the f32
+// FMA rate; the kernel only has to keep enough 16-byte loads in flight.
+//
+// Kernel 1 (DecodeSplitKernel), grid (seq, kv head x head chunk, split), 4 warps:
+//   each split is the fixed position range [split * 256, split * 256 + 256) intersected with
+//   the token's window [first, pos]. A key is read by D/8 consecutive lanes (8 dims = 16 bytes
+//   each), so a warp reads 256/D keys per load instruction; each such lane group is a "stream"
+//   that keeps its own online-softmax state (max m, sum l, unnormalised acc) for the HPB heads
+//   of the block, so no cross-lane max is needed per key. Streams are merged at the end (warp
+//   shuffles, then shared memory across warps) and the split writes (m, l, acc) in f32.
+// Variants of kernel 1 (SetDecodeAttentionVariant, same split geometry and results within
+// rounding; each is deterministic and batch invariant): "cp_async_sN" (DecodeSplitPipelinedKernel)
+// gathers the split's K/V rows into shared memory with cp.async, N tiles of 16 KB in flight per
+// block, and computes from there; "registers" (DecodeSplitKernel) loads straight into registers.
+// Kernel 2 (DecodeCombineKernel), grid (seq, head): merges the splits that intersect
+//   [first, pos] in ascending order (log-sum-exp) and writes bf16. Splits outside that range
+//   are never written nor read, so the result depends only on the sequence's own context.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "backends/cuda/attention.h"
+#include "backends/cuda/attention_internal.h"
+#include "backends/cuda/cuda_check.h"
+#include "core/check.h"
+
+namespace kestrel::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+// A block_size multiple of 16 keeps every 16-position chunk inside one physical block, so one
+// block-table look-up per chunk gives 16 contiguous rows.
+constexpr int kChunkRows = 16;
+constexpr int kChunksPerSplit = kDecodeSplitTokens / kChunkRows;
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kDecodeSplitTokens % kChunkRows == 0);
+static_assert(kChunksPerSplit <= kThreads);
+
+int32_t NumSplits(int32_t max_context_len) {
+  return (max_context_len + kDecodeSplitTokens - 1) / kDecodeSplitTokens;
+}
+
+// Split-kernel variants (SetDecodeAttentionVariant); the combine is shared.
+enum DecodeVariant : int {
+  kVariantPipelined4 = 0,  // cp.async into shared memory, 4 tiles in flight per block
+  kVariantPipelined8 = 1,  // 8 tiles (the whole split for head_dim 128)
+  kVariantPipelined2 = 2,  // 2 tiles: less shared memory, more blocks per SM
+  kVariantRegisters = 3,   // loads straight into registers (the original kernel)
+  kVariantCount = 4,
+};
+constexpr const char* kVariantNames[kVariantCount] = {"cp_async_s4", "cp_async_s8", "cp_async_s2",
+                                                      "registers"};
+// Default: "registers", measured fastest on the H200 at every batch x context of bench_cuda_kernels
+// (e.g. 64 x 2048: 181 us vs 213-461 us for the cp.async variants).
+std::atomic<int> g_decode_variant{kVariantRegisters};
+
+// 8 bf16 (one 16-byte load) to f32: a bf16 is the high half of an f32, first element low.
+__device__ __forceinline__ void Bf16x8ToF32(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// First position a token at `pos` attends (cpu::PagedAttention's `first`).
+__device__ __forceinline__ int FirstPosition(int pos, int window) {
+  return window > 0 ? max(0, pos - window + 1) : 0;
+}
+
+// Running max to subtract: an all-masked state (m = -inf) uses 0 so exp2(-inf - 0) = 0 instead
+// of exp2(-inf + inf) = NaN.
+__device__ __forceinline__ float SafeMax(float m) {
+  return m == -INFINITY ? 0.0f : m;
+}
+
+// Scores of kUnroll keys (K rows already in registers, one 16-byte piece per lane) against the
+// HPB heads, reduced over the key's D/8 lanes; -inf for invalid keys.
+template <int D, int HPB, int kUnroll>
+__device__ __forceinline__ void KeyScores(const float (&q)[HPB][8], const uint4 (&k_raw)[kUnroll],
+                                          const bool (&valid)[kUnroll],
+                                          float (&score)[kUnroll][HPB]) {
+  constexpr int kLanesPerKey = D / 8;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    float k[8];
+    Bf16x8ToF32(k_raw[u], k);
+#pragma unroll
+    for (int g = 0; g < HPB; ++g) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s = fmaf(q[g][i], k[i], s);
+      // Sum over the key's D/8 lanes (an aligned power-of-two group: xor stays inside it).
+#pragma unroll
+      for (int offset = kLanesPerKey / 2; offset > 0; offset /= 2) {
+        s += __shfl_xor_sync(0xffffffffu, s, offset);
+      }
+      score[u][g] = valid[u] ? s : -INFINITY;
+    }
+  }
+}
+
+// Online-softmax rescale of (m, l, acc) for a group of kUnroll scores; m_use is the max to
+// subtract from them.
+template <int HPB, int kUnroll>
+__device__ __forceinline__ void Rescale(const float (&score)[kUnroll][HPB], float (&m)[HPB],
+                                        float (&l)[HPB], float (&acc)[HPB][8],
+                                        float (&m_use)[HPB]) {
+#pragma unroll
+  for (int g = 0; g < HPB; ++g) {
+    float m_new = m[g];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) m_new = fmaxf(m_new, score[u][g]);
+    m_use[g] = SafeMax(m_new);
+    const float alpha = exp2f(m[g] - m_use[g]);
+    m[g] = m_new;
+    l[g] *= alpha;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
+  }
+}
+
+// acc += p * v for one key (V piece in registers; zeros for an invalid key, whose p is 0).
+template <int HPB>
+__device__ __forceinline__ void AccumulateValue(const uint4& v_raw, const float (&score)[HPB],
+                                                const float (&m_use)[HPB], float (&l)[HPB],
+                                                float (&acc)[HPB][8]) {
+  float v[8];
+  Bf16x8ToF32(v_raw, v);
+#pragma unroll
+  for (int g = 0; g < HPB; ++g) {
+    const float pr = exp2f(score[g] - m_use[g]);
+    l[g] += pr;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pr, v[i], acc[g][i]);
+  }
+}
+
+// Merges the streams of the block (warp shuffles, then s_o [kWarps][HPB][D] in shared memory
+// across warps, in a fixed order) and writes the split's (m, l, acc) rows.
+template <int D, int HPB>
+__device__ __forceinline__ void MergeAndStore(float (&m)[HPB], float (&l)[HPB],
+                                              float (&acc)[HPB][8], float* s_o,
+                                              float (&s_m)[kWarps][HPB],
+                                              float (&s_l)[kWarps][HPB], int64_t row_base,
+                                              int32_t n_splits, float* __restrict__ part_o,
+                                              float* __restrict__ part_m,
+                                              float* __restrict__ part_l) {
+  constexpr int kLanesPerKey = D / 8;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int dim_lane = lane % kLanesPerKey;
+  // Merge the streams of this warp: lanes xor kLanesPerKey, 2 kLanesPerKey, ... hold the same
+  // dims of other streams.
+#pragma unroll
+  for (int offset = kLanesPerKey; offset < 32; offset *= 2) {
+#pragma unroll
+    for (int g = 0; g < HPB; ++g) {
+      const float m_other = __shfl_xor_sync(0xffffffffu, m[g], offset);
+      const float l_other = __shfl_xor_sync(0xffffffffu, l[g], offset);
+      const float m_new = fmaxf(m[g], m_other);
+      const float f_self = exp2f(m[g] - SafeMax(m_new));
+      const float f_other = exp2f(m_other - SafeMax(m_new));
+      m[g] = m_new;
+      l[g] = l[g] * f_self + l_other * f_other;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float a_other = __shfl_xor_sync(0xffffffffu, acc[g][i], offset);
+        acc[g][i] = acc[g][i] * f_self + a_other * f_other;
+      }
+    }
+  }
+  if (lane < kLanesPerKey) {
+#pragma unroll
+    for (int g = 0; g < HPB; ++g) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s_o[(warp * HPB + g) * D + dim_lane * 8 + i] = acc[g][i];
+      if (dim_lane == 0) {
+        s_m[warp][g] = m[g];
+        s_l[warp][g] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+
+  // Merge the warps in a fixed order. m_max is finite: the split holds at least one key. A warp
+  // that saw no key has m = -inf, l = 0, acc = 0 and contributes exactly nothing.
+  for (int idx = threadIdx.x; idx < HPB * D; idx += kThreads) {
+    const int g = idx / D;
+    const int d = idx % D;
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w][g]);
+    float o = 0.0f, l_sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = exp2f(s_m[w][g] - m_max);
+      o += s_o[(w * HPB + g) * D + d] * f;
+      l_sum += s_l[w][g] * f;
+    }
+    const int64_t row = row_base + int64_t{g} * n_splits;
+    part_o[row * D + d] = o;
+    if (d == 0) {
+      part_m[row] = m_max;
+      part_l[row] = l_sum;
+    }
+  }
+}
+
+// Loads q of HPB heads (this lane's 8 dims), pre-scaled by scale * log2(e) so scores are in
+// log2 units for exp2f.
+template <int D, int HPB>
+__device__ __forceinline__ void LoadQ(const PagedAttentionParams& p, int token, int head0,
+                                      int dim_lane, float (&q)[HPB][8]) {
+  const float q_scale = p.scale * kLog2e;
+#pragma unroll
+  for (int g = 0; g < HPB; ++g) {
+    const __nv_bfloat16* qg = p.q + (int64_t{token} * p.n_heads + head0 + g) * D + dim_lane * 8;
+    Bf16x8ToF32(__ldg(reinterpret_cast<const uint4*>(qg)), q[g]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[g][i] *= q_scale;
+  }
+}
+
+// Variant "registers": one (sequence, kv head, head chunk, split): the split's partial softmax
+// state for HPB heads, K/V loaded straight into registers (2 x kUnroll loads per thread).
+//   part_o [n_tokens, n_heads, n_splits, D]  sum_j exp2(s_j - m) * v_j over the split's keys
+//   part_m, part_l [n_tokens, n_heads, n_splits]  m = max_j s_j (log2 units), l = sum exp2(s_j - m)
+template <int D, int HPB>
+__global__ void __launch_bounds__(kThreads)
+    DecodeSplitKernel(const PagedAttentionParams p, int32_t n_splits, int32_t n_head_chunks,
+                      float* __restrict__ part_o, float* __restrict__ part_m,
+                      float* __restrict__ part_l) {
+  constexpr int kLanesPerKey = D / 8;
+  constexpr int kKeysPerWarp = 32 / kLanesPerKey;
+  constexpr int kStreams = kWarps * kKeysPerWarp;
+  // Keys per stream per iteration: 2 x kUnroll independent 16-byte loads in flight per thread;
+  // fewer for 8 heads, whose q and acc already take 128 registers.
+  constexpr int kUnroll = HPB >= 8 ? 2 : 4;
+
+  __shared__ int64_t s_chunk_offset[kChunksPerSplit];  // element offset of each chunk's row 0
+  __shared__ float s_o[kWarps * HPB * D];
+  __shared__ float s_m[kWarps][HPB];
+  __shared__ float s_l[kWarps][HPB];
+
+  const int seq = blockIdx.x;
+  const int kv_head = blockIdx.y / n_head_chunks;
+  const int head0 = kv_head * (p.n_heads / p.n_kv_heads) + (blockIdx.y % n_head_chunks) * HPB;
+  const int split = blockIdx.z;
+  const int token = p.seq_starts[seq];
+  if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
+  const int pos = p.positions[token];
+  const int split_begin = split * kDecodeSplitTokens;
+  const int lo = max(FirstPosition(pos, p.sliding_window), split_begin);
+  const int hi = min(pos, split_begin + kDecodeSplitTokens - 1);
+  if (lo > hi) return;  // the combine reads only splits that intersect [first, pos]
+
+  if (threadIdx.x < kChunksPerSplit) {
+    const int chunk_begin = split_begin + static_cast<int>(threadIdx.x) * kChunkRows;
+    int64_t offset = 0;
+    // Only chunks holding attended keys: table entries past the context may be garbage.
+    if (chunk_begin <= hi && chunk_begin + kChunkRows > lo) {
+      const int32_t block =
+          p.block_tables[int64_t{seq} * p.max_blocks_per_seq + chunk_begin / p.block_size];
+      offset =
+          ((int64_t{block} * p.n_kv_heads + kv_head) * p.block_size + chunk_begin % p.block_size) *
+          D;
+    }
+    s_chunk_offset[threadIdx.x] = offset;
+  }
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int dim_lane = lane % kLanesPerKey;  // this lane's dims: [dim_lane * 8, dim_lane * 8 + 8)
+  const int stream = warp * kKeysPerWarp + lane / kLanesPerKey;
+
+  float q[HPB][8];
+  LoadQ<D, HPB>(p, token, head0, dim_lane, q);
+  float m[HPB], l[HPB], acc[HPB][8];
+#pragma unroll
+  for (int g = 0; g < HPB; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+  }
+  __syncthreads();  // s_chunk_offset
+
+  const int n_keys = hi - lo + 1;
+  const __nv_bfloat16* k_base = p.k_cache + dim_lane * 8;
+  const __nv_bfloat16* v_base = p.v_cache + dim_lane * 8;
+  for (int base = 0; base < n_keys; base += kStreams * kUnroll) {
+    // Consecutive streams read consecutive positions, so a warp's load is contiguous rows.
+    uint4 k_raw[kUnroll], v_raw[kUnroll];
+    bool valid[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kStreams + stream;
+      valid[u] = j < n_keys;
+      // Zeros for keys past the split: p = 0 must not meet a NaN from unwritten cache rows.
+      k_raw[u] = make_uint4(0, 0, 0, 0);
+      v_raw[u] = make_uint4(0, 0, 0, 0);
+      if (valid[u]) {
+        const int key_pos = lo + j;
+        const int64_t offset =
+            s_chunk_offset[(key_pos - split_begin) / kChunkRows] + (key_pos % kChunkRows) * D;
+        k_raw[u] = __ldg(reinterpret_cast<const uint4*>(k_base + offset));
+        v_raw[u] = __ldg(reinterpret_cast<const uint4*>(v_base + offset));
+      }
+    }
+    float score[kUnroll][HPB];
+    KeyScores<D, HPB, kUnroll>(q, k_raw, valid, score);
+    float m_use[HPB];
+    Rescale<HPB, kUnroll>(score, m, l, acc, m_use);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) AccumulateValue<HPB>(v_raw[u], score[u], m_use, l, acc);
+  }
+  const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
+  MergeAndStore<D, HPB>(m, l, acc, s_o, s_m, s_l, row_base, n_splits, part_o, part_m, part_l);
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Geometry of the pipelined kernel: a tile is kUnroll keys per stream (kWarps * 256 / D
+// streams), kStagesWanted tiles in flight (capped at the split's tiles); shared memory holds
+// kStages x (K tile, V tile) bf16, reused at the end for the cross-warp merge.
+template <int D, int HPB, int kStagesWanted>
+struct PipelinedGeometry {
+  static constexpr int kLanesPerKey = D / 8;
+  static constexpr int kKeysPerWarp = 32 / kLanesPerKey;
+  static constexpr int kStreams = kWarps * kKeysPerWarp;
+  static constexpr int kUnroll = HPB >= 8 ? 2 : 4;
+  static constexpr int kTile = kStreams * kUnroll;  // keys
+  static constexpr int kTilesPerSplit = kDecodeSplitTokens / kTile;
+  static constexpr int kStages = kStagesWanted < kTilesPerSplit ? kStagesWanted : kTilesPerSplit;
+  static constexpr int kTileElems = kTile * D;  // of K (or V)
+  static constexpr int kPieces = 2 * kTileElems / 8;  // 16-byte copies per tile (K and V)
+  static constexpr size_t kPipeBytes = size_t{kStages} * 2 * kTileElems * 2;
+  static constexpr size_t kMergeBytes = size_t{kWarps} * HPB * D * sizeof(float);
+  static constexpr size_t kSmemBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
+  static_assert((kTile % kChunkRows == 0 || kChunkRows % kTile == 0) &&
+                kDecodeSplitTokens % kTile == 0);
+  static_assert(kPieces % kThreads == 0);
+};
+
+// Variant "cp_async_sN": the same split as DecodeSplitKernel, with K/V gathered into shared
+// memory by cp.async, N tiles (of 16 KB, 8 KB for 8 heads) in flight per block, so a block keeps
+// up to N x 16 KB of loads outstanding without holding them in registers. The block-table
+// look-ups are issued before the position is known (in parallel with seq_starts -> positions).
+template <int D, int HPB, int kStagesWanted>
+__global__ void __launch_bounds__(kThreads)
+    DecodeSplitPipelinedKernel(const PagedAttentionParams p, int32_t n_splits,
+                               int32_t n_head_chunks, float* __restrict__ part_o,
+                               float* __restrict__ part_m, float* __restrict__ part_l) {
+  using G = PipelinedGeometry<D, HPB, kStagesWanted>;
+  constexpr int kLanesPerKey = G::kLanesPerKey;
+  constexpr int kUnroll = G::kUnroll;
+  constexpr int kTile = G::kTile;
+  constexpr int kStages = G::kStages;
+  constexpr int kTileElems = G::kTileElems;
+
+  extern __shared__ uint4 s_raw[];
+  __nv_bfloat16* s_kv = reinterpret_cast<__nv_bfloat16*>(s_raw);  // [kStages][2][kTile][D]
+  __shared__ int64_t s_chunk_offset[kChunksPerSplit];  // of each chunk's row 0; -1: not read
+  __shared__ float s_m[kWarps][HPB];
+  __shared__ float s_l[kWarps][HPB];
+
+  const int tid = threadIdx.x;
+  const int seq = blockIdx.x;
+  const int kv_head = blockIdx.y / n_head_chunks;
+  const int head0 = kv_head * (p.n_heads / p.n_kv_heads) + (blockIdx.y % n_head_chunks) * HPB;
+  const int split = blockIdx.z;
+  const int split_begin = split * kDecodeSplitTokens;
+  // Speculative table look-up (in bounds; the entry is used only if the chunk is attended).
+  const int chunk_begin = split_begin + tid * kChunkRows;
+  int32_t block = 0;
+  if (tid < kChunksPerSplit && chunk_begin / p.block_size < p.max_blocks_per_seq) {
+    block = __ldg(p.block_tables + int64_t{seq} * p.max_blocks_per_seq + chunk_begin / p.block_size);
+  }
+  const int token = p.seq_starts[seq];
+  if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
+  const int pos = p.positions[token];
+  const int lo = max(FirstPosition(pos, p.sliding_window), split_begin);
+  const int hi = min(pos, split_begin + kDecodeSplitTokens - 1);
+  if (lo > hi) return;  // the combine reads only splits that intersect [first, pos]
+
+  if (tid < kChunksPerSplit) {
+    int64_t offset = -1;
+    // Only chunks holding attended keys: table entries past the context may be garbage.
+    if (chunk_begin <= hi && chunk_begin + kChunkRows > lo) {
+      offset =
+          ((int64_t{block} * p.n_kv_heads + kv_head) * p.block_size + chunk_begin % p.block_size) *
+          D;
+    }
+    s_chunk_offset[tid] = offset;
+  }
+
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int dim_lane = lane % kLanesPerKey;
+  const int stream = warp * G::kKeysPerWarp + lane / kLanesPerKey;
+
+  float q[HPB][8];
+  LoadQ<D, HPB>(p, token, head0, dim_lane, q);
+  float m[HPB], l[HPB], acc[HPB][8];
+#pragma unroll
+  for (int g = 0; g < HPB; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+  }
+  __syncthreads();  // s_chunk_offset
+
+  // Tile t covers split positions [t * kTile, t * kTile + kTile) (whole 16-row chunks, or a part
+  // of one): every row of an attended chunk is copied (rows outside [lo, hi] lie in allocated
+  // blocks, and are masked below).
+  auto issue = [&](int t, int slot) {
+    __nv_bfloat16* dst = s_kv + slot * 2 * kTileElems;
+#pragma unroll
+    for (int it = 0; it < G::kPieces / kThreads; ++it) {
+      const int i = it * kThreads + tid;
+      const int kv = i / (kTileElems / 8);
+      const int r = i % (kTileElems / 8);
+      const int row = r / (D / 8);
+      const int piece = r % (D / 8);
+      const int split_row = t * kTile + row;
+      const int64_t offset = s_chunk_offset[split_row / kChunkRows];
+      if (offset >= 0) {
+        const __nv_bfloat16* src = (kv == 0 ? p.k_cache : p.v_cache) + offset +
+                                   (split_row % kChunkRows) * D + piece * 8;
+        CpAsync16(dst + kv * kTileElems + row * D + piece * 8, src);
+      }
+    }
+  };
+  const int t_lo = (lo - split_begin) / kTile;
+  const int t_hi = (hi - split_begin) / kTile;
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    if (t_lo + s <= t_hi) issue(t_lo + s, s);
+    CpAsyncCommit();
+  }
+  for (int t = t_lo; t <= t_hi; ++t) {
+    const int slot = (t - t_lo) % kStages;
+    CpAsyncWait<kStages - 1>();  // tile t's group (the oldest outstanding) has landed
+    __syncthreads();             // ... for every thread's copies
+    const __nv_bfloat16* sk = s_kv + slot * 2 * kTileElems + dim_lane * 8;
+    const __nv_bfloat16* sv = sk + kTileElems;
+    uint4 k_raw[kUnroll];
+    bool valid[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = u * G::kStreams + stream;
+      const int key_pos = split_begin + t * kTile + j;
+      valid[u] = key_pos >= lo && key_pos <= hi;
+      k_raw[u] = valid[u] ? *reinterpret_cast<const uint4*>(sk + j * D) : make_uint4(0, 0, 0, 0);
+    }
+    float score[kUnroll][HPB];
+    KeyScores<D, HPB, kUnroll>(q, k_raw, valid, score);
+    float m_use[HPB];
+    Rescale<HPB, kUnroll>(score, m, l, acc, m_use);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      // Zeros for masked keys: p = 0 must not meet a NaN from rows outside the context.
+      const int j = u * G::kStreams + stream;
+      const uint4 v_raw =
+          valid[u] ? *reinterpret_cast<const uint4*>(sv + j * D) : make_uint4(0, 0, 0, 0);
+      AccumulateValue<HPB>(v_raw, score[u], m_use, l, acc);
+    }
+    __syncthreads();  // every thread is done with this slot before it is refilled
+    if (t + kStages <= t_hi) issue(t + kStages, slot);
+    CpAsyncCommit();
+  }
+  CpAsyncWait<0>();  // only empty groups remain; the buffer is reused for the merge below
+  const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
+  MergeAndStore<D, HPB>(m, l, acc, reinterpret_cast<float*>(s_raw), s_m, s_l, row_base, n_splits,
+                        part_o, part_m, part_l);
+}
+
+// One (sequence, head), head_dim threads (one per output dim): merges the splits of the
+// token's window in ascending order and writes bf16 out.
+__global__ void DecodeCombineKernel(const PagedAttentionParams p, int32_t n_splits,
+                                    const float* __restrict__ part_o,
+                                    const float* __restrict__ part_m,
+                                    const float* __restrict__ part_l) {
+  const int seq = blockIdx.x;
+  const int head = blockIdx.y;
+  const int d = threadIdx.x;
+  const int token = p.seq_starts[seq];
+  if (p.seq_starts[seq + 1] <= token) return;
+  const int pos = p.positions[token];
+  const int split_lo = FirstPosition(pos, p.sliding_window) / kDecodeSplitTokens;
+  const int split_hi = pos / kDecodeSplitTokens;
+  // A position past max_context_len had no split launched for it: a caller bug, never silent.
+  if (split_hi >= n_splits) __trap();
+  const int64_t row0 = (int64_t{token} * p.n_heads + head) * n_splits;
+  float m_max = -INFINITY;
+#pragma unroll 4
+  for (int z = split_lo; z <= split_hi; ++z) m_max = fmaxf(m_max, part_m[row0 + z]);
+  float o = 0.0f, l_sum = 0.0f;
+#pragma unroll 4
+  for (int z = split_lo; z <= split_hi; ++z) {
+    const float f = exp2f(part_m[row0 + z] - m_max);
+    o += part_o[(row0 + z) * p.head_dim + d] * f;
+    l_sum += part_l[row0 + z] * f;
+  }
+  p.out[(int64_t{token} * p.n_heads + head) * p.head_dim + d] = __float2bfloat16_rn(o / l_sum);
+}
+
+void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream) {
+  KCHECK(p.max_context_len >= 1);
+  KCHECK(workspace != nullptr);
+  KCHECK(workspace_bytes >=
+         PagedAttentionWorkspaceBytes(p.n_tokens, p.n_heads, p.head_dim, p.max_context_len));
+  const int32_t n_splits = NumSplits(p.max_context_len);
+  const int32_t group = p.n_heads / p.n_kv_heads;
+  // Heads per block: the largest of 8, 4, 2, 1 dividing the group (registers cap it at 8; a
+  // group of 16 runs as two chunks, each reading the group's K/V, the second mostly from L2).
+  const int32_t hpb = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  const int32_t n_head_chunks = group / hpb;
+  const size_t n_rows = static_cast<size_t>(p.n_tokens) * p.n_heads * n_splits;
+  float* part_o = static_cast<float*>(workspace);  // [n_tokens, n_heads, n_splits, D]
+  float* part_m = part_o + n_rows * p.head_dim;    // [n_tokens, n_heads, n_splits]
+  float* part_l = part_m + n_rows;                 // [n_tokens, n_heads, n_splits]
+  const dim3 grid(p.n_seqs, p.n_kv_heads * n_head_chunks, n_splits);
+  KCHECK(grid.y <= 65535 && grid.z <= 65535);
+  const int variant = g_decode_variant.load(std::memory_order_relaxed);
+  detail::DispatchHeadDim(p.head_dim, [&]<int D>() {
+    auto launch = [&]<int HPB>() {
+      auto pipelined = [&]<int S>() {
+        using G = PipelinedGeometry<D, HPB, S>;
+        auto* kernel = &DecodeSplitPipelinedKernel<D, HPB, S>;
+        if constexpr (G::kSmemBytes > 48 * 1024) {
+          // Once per instantiation (not a stream operation: fine under graph capture).
+          static const bool raised = [&] {
+            KCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(G::kSmemBytes)));
+            return true;
+          }();
+          (void)raised;
+        }
+        kernel<<<grid, kThreads, G::kSmemBytes, stream>>>(p, n_splits, n_head_chunks, part_o,
+                                                          part_m, part_l);
+      };
+      switch (variant) {
+        case kVariantPipelined4:
+          pipelined.template operator()<4>();
+          break;
+        case kVariantPipelined8:
+          pipelined.template operator()<8>();
+          break;
+        case kVariantPipelined2:
+          pipelined.template operator()<2>();
+          break;
+        default:
+          DecodeSplitKernel<D, HPB>
+              <<<grid, kThreads, 0, stream>>>(p, n_splits, n_head_chunks, part_o, part_m, part_l);
+          break;
+      }
+    };
+    switch (hpb) {
+      case 8:
+        launch.template operator()<8>();
+        break;
+      case 4:
+        launch.template operator()<4>();
+        break;
+      case 2:
+        launch.template operator()<2>();
+        break;
+      default:
+        launch.template operator()<1>();
+        break;
+    }
+  });
+  KCUDA_CHECK_LAUNCH();
+  DecodeCombineKernel<<<dim3(p.n_seqs, p.n_heads), p.head_dim, 0, stream>>>(p, n_splits, part_o,
+                                                                            part_m, part_l);
+  KCUDA_CHECK_LAUNCH();
+}
+
+bool Aligned16(const void* ptr) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+}  // namespace
+
+int DecodeAttentionVariantCount() {
+  return kVariantCount;
+}
+
+const char* DecodeAttentionVariantName(int variant) {
+  KCHECK(variant >= 0 && variant < kVariantCount);
+  return kVariantNames[variant];
+}
+
+void SetDecodeAttentionVariant(int variant) {
+  KCHECK(variant >= 0 && variant < kVariantCount);
+  g_decode_variant.store(variant, std::memory_order_relaxed);
+}
+
+int DecodeAttentionVariant() {
+  return g_decode_variant.load(std::memory_order_relaxed);
+}
+
+size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_heads, int32_t head_dim,
+                                    int32_t max_context_len) {
+  KCHECK(max_tokens >= 0 && n_heads >= 0 && head_dim >= 0 && max_context_len >= 0);
+  const size_t n_rows = static_cast<size_t>(max_tokens) * n_heads * NumSplits(max_context_len);
+  return n_rows * (static_cast<size_t>(head_dim) + 2) * sizeof(float);
+}
+
+void PagedAttention(const PagedAttentionParams& p, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream) {
+  KCHECK_MSG(detail::SupportedHeadDim(p.head_dim), "head_dim must be 16, 32, 64, 128 or 256");
+  KCHECK(p.n_kv_heads > 0 && p.n_heads > 0 && p.n_heads % p.n_kv_heads == 0);
+  KCHECK_MSG(p.block_size > 0 && p.block_size % 16 == 0, "block_size must be a multiple of 16");
+  KCHECK(p.n_tokens >= 0 && p.n_seqs >= 0 && p.sliding_window >= 0);
+  if (p.n_tokens == 0 || p.n_seqs == 0) return;
+  KCHECK(p.q != nullptr && p.k_cache != nullptr && p.v_cache != nullptr && p.out != nullptr);
+  KCHECK(p.positions != nullptr && p.seq_starts != nullptr && p.block_tables != nullptr);
+  KCHECK(p.max_blocks_per_seq > 0 && p.max_query_len >= 1);
+  // 16-byte vector loads and cp.async of whole rows (rows are head_dim * 2 >= 32 bytes).
+  KCHECK(Aligned16(p.q) && Aligned16(p.k_cache) && Aligned16(p.v_cache) && Aligned16(p.out));
+  if (p.max_query_len == 1) {
+    LaunchDecodeAttention(p, workspace, workspace_bytes, stream);
+  } else {
+    detail::LaunchPrefillAttention(p, stream);
+  }
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,504 @@
+// The skinny linear kernel: y[m, n] = x[m, k] . w[n, k]^T for m <= 64 token rows, bound by
+// reading W (n*k*2 bytes) once from device memory.
+//
+// Design ("swap AB" on the tensor cores):
+//   - mma.sync m16n8k16 with W as the A operand (16 rows of n) and x^T as the B operand (8 token
+//     rows per column tile): a CUDA-core FMA loop cannot keep up with the bandwidth past ~8 rows,
+//     the tensor cores are idle at m = 1 but cost nothing there either (bandwidth bound).
+//   - A block owns 16 rows of W over all of k; its 8 warps split k (warp w takes the 128-wide
+//     k steps w, w+8, ...), then the 8 partial sums are added through shared memory in a fixed
+//     order. No atomics: results are bitwise deterministic. Keeping the split inside the block
+//     (no second pass) needs no workspace, so the kernel can run with only the caller's buffers.
+//   - W is read with 16-byte loads, 8 per thread in flight per step (4 k-chunks x 2 rows), that
+//     bypass L1 (each W byte is used once). Each load is 8 consecutive k of one row; the dot
+//     product does not care in which order k is visited as long as A and B use the same order, so
+//     each thread's 8 values are fed to two mma's as if they were the k positions that the
+//     fragment layout gives that thread (see the permutation below). x is loaded with the same
+//     16-byte pattern through L1 (every block reads all of x; co-resident blocks share it).
+//
+// k permutation. In m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane/4 and
+// t = lane%4, a thread holds A(row g and g+8; cols 2t, 2t+1, 2t+8, 2t+9) and B(rows 2t, 2t+1,
+// 2t+8, 2t+9; col g). Thread t loads physical k [8t, 8t+8) of a 32-wide chunk; the first mma of
+// the chunk maps logical cols {2t, 2t+1, 2t+8, 2t+9} to physical {8t, 8t+1, 8t+2, 8t+3}, the
+// second to {8t+4 .. 8t+7}. Over t = 0..3 each mma covers 16 distinct physical k, the two mma's
+// the whole chunk, and A and B use the same map, so the sum over the chunk is unchanged.
+//
+// Batch invariance: the value of y[i, j] depends only on x[i, :] and w[j, :]. The k split (which
+// warp, which 128-wide steps, in which order) depends only on k; the mma column for token row i
+// is computed from B's column i alone (the padded columns are zero and discarded); the partial
+// sums are added in warp order 0..7 whatever m is. So row i is bitwise the same for any m in
+// [1, 64] (the test checks it). It does not hold across the switch to cuBLASLt at
+// kSkinnyMaxRows.
+//
+// Accuracy: the tensor cores add each mma's 16 products into the f32 accumulator, truncating
+// (not rounding) the result. The accumulator chains here are k/128 mma's long (96 at k = 12288,
+// against 768 for a GEMM that walks all of k in one chain), so the error stays ~1e-6 relative.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/linear.h"
+#include "core/check.h"
+
+namespace kestrel::cuda {
+namespace {
+
+constexpr int kWarps = 8;                 // k split inside a block; fixed for batch invariance
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerBlock = 16;         // rows of W per block = mma M
+constexpr int kChunksPerStep = 4;         // 32-wide k chunks per step: 8 loads of 16 B in flight
+constexpr int kVecsPerChunk = 4;          // 16-byte vectors (8 bf16) per row per chunk
+constexpr int kVecsPerStep = kChunksPerStep * kVecsPerChunk;  // 128 k per step
+constexpr int kReducePad = 4;             // floats; makes the partial-sum stores conflict-free
+
+// 16 bytes of W that no other thread will read again: skip L1, ask L2 to fetch 256 B around it
+// (the same warp reads the rest of that 256 B within the step).
+__device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// d += A(16x16, row) . B(16x8, col), bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One block: rows [n0, n0 + 16) of y^T for all m token rows (kMTiles column tiles of 8).
+template <int kMTiles>
+__global__ void __launch_bounds__(kThreads)
+    SkinnyLinearKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
+                       int m, int k,
+                       const __nv_bfloat16* __restrict__ w,  // [n, k]
+                       int n,
+                       float* __restrict__ y) {              // [m, n]
+  // partial[warp][token row][W row]: each warp's sums over its share of k.
+  __shared__ float partial[kWarps][kMTiles * 8][kRowsPerBlock + kReducePad];
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int g = lane / 4;  // fragment row group: W rows g and g+8, token row g of each tile
+  const int t = lane % 4;  // fragment column pair: physical k [8t, 8t+8) of each chunk
+  const int n0 = blockIdx.x * kRowsPerBlock;
+  const int k_vecs = k / 8;  // 16-byte vectors per row of x and of w
+
+  // Rows past n are clamped to a valid row for the address and never loaded (zeros instead).
+  const bool lo_ok = n0 + g < n;
+  const bool hi_ok = n0 + g + 8 < n;
+  const uint4* w_lo =  // [k_vecs]
+      reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k_vecs;
+  const uint4* w_hi =  // [k_vecs]
+      reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k_vecs;
+  // Token row g of each column tile: x_g + mt * x_tile_stride is token row mt*8 + g.
+  const uint4* x_g =  // [k_vecs]
+      reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(g) * k_vecs;
+  const int64_t x_tile_stride = static_cast<int64_t>(8) * k_vecs;
+
+  float acc[kMTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[mt][r] = 0.0f;
+  }
+
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const int n_steps = (k_vecs + kVecsPerStep - 1) / kVecsPerStep;
+  for (int step = warp; step < n_steps; step += kWarps) {
+    // All of this step's W loads first, so 8 are in flight before the first use.
+    uint4 w_lo_v[kChunksPerStep], w_hi_v[kChunksPerStep];
+#pragma unroll
+    for (int c = 0; c < kChunksPerStep; ++c) {
+      const int v = step * kVecsPerStep + c * kVecsPerChunk + t;  // this thread's vector
+      const bool in_k = v < k_vecs;
+      w_lo_v[c] = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
+      w_hi_v[c] = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
+    }
+#pragma unroll
+    for (int c = 0; c < kChunksPerStep; ++c) {
+      const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
+      const bool in_k = v < k_vecs;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const int row = mt * 8 + g;  // token row of B's column g
+        const uint4 xv = (in_k && row < m) ? __ldg(x_g + mt * x_tile_stride + v) : zero;
+        // First mma: physical k 8t..8t+3 (the .x and .y words), second: 8t+4..8t+7.
+        MmaBf16(acc[mt], w_lo_v[c].x, w_hi_v[c].x, w_lo_v[c].y, w_hi_v[c].y, xv.x, xv.y);
+        MmaBf16(acc[mt], w_lo_v[c].z, w_hi_v[c].z, w_lo_v[c].w, w_hi_v[c].w, xv.z, xv.w);
+      }
+    }
+  }
+
+  // Accumulator r of tile mt: W row g + 8*(r/2), token row mt*8 + 2t + r%2. With the row pitch
+  // of 20 floats a warp's 32 stores land in banks 8t + g: all distinct.
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      partial[warp][mt * 8 + 2 * t + (r & 1)][g + 8 * (r >> 1)] = acc[mt][r];
+    }
+  }
+  __syncthreads();
+
+  // Sum the warps' partials in warp order (fixed, so deterministic and independent of m);
+  // consecutive threads write consecutive columns of y.
+  for (int i = threadIdx.x; i < kMTiles * 8 * kRowsPerBlock; i += kThreads) {
+    const int token = i / kRowsPerBlock;
+    const int col = n0 + i % kRowsPerBlock;
+    if (token < m && col < n) {
+      float sum = partial[0][token][i % kRowsPerBlock];
+#pragma unroll
+      for (int wi = 1; wi < kWarps; ++wi) sum += partial[wi][token][i % kRowsPerBlock];
+      y[static_cast<int64_t>(token) * n + col] = sum;
+    }
+  }
+}
+
+template <int kMTiles>
+void LaunchSkinny(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, int n, float* y,
+                  cudaStream_t stream) {
+  const unsigned n_blocks = static_cast<unsigned>((static_cast<int64_t>(n) + kRowsPerBlock - 1) /
+                                                  kRowsPerBlock);
+  SkinnyLinearKernel<kMTiles><<<n_blocks, kThreads, 0, stream>>>(x, m, k, w, n, y);
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void LaunchTc16(const __nv_bfloat16* x, int mi, int ki, const __nv_bfloat16* w, int ni, float* y,
+                cudaStream_t stream) {
+  switch ((mi + 7) / 8) {
+    case 1: LaunchSkinny<1>(x, mi, ki, w, ni, y, stream); break;
+    case 2: LaunchSkinny<2>(x, mi, ki, w, ni, y, stream); break;
+    case 3: LaunchSkinny<3>(x, mi, ki, w, ni, y, stream); break;
+    case 4: LaunchSkinny<4>(x, mi, ki, w, ni, y, stream); break;
+    case 5: LaunchSkinny<5>(x, mi, ki, w, ni, y, stream); break;
+    case 6: LaunchSkinny<6>(x, mi, ki, w, ni, y, stream); break;
+    case 7: LaunchSkinny<7>(x, mi, ki, w, ni, y, stream); break;
+    case 8: LaunchSkinny<8>(x, mi, ki, w, ni, y, stream); break;
+    default: KCHECK(false);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA-core GEMV variants ("fma_r{R}_ks{KS}_u{U}"), m <= 8.
+//
+// A block has 8 warps in 8/KS groups of KS warps; a group owns R consecutive rows of W, and its
+// KS warps split k: k is cut into 32-vector chunks (32 lanes x 16 bytes = 256 bf16 per row), and
+// warp s of the group takes chunks s, s+KS, s+2KS, ... Per loop trip a lane issues U*R 16-byte
+// loads of W (U chunks x R rows) that bypass L1, then reads the M matching 16-byte vectors of x
+// through L1 (__ldg: x is small and every warp of the SM reads it) and does the FMAs in f32.
+// Lanes hold partial sums; they are combined by a butterfly over the lanes (offsets 16, 8, 4, 2,
+// 1), done as a "halving" exchange so a lane trades half of its R*M values per step instead of
+// all of them, then the KS warps' sums are added through shared memory in slice order 0..KS-1.
+//
+// Arithmetic per (row, token) accumulator, for a 16-byte vector: p = w0*x0, p = fma(w1, x1, p),
+// ..., p = fma(w7, x7, p); acc += p (so the U vectors of a trip are independent chains).
+// Deterministic: no atomics, every order above is fixed.
+// Batch invariant: y[i, j] depends on x[i, :], w[j, :] and k only; the code path of one
+// accumulator is the same for every M (M only sets how many accumulators exist), the butterfly
+// gives bitwise the same value whatever the number of values exchanged (each level adds the same
+// two partners; f32 addition is commutative), and the slice order is fixed. So row i of an m-row
+// call equals the 1-row call, for m in [1, 8].
+constexpr int kFmaWarps = 8;
+constexpr int kFmaThreads = kFmaWarps * 32;
+constexpr int kFmaMaxRows = 8;
+
+__device__ __forceinline__ float Bf16Lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float Bf16Hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
+
+// Sum over 8 products of one 16-byte vector of w and the 8 floats of x.
+__device__ __forceinline__ float Dot8(const uint4& wv, const float (&xf)[8]) {
+  float p = __fmul_rn(Bf16Lo(wv.x), xf[0]);
+  p = __fmaf_rn(Bf16Hi(wv.x), xf[1], p);
+  p = __fmaf_rn(Bf16Lo(wv.y), xf[2], p);
+  p = __fmaf_rn(Bf16Hi(wv.y), xf[3], p);
+  p = __fmaf_rn(Bf16Lo(wv.z), xf[4], p);
+  p = __fmaf_rn(Bf16Hi(wv.z), xf[5], p);
+  p = __fmaf_rn(Bf16Lo(wv.w), xf[6], p);
+  p = __fmaf_rn(Bf16Hi(wv.w), xf[7], p);
+  return p;
+}
+
+constexpr int NextPow2(int v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// Butterfly sum over the 32 lanes of P values (P a power of two <= 32), halving the values held
+// per lane at each level. On return v[0] of lane l is the full sum of value Index(l), the same
+// bits as the levels that halved (offset 16 is the top bit of the index); lanes that differ only
+// in the remaining low bits hold the same value.
+template <int P, int kSize = P, int kOffset = 16>
+__device__ __forceinline__ void HalvingButterfly(float (&v)[P], int lane) {
+  static_assert(P >= 1 && P <= 32 && (P & (P - 1)) == 0);
+  if constexpr (kOffset >= 1) {
+    if constexpr (kSize > 1) {
+      constexpr int kHalf = kSize / 2;
+      const bool upper = (lane & kOffset) != 0;
+#pragma unroll
+      for (int j = 0; j < kHalf; ++j) {
+        const float send = upper ? v[j] : v[j + kHalf];
+        const float keep = upper ? v[j + kHalf] : v[j];
+        v[j] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, kOffset);
+      }
+      HalvingButterfly<P, kHalf, kOffset / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xFFFFFFFFu, v[0], kOffset);
+      HalvingButterfly<P, 1, kOffset / 2>(v, lane);
+    }
+  }
+}
+
+template <int P>
+__device__ __forceinline__ int ButterflyIndex(int lane) {
+  int idx = 0, size = P;
+#pragma unroll
+  for (int offset = 16; offset >= 1; offset /= 2) {
+    if (size > 1) {
+      size /= 2;
+      if (lane & offset) idx += size;
+    }
+  }
+  return idx;
+}
+
+// Lanes that write: the low bits left after the halving levels are zero.
+template <int P>
+__device__ __forceinline__ bool ButterflyWriter(int lane) {
+  return (lane & (32 / P - 1)) == 0;
+}
+
+template <int R, int KS, int U, int M>
+__global__ void __launch_bounds__(kFmaThreads)
+    FmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [M, k]
+                  int k,
+                  const __nv_bfloat16* __restrict__ w,  // [n, k]
+                  int n,
+                  float* __restrict__ y) {              // [M, n]
+  static_assert(kFmaWarps % KS == 0);
+  constexpr int kGroups = kFmaWarps / KS;
+  constexpr int kRowsPerBlock = kGroups * R;
+  constexpr int kValues = R * M;
+  constexpr int kP = NextPow2(kValues);
+  static_assert(kP <= 32);
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int group = warp / KS;
+  const int slice = warp % KS;
+  const int row0 = blockIdx.x * kRowsPerBlock + group * R;
+  const int k_vecs = k / 8;
+
+  // One 64-bit base (row0, or row 0 for a group wholly past n) and small offsets per row; rows
+  // past n are never loaded.
+  const uint4* w_base =
+      reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(row0 < n ? row0 : 0) * k_vecs;
+  bool row_ok[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) row_ok[r] = row0 + r < n;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+
+  float acc[kP];
+#pragma unroll
+  for (int j = 0; j < kP; ++j) acc[j] = 0.0f;
+
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const int n_chunks = (k_vecs + 31) / 32;
+#pragma unroll 1
+  for (int c0 = slice; c0 < n_chunks; c0 += KS * U) {
+    uint4 wr[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = (c0 + u * KS) * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wr[u][r] = (v < k_vecs && row_ok[r]) ? LoadStreaming(w_base + (r * k_vecs + v)) : zero;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = (c0 + u * KS) * 32 + lane;
+      const bool in_k = v < k_vecs;
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        const uint4 xi = in_k ? __ldg(xv + static_cast<int64_t>(i) * k_vecs + v) : zero;
+        const float xf[8] = {Bf16Lo(xi.x), Bf16Hi(xi.x), Bf16Lo(xi.y), Bf16Hi(xi.y),
+                             Bf16Lo(xi.z), Bf16Hi(xi.z), Bf16Lo(xi.w), Bf16Hi(xi.w)};
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r * M + i] += Dot8(wr[u][r], xf);
+      }
+    }
+  }
+
+  HalvingButterfly<kP>(acc, lane);
+  const int idx = ButterflyIndex<kP>(lane);
+  const bool writer = ButterflyWriter<kP>(lane) && idx < kValues;
+  const int r = idx / M, i = idx % M;
+  if constexpr (KS == 1) {
+    if (writer && row0 + r < n) y[static_cast<int64_t>(i) * n + row0 + r] = acc[0];
+  } else {
+    __shared__ float partial[KS][kGroups][kValues];
+    if (writer) partial[slice][group][idx] = acc[0];
+    __syncthreads();
+    for (int t = threadIdx.x; t < kGroups * kValues; t += kFmaThreads) {
+      const int g = t / kValues, j = t % kValues;
+      const int row = blockIdx.x * kRowsPerBlock + g * R + j / M;
+      if (row < n) {
+        float sum = partial[0][g][j];
+#pragma unroll
+        for (int s = 1; s < KS; ++s) sum += partial[s][g][j];
+        y[static_cast<int64_t>(j % M) * n + row] = sum;
+      }
+    }
+  }
+}
+
+template <int R, int KS, int U, int M>
+void LaunchFmaM(const __nv_bfloat16* x, int k, const __nv_bfloat16* w, int n, float* y,
+                cudaStream_t stream) {
+  constexpr int kRowsPerBlock = (kFmaWarps / KS) * R;
+  const unsigned n_blocks =
+      static_cast<unsigned>((static_cast<int64_t>(n) + kRowsPerBlock - 1) / kRowsPerBlock);
+  FmaGemvKernel<R, KS, U, M><<<n_blocks, kFmaThreads, 0, stream>>>(x, k, w, n, y);
+}
+
+template <int R, int KS, int U>
+void LaunchFma(const __nv_bfloat16* x, int mi, int ki, const __nv_bfloat16* w, int ni, float* y,
+               cudaStream_t stream) {
+  switch (mi) {
+    case 1: LaunchFmaM<R, KS, U, 1>(x, ki, w, ni, y, stream); break;
+    case 2: LaunchFmaM<R, KS, U, 2>(x, ki, w, ni, y, stream); break;
+    case 3: LaunchFmaM<R, KS, U, 3>(x, ki, w, ni, y, stream); break;
+    case 4: LaunchFmaM<R, KS, U, 4>(x, ki, w, ni, y, stream); break;
+    case 5: LaunchFmaM<R, KS, U, 5>(x, ki, w, ni, y, stream); break;
+    case 6: LaunchFmaM<R, KS, U, 6>(x, ki, w, ni, y, stream); break;
+    case 7: LaunchFmaM<R, KS, U, 7>(x, ki, w, ni, y, stream); break;
+    case 8: LaunchFmaM<R, KS, U, 8>(x, ki, w, ni, y, stream); break;
+    default: KCHECK(false);
+  }
+}
+
+using LaunchFn = void (*)(const __nv_bfloat16*, int, int, const __nv_bfloat16*, int, float*,
+                          cudaStream_t);
+
+struct Variant {
+  const char* name;
+  int64_t max_rows;
+  bool batch_invariant;
+  LaunchFn launch;
+};
+
+// Index 0 is the original tensor-core kernel (the fallback for m past a variant's max rows).
+constexpr Variant kVariants[] = {
+    {"tc16", kSkinnyKernelMaxRows, true, &LaunchTc16},
+    {"fma_r1_ks1_u8", kFmaMaxRows, true, &LaunchFma<1, 1, 8>},
+    {"fma_r2_ks2_u4", kFmaMaxRows, true, &LaunchFma<2, 2, 4>},
+    {"fma_r4_ks4_u2", kFmaMaxRows, true, &LaunchFma<4, 4, 2>},
+    {"fma_r1_ks4_u4", kFmaMaxRows, true, &LaunchFma<1, 4, 4>},
+    {"fma_r2_ks8_u4", kFmaMaxRows, true, &LaunchFma<2, 8, 4>},
+};
+constexpr int kVariantCount = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
+
+// Measured on the H200 (bench_cuda_linear, weights rotated past L2): at m = 1 "fma_r1_ks4_u4"
+// (one row per group of 4 warps splitting k) is the fastest on every Qwen3-8B shape: 13.8 us
+// for 4096x4096 (cuBLASLt 15.7), 29.4 us for 4096x12288 (31.9), 296 us for the LM head (299).
+// At m = 8 every CUDA-core variant loses to cuBLASLt, which LinearEngine::Run's first-call
+// timing then picks.
+constexpr int kInitialDefaultVariant = 4;
+
+int FindVariant(const char* name) {
+  for (int v = 0; v < kVariantCount; ++v) {
+    if (std::strcmp(kVariants[v].name, name) == 0) return v;
+  }
+  return -1;
+}
+
+// -1 until first read; then the process-wide default.
+std::atomic<int> g_default_variant{-1};
+
+void CheckArgs(int64_t m, int64_t k, const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n,
+               float* y) {
+  KCHECK(m >= 1);
+  KCHECK_MSG(k > 0 && k % 8 == 0 && k <= INT_MAX, "k must be a positive multiple of 8");
+  KCHECK(n > 0 && n <= INT_MAX - 64);
+  KCHECK(x != nullptr && w != nullptr && y != nullptr);
+  KCHECK_MSG(Aligned16(x) && Aligned16(w), "x and w must be 16-byte aligned");
+}
+
+}  // namespace
+
+int SkinnyVariantCount() { return kVariantCount; }
+
+const char* SkinnyVariantName(int v) {
+  KCHECK(v >= 0 && v < kVariantCount);
+  return kVariants[v].name;
+}
+
+int64_t SkinnyVariantMaxRows(int v) {
+  KCHECK(v >= 0 && v < kVariantCount);
+  return kVariants[v].max_rows;
+}
+
+bool SkinnyVariantBatchInvariant(int v) {
+  KCHECK(v >= 0 && v < kVariantCount);
+  return kVariants[v].batch_invariant;
+}
+
+int FindSkinnyVariant(const char* name) { return name == nullptr ? -1 : FindVariant(name); }
+
+void SkinnyLinearVariant(int v, const __nv_bfloat16* x, int64_t m, int64_t k,
+                         const __nv_bfloat16* w, int64_t n, float* y, cudaStream_t stream) {
+  KCHECK(v >= 0 && v < kVariantCount);
+  CheckArgs(m, k, x, w, n, y);
+  KCHECK(m <= kVariants[v].max_rows);
+  kVariants[v].launch(x, static_cast<int>(m), static_cast<int>(k), w, static_cast<int>(n), y,
+                      stream);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void SetDefaultSkinnyVariant(int v) {
+  KCHECK(v >= 0 && v < kVariantCount);
+  g_default_variant.store(v, std::memory_order_relaxed);
+}
+
+int DefaultSkinnyVariant() {
+  int v = g_default_variant.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  // First read: KESTREL_SKINNY_VARIANT (a name or an index) if set and valid, else the built-in.
+  static const int from_env = [] {
+    const char* env = std::getenv("KESTREL_SKINNY_VARIANT");
+    if (env == nullptr || *env == '\0') return kInitialDefaultVariant;
+    const int by_name = FindVariant(env);
+    if (by_name >= 0) return by_name;
+    char* end = nullptr;
+    const long idx = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && idx >= 0 && idx < kVariantCount) {
+      return static_cast<int>(idx);
+    }
+    return kInitialDefaultVariant;
+  }();
+  int expected = -1;
+  g_default_variant.compare_exchange_strong(expected, from_env, std::memory_order_relaxed);
+  return g_default_variant.load(std::memory_order_relaxed);
+}
+
+void SkinnyLinear(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w, int64_t n,
+                  float* y, cudaStream_t stream) {
+  KCHECK(m >= 1 && m <= kSkinnyKernelMaxRows);
+  const int v = DefaultSkinnyVariant();
+  SkinnyLinearVariant(m <= kVariants[v].max_rows ? v : 0, x, m, k, w, n, y, stream);
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,99 @@
+// Linear layers on the GPU: y[m, n] = x[m, k] . w[n, k]^T with bf16 operands, f32 accumulation
+// and an f32 result.
+//   - Few token rows (decode, small decode batches): SkinnyLinear, a hand-written kernel that
+//     streams W from device memory exactly once; the time is the bytes of W over the bandwidth.
+//   - Many token rows (prefill): cuBLASLt, where the product is bound by the tensor cores.
+// LinearEngine::Run picks between the two by the row count (kSkinnyMaxRows).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/status.h"
+
+namespace kestrel::cuda {
+
+// Row counts up to which Run uses the skinny kernel (its default variant); cuBLASLt above.
+// Measured on the H200 (bench_cuda_linear, Qwen3-8B shapes, weights rotated past L2): at m = 1
+// the default CUDA-core variant beats cuBLASLt on q|k|v (18.1 vs 18.7 us), o_proj (13.8 vs 15.7),
+// down (29.4 vs 31.9) and the LM head (296 vs 299), and trails on gate|up (54.4 vs 52.5); from
+// m = 2 cuBLASLt wins everywhere (m = 4: 18.4 vs 27.6 us on q|k|v). The rule depends on m only,
+// so every run of a shape takes the same path and gives the same bits.
+inline constexpr int64_t kSkinnyMaxRows = 1;
+
+// The largest m SkinnyLinear accepts (8 tensor-core column tiles of 8 rows).
+inline constexpr int64_t kSkinnyKernelMaxRows = 64;
+
+// The hand-written kernel, forced (tests and benchmark; Run calls it for m <= kSkinnyMaxRows).
+//   x [m, k] bf16 row-major;  w [n, k] bf16 row-major;  y [m, n] f32 row-major
+// Preconditions (KCHECK): 1 <= m <= kSkinnyKernelMaxRows, k > 0 and a multiple of 8, n > 0,
+// x and w 16-byte aligned. Runs the default variant (DefaultSkinnyVariant()) when m is within
+// its SkinnyVariantMaxRows, else variant 0 ("tc16", the tensor-core kernel, m <= 64).
+// Deterministic (no atomics) and batch invariant within one variant: row i of y is bitwise the
+// same whatever m is, for m in [1, SkinnyVariantMaxRows(DefaultSkinnyVariant())] and, when that
+// is less than 64, separately for m in (that, 64] (see linear.cu).
+void SkinnyLinear(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w, int64_t n,
+                  float* y, cudaStream_t stream);
+
+// Variants of the skinny kernel, selectable at run time (benchmark, tests, tuning). Indices are
+// 0 .. SkinnyVariantCount()-1; 0 is "tc16", the original tensor-core kernel; the others are
+// CUDA-core GEMV kernels named "fma_r{rows per warp}_ks{warps splitting k}_u{chunks unrolled}".
+// All are deterministic; SkinnyVariantBatchInvariant says whether row i of y is bitwise
+// independent of m (for m up to the variant's max rows).
+int SkinnyVariantCount();
+const char* SkinnyVariantName(int v);
+// Max m the variant supports.
+int64_t SkinnyVariantMaxRows(int v);
+bool SkinnyVariantBatchInvariant(int v);
+// The index of the variant with this name, or -1.
+int FindSkinnyVariant(const char* name);
+// y = x . w^T by variant v; same arguments and preconditions as SkinnyLinear, with
+// 1 <= m <= SkinnyVariantMaxRows(v).
+void SkinnyLinearVariant(int v, const __nv_bfloat16* x, int64_t m, int64_t k,
+                         const __nv_bfloat16* w, int64_t n, float* y, cudaStream_t stream);
+// The variant SkinnyLinear (and so LinearEngine::Run for m <= kSkinnyMaxRows) uses. Process-wide.
+// On first read it comes from the environment variable KESTREL_SKINNY_VARIANT (a variant name or
+// index) when that is set and valid, else the built-in choice; SetDefaultSkinnyVariant overrides
+// it. Not meant to be changed while kernels are being captured into a graph.
+void SetDefaultSkinnyVariant(int v);
+int DefaultSkinnyVariant();
+
+class LinearEngine {
+ public:
+  // Creates the cuBLASLt handle and a device workspace of workspace_bytes (cuBLASLt uses it for
+  // split-K partial sums). Errors (no GPU, out of memory) come back as a Status.
+  static Result<std::unique_ptr<LinearEngine>> Create(size_t workspace_bytes = 32 << 20);
+  ~LinearEngine();
+  LinearEngine(const LinearEngine&) = delete;
+  LinearEngine& operator=(const LinearEngine&) = delete;
+
+  // y[m, n] = x[m, k] . w[n, k]^T
+  //   x [m, k] bf16 row-major;  w [n, k] bf16 row-major (the safetensors layout);
+  //   y [m, n] f32 row-major, must not alias x or w.
+  // m >= 1, k a multiple of 8. Rows m <= kSkinnyMaxRows take SkinnyLinear, larger m cuBLASLt.
+  // Capturable in a CUDA graph: no allocation on the device, no synchronisation. The cuBLASLt
+  // algorithm is chosen once per (m, n, k, pointer alignments) and cached on the host; call Run
+  // once per shape before capturing so the heuristic query happens outside the capture.
+  // Thread-safe (the cache is behind a mutex), but the cuBLASLt workspace is shared by all calls:
+  // calls on different streams must not overlap in time (use one engine per stream for that).
+  void Run(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w, int64_t n,
+           float* y, cudaStream_t stream);
+
+  // The cuBLASLt path forced, for any m >= 1 (same arguments as Run).
+  void RunCublasLt(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
+                   int64_t n, float* y, cudaStream_t stream);
+
+  // "skinny" or "cublaslt": the path Run takes for m rows (labels in the benchmark).
+  static const char* PathName(int64_t m);
+
+ private:
+  struct Impl;
+  explicit LinearEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kestrel::cuda

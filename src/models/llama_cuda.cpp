@@ -1,0 +1,854 @@
+// Loading and forward of the dense decoder on CUDA (see llama_cuda.h for the outline).
+#ifdef KESTREL_HAS_CUDA
+
+#include "models/llama_cuda.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "backends/cuda/activation.h"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/embedding.h"
+#include "backends/cuda/norm.h"
+#include "backends/cuda/rope.h"
+#include "core/check.h"
+#include "models/gpu_sampling_rows.h"
+#include "models/rope.h"
+
+namespace kestrel {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int32_t kMaxGraphRows = 256;     // decode batches above this run eagerly
+constexpr int32_t kMinGraphContext = 256;  // smallest context bucket of a decode graph
+constexpr int32_t kMinLogitsRows = kMaxGraphRows;
+constexpr int32_t kMaxDecodeAttentionRows = kMaxGraphRows;
+
+size_t AlignUp(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+int32_t NextPow2(int32_t n) {
+  int32_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// Host -> device copies of mmapped weights through two pinned staging chunks, so the copy engine
+// runs while the CPU fills the next chunk (pageable cudaMemcpy from an mmap runs at a few GB/s).
+class WeightUploader {
+ public:
+  WeightUploader(cudaStream_t stream, int64_t total_bytes, bool show_progress)
+      : stream_(stream), total_(total_bytes), progress_(show_progress) {}
+  ~WeightUploader() {
+    for (cudaEvent_t e : done_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  }
+
+  Status Init() {
+    for (int i = 0; i < 2; ++i) {
+      KASSIGN(chunks_[i], cuda::PinnedBuffer::Allocate(kChunkBytes, "the weight upload"));
+      KCUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
+    }
+    t0_ = std::chrono::steady_clock::now();
+    return Status::Ok();
+  }
+
+  void Copy(const void* src, size_t bytes, void* dst) {
+    const auto* s = static_cast<const uint8_t*>(src);
+    auto* d = static_cast<uint8_t*>(dst);
+    while (bytes > 0) {
+      const size_t n = std::min(bytes, kChunkBytes);
+      KCUDA_CHECK(cudaEventSynchronize(done_[cur_]));  // the chunk's previous copy finished
+      std::memcpy(chunks_[cur_].get(), s, n);
+      KCUDA_CHECK(cudaMemcpyAsync(d, chunks_[cur_].get(), n, cudaMemcpyHostToDevice, stream_));
+      KCUDA_CHECK(cudaEventRecord(done_[cur_], stream_));
+      cur_ ^= 1;
+      s += n;
+      d += n;
+      bytes -= n;
+      done_bytes_ += static_cast<int64_t>(n);
+      Report(false);
+    }
+  }
+
+  void Finish() {
+    KCUDA_CHECK(cudaStreamSynchronize(stream_));
+    Report(true);
+  }
+
+ private:
+  static constexpr size_t kChunkBytes = size_t{32} << 20;
+
+  void Report(bool last) {
+    if (!progress_) return;
+    const int pct = total_ > 0 ? static_cast<int>(100 * done_bytes_ / total_) : 100;
+    if (!last && pct == last_pct_) return;
+    last_pct_ = pct;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const bool tty = isatty(STDERR_FILENO) != 0;
+    if (!tty && !last && pct % 25 != 0) return;
+    constexpr int kWidth = 30;
+    char bar[kWidth + 1];
+    for (int i = 0; i < kWidth; ++i) bar[i] = i < pct * kWidth / 100 ? '#' : '.';
+    bar[kWidth] = 0;
+    std::fprintf(stderr, "%skestrel: uploading weights [%s] %3d%% %s / %s  %.1f s%s",
+                 tty ? "\r" : "", bar, pct, cuda::FormatBytes(done_bytes_).c_str(),
+                 cuda::FormatBytes(total_).c_str(), s, tty && !last ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+  cudaStream_t stream_;
+  int64_t total_;
+  bool progress_;
+  cuda::PinnedBuffer chunks_[2];
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+  int cur_ = 0;
+  int64_t done_bytes_ = 0;
+  int last_pct_ = -1;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+Status RequireBf16(const TensorView& t, const char* what) {
+  if (t.empty() || t.dtype == DType::kBF16) return Status::Ok();
+  return Unsupported(std::string("--device cuda runs BF16 weights; ") + what + " is " +
+                     std::string(DTypeName(t.dtype)) + " (use --device cpu for F32/F16 files)");
+}
+
+}  // namespace
+
+CudaDenseDecoder::CudaDenseDecoder(ModelConfig config) : config_(std::move(config)) {}
+
+CudaDenseDecoder::~CudaDenseDecoder() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  DropGraphs();
+  for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
+  if (profile_start_ != nullptr) cudaEventDestroy(profile_start_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void CudaDenseDecoder::DropGraphs() {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
+int64_t CudaDenseDecoder::kv_bytes_per_token() const {
+  return 2 * config_.n_layers * kv_dim_ * static_cast<int64_t>(sizeof(__nv_bfloat16));
+}
+
+int64_t CudaDenseDecoder::decode_weight_bytes() const {
+  // Every weight is read once per step except the embedding table, of which one row is.
+  const int64_t row = config_.hidden_size * 2;
+  const int64_t embed = config_.vocab_size * row;
+  return config_.tie_word_embeddings ? weight_bytes_ + row : weight_bytes_ - embed + row;
+}
+
+__nv_bfloat16* CudaDenseDecoder::k_cache(int64_t layer) const {
+  const int64_t per = (int64_t{n_blocks_} + 1) * block_size_ * kv_dim_;
+  return kv_.as<__nv_bfloat16>() + (2 * layer) * per;
+}
+
+__nv_bfloat16* CudaDenseDecoder::v_cache(int64_t layer) const {
+  const int64_t per = (int64_t{n_blocks_} + 1) * block_size_ * kv_dim_;
+  return kv_.as<__nv_bfloat16>() + (2 * layer + 1) * per;
+}
+
+Status CudaDenseDecoder::Upload(const detail::DenseDecoderWeights& w, bool show_progress) {
+  const ModelConfig& c = config_;
+  KTRY(RequireBf16(w.embed, "model.embed_tokens.weight"));
+  KTRY(RequireBf16(w.final_norm, "model.norm.weight"));
+  KTRY(RequireBf16(w.lm_head, "lm_head.weight"));
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const detail::DecoderLayerWeights& l = w.layers[i];
+    for (const TensorView* t :
+         {&l.input_norm, &l.q_proj, &l.q_bias, &l.k_proj, &l.k_bias, &l.v_proj, &l.v_bias,
+          &l.q_norm, &l.k_norm, &l.o_proj, &l.o_bias, &l.post_norm, &l.gate_proj, &l.gate_bias,
+          &l.up_proj, &l.up_bias, &l.down_proj, &l.down_bias}) {
+      KTRY(RequireBf16(*t, ("a tensor of layer " + std::to_string(i)).c_str()));
+    }
+  }
+
+  // Layout: pieces 256-byte aligned; fused tensors (q|k|v, gate|up and their biases) are
+  // consecutive copies of row-major blocks, so each fused matrix is one row-major matrix.
+  size_t total = 0;
+  auto reserve = [&](size_t bytes) {
+    const size_t off = total;
+    total += AlignUp(bytes);
+    return off;
+  };
+  struct Piece {
+    const TensorView* src;
+    size_t offset;
+  };
+  std::vector<Piece> pieces;
+  auto place = [&](std::initializer_list<const TensorView*> parts) -> size_t {
+    size_t bytes = 0;
+    for (const TensorView* t : parts) bytes += t->size_bytes();
+    const size_t off = reserve(bytes);
+    size_t at = off;
+    for (const TensorView* t : parts) {
+      pieces.push_back({t, at});
+      at += t->size_bytes();
+    }
+    return off;
+  };
+  const size_t embed_off = place({&w.embed});
+  const size_t norm_off = place({&w.final_norm});
+  const size_t head_off = c.tie_word_embeddings ? embed_off : place({&w.lm_head});
+  struct LayerOffsets {
+    size_t input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, gate_bias,
+        up_bias, down, down_bias;
+  };
+  constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  std::vector<LayerOffsets> offs(w.layers.size());
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const detail::DecoderLayerWeights& l = w.layers[i];
+    LayerOffsets& o = offs[i];
+    o.input_norm = place({&l.input_norm});
+    o.qkv = place({&l.q_proj, &l.k_proj, &l.v_proj});
+    o.qkv_bias = l.q_bias.empty() ? kNone : place({&l.q_bias, &l.k_bias, &l.v_bias});
+    o.q_norm = l.q_norm.empty() ? kNone : place({&l.q_norm});
+    o.k_norm = l.k_norm.empty() ? kNone : place({&l.k_norm});
+    o.o_proj = place({&l.o_proj});
+    o.o_bias = l.o_bias.empty() ? kNone : place({&l.o_bias});
+    o.post_norm = place({&l.post_norm});
+    o.gate_up = place({&l.gate_proj, &l.up_proj});
+    o.gate_bias = l.gate_bias.empty() ? kNone : place({&l.gate_bias});
+    o.up_bias = l.up_bias.empty() ? kNone : place({&l.up_bias});
+    o.down = place({&l.down_proj});
+    o.down_bias = l.down_bias.empty() ? kNone : place({&l.down_bias});
+    if (l.q_bias.empty() != l.k_bias.empty() || l.q_bias.empty() != l.v_bias.empty()) {
+      return Unsupported("layer " + std::to_string(i) +
+                         ": q/k/v projections must all have biases or none");
+    }
+  }
+
+  KASSIGN(weights_, cuda::DeviceBuffer::Allocate(total, "the model weights"));
+  WeightUploader up(stream_, static_cast<int64_t>(total), show_progress);
+  KTRY(up.Init());
+  auto* base = weights_.as<uint8_t>();
+  for (const Piece& p : pieces) up.Copy(p.src->data, p.src->size_bytes(), base + p.offset);
+  up.Finish();
+
+  auto at = [&](size_t off) -> const __nv_bfloat16* {
+    return off == kNone ? nullptr : reinterpret_cast<const __nv_bfloat16*>(base + off);
+  };
+  embed_ = at(embed_off);
+  final_norm_ = at(norm_off);
+  lm_head_ = at(head_off);
+  layers_.resize(w.layers.size());
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerOffsets& o = offs[i];
+    detail::CudaLayerWeights& l = layers_[i];
+    l.input_norm = at(o.input_norm);
+    l.qkv = at(o.qkv);
+    l.qkv_bias = at(o.qkv_bias);
+    l.q_norm = at(o.q_norm);
+    l.k_norm = at(o.k_norm);
+    l.o_proj = at(o.o_proj);
+    l.o_bias = at(o.o_bias);
+    l.post_norm = at(o.post_norm);
+    l.gate_up = at(o.gate_up);
+    l.gate_bias = at(o.gate_bias);
+    l.up_bias = at(o.up_bias);
+    l.down = at(o.down);
+    l.down_bias = at(o.down_bias);
+    l.sliding_window = static_cast<int32_t>(w.layers[i].sliding_window);
+  }
+  n_parameters_ = w.n_parameters;
+  weight_bytes_ = w.n_bytes;
+  return Status::Ok();
+}
+
+Status CudaDenseDecoder::EnsureActivations(int32_t n_tokens) {
+  if (n_tokens <= capacity_tokens_) return Status::Ok();
+  const ModelConfig& c = config_;
+  const int64_t n = n_tokens;
+  const int64_t q_dim = c.n_heads * c.head_dim;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim_;
+  const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.intermediate_size;
+  const int64_t n_logits = std::max<int64_t>(kMinLogitsRows, std::min<int64_t>(n, 1024));
+  size_t total = 0;
+  auto reserve = [&](int64_t bytes) {
+    const size_t off = total;
+    total += AlignUp(static_cast<size_t>(bytes));
+    return off;
+  };
+  const size_t x = reserve(n * hidden * 4);
+  const size_t xn = reserve(n * hidden * 2);
+  const size_t qkv = reserve(n * qkv_dim * 4);
+  const size_t q = reserve(n * q_dim * 2);
+  const size_t attn = reserve(n * q_dim * 2);
+  const size_t tmp = reserve(n * hidden * 4);
+  const size_t gu = reserve(n * 2 * inter * 4);
+  const size_t act = reserve(n * inter * 2);
+  const size_t xf = reserve(n_logits * hidden * 2);
+  const size_t lg = reserve(n_logits * c.vocab_size * 4);
+  DropGraphs();  // graphs hold the old addresses
+  activations_.Reset();
+  attention_workspace_.Reset();
+  // Split-K partials of the decode path for up to kMaxDecodeAttentionRows sequences (2.7 MB a
+  // row at 32 heads x 128 dims and a 40k context); larger pure-decode batches take the prefill
+  // kernel, which needs no workspace.
+  const size_t ws = cuda::PagedAttentionWorkspaceBytes(
+      std::min(n_tokens, kMaxDecodeAttentionRows), static_cast<int32_t>(c.n_heads),
+      static_cast<int32_t>(c.head_dim), attention_workspace_context_);
+  KASSIGN(attention_workspace_, cuda::DeviceBuffer::Allocate(ws, "the attention workspace"));
+  KASSIGN(activations_,
+          cuda::DeviceBuffer::Allocate(
+              total, "activation buffers for " + std::to_string(n_tokens) + " tokens per step"));
+  auto* b = activations_.as<uint8_t>();
+  x_ = reinterpret_cast<float*>(b + x);
+  xn_ = reinterpret_cast<__nv_bfloat16*>(b + xn);
+  qkv_ = reinterpret_cast<float*>(b + qkv);
+  q_ = reinterpret_cast<__nv_bfloat16*>(b + q);
+  attn_ = reinterpret_cast<__nv_bfloat16*>(b + attn);
+  tmp_ = reinterpret_cast<float*>(b + tmp);
+  gate_up_ = reinterpret_cast<float*>(b + gu);
+  act_ = reinterpret_cast<__nv_bfloat16*>(b + act);
+  x_final_ = reinterpret_cast<__nv_bfloat16*>(b + xf);
+  logits_ = reinterpret_cast<float*>(b + lg);
+  capacity_tokens_ = n_tokens;
+  logits_capacity_ = static_cast<int32_t>(n_logits);
+  return Status::Ok();
+}
+
+Status CudaDenseDecoder::EnsureMetadata(size_t n_ints) {
+  if (n_ints <= meta_capacity_ints_) return Status::Ok();
+  const size_t cap = std::max(n_ints, meta_capacity_ints_ * 2);
+  DropGraphs();
+  meta_device_.Reset();
+  meta_host_.Reset();
+  KASSIGN(meta_host_, cuda::PinnedBuffer::Allocate(cap * 4, "batch metadata"));
+  KASSIGN(meta_device_, cuda::DeviceBuffer::Allocate(cap * 4, "batch metadata"));
+  meta_capacity_ints_ = cap;
+  return Status::Ok();
+}
+
+Status CudaDenseDecoder::AllocateKv(const ModelLoadOptions& options, bool show_progress) {
+  const ModelConfig& c = config_;
+  block_size_ = options.block_size_tokens;
+  if (block_size_ % 16 != 0) {
+    return InvalidArgument("--device cuda needs a KV block size that is a multiple of 16, got " +
+                           std::to_string(block_size_));
+  }
+  KCHECK(kv_dim_ == c.n_kv_heads * c.head_dim);
+  const int64_t per_token = kv_bytes_per_token();
+  int64_t tokens = options.kv_cache_tokens;
+  if (tokens <= 0) {
+    size_t free_b = 0, total_b = 0;
+    KCUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    int64_t budget = options.kv_cache_bytes;
+    if (budget <= 0) {
+      // 90 % of what is free now, keeping 1 GiB for cuBLASLt, graphs and growth of the
+      // activation buffers.
+      budget = static_cast<int64_t>(0.9 * static_cast<double>(free_b)) - (int64_t{1} << 30);
+    }
+    if (budget > static_cast<int64_t>(free_b)) {
+      return ResourceExhausted("the KV cache budget of " + cuda::FormatBytes(budget) +
+                               " exceeds the " + cuda::FormatBytes(static_cast<int64_t>(free_b)) +
+                               " of GPU memory free after the weights");
+    }
+    tokens = budget / per_token;
+    if (tokens < block_size_) {
+      return ResourceExhausted("not enough GPU memory for a KV cache: " +
+                               cuda::FormatBytes(static_cast<int64_t>(free_b)) +
+                               " free after the weights, one token needs " +
+                               cuda::FormatBytes(per_token));
+    }
+  }
+  const int64_t n_blocks = (tokens + block_size_ - 1) / block_size_;
+  if ((n_blocks + 1) * block_size_ > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument("KV cache of " + std::to_string(tokens) +
+                           " tokens exceeds the 2^31 slot limit");
+  }
+  n_blocks_ = static_cast<int32_t>(n_blocks);
+  n_slots_ = n_blocks * block_size_;
+  const int64_t bytes = (n_blocks + 1) * block_size_ * per_token;
+  KASSIGN(kv_,
+          cuda::DeviceBuffer::Allocate(static_cast<size_t>(bytes),
+                                       "the KV cache (" + std::to_string(n_slots_) + " tokens)"));
+  // The reserved block (past the pool) is what padding rows of decode graphs attend to.
+  const size_t block_bytes = size_t(block_size_) * kv_dim_ * sizeof(__nv_bfloat16);
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    for (__nv_bfloat16* cache : {k_cache(layer), v_cache(layer)}) {
+      KCUDA_CHECK(
+          cudaMemset(reinterpret_cast<uint8_t*>(cache) + n_blocks * block_bytes, 0, block_bytes));
+    }
+  }
+  if (show_progress) {
+    std::fprintf(stderr, "kestrel: KV cache on %s: %s for %lld tokens (%d blocks of %d)\n",
+                 device_.name.c_str(), cuda::FormatBytes(bytes).c_str(),
+                 static_cast<long long>(n_slots_), n_blocks_, block_size_);
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Model>> LoadCudaDenseDecoder(ModelConfig config, WeightStore store,
+                                                    const ModelLoadOptions& options) {
+  KTRY(detail::ValidateDenseDecoderConfig(config, options));
+  KASSIGN(cuda::DeviceInfo dev, cuda::OpenDevice(options.cuda_device));
+  if (config.head_dim != 16 && config.head_dim != 32 && config.head_dim != 64 &&
+      config.head_dim != 128 && config.head_dim != 256) {
+    return Unsupported("--device cuda supports head_dim 16, 32, 64, 128 and 256, not " +
+                       std::to_string(config.head_dim));
+  }
+  if (config.hidden_size % 8 != 0 || config.intermediate_size % 8 != 0 ||
+      (config.n_heads * config.head_dim) % 8 != 0) {
+    return Unsupported(
+        "--device cuda needs hidden, intermediate and attention sizes that are "
+        "multiples of 8");
+  }
+  KASSIGN(detail::DenseDecoderWeights w, detail::BindDenseDecoderWeights(config, store));
+  // Kernel-variant overrides for tuning runs (names or indices; see attention.h / linear.h).
+  if (const char* env = std::getenv("KESTREL_DECODE_ATTENTION_VARIANT"); env != nullptr) {
+    for (int v = 0; v < cuda::DecodeAttentionVariantCount(); ++v) {
+      if (std::string(env) == cuda::DecodeAttentionVariantName(v) ||
+          std::string(env) == std::to_string(v)) {
+        cuda::SetDecodeAttentionVariant(v);
+      }
+    }
+  }
+
+  std::unique_ptr<CudaDenseDecoder> m(new CudaDenseDecoder(std::move(config)));
+  m->device_ = dev;
+  m->kv_dim_ = m->config_.n_kv_heads * m->config_.head_dim;  // activations are sized by it
+  KCUDA_CHECK(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking));
+  if (options.show_progress) {
+    std::fprintf(stderr, "kestrel: device %s\n", cuda::DescribeDevice(dev).c_str());
+  }
+  const int64_t need = w.n_bytes;
+  if (need > dev.free_bytes) {
+    return ResourceExhausted("the model's weights need " + cuda::FormatBytes(need) +
+                             " of GPU memory, " + cuda::FormatBytes(dev.free_bytes) + " free on " +
+                             dev.name);
+  }
+  KTRY(m->Upload(w, options.show_progress));
+  KASSIGN(m->linear_, cuda::LinearEngine::Create());
+
+  const ModelConfig& c = m->config_;
+  const std::vector<float> inv_freq = RopeInvFreq(c);
+  KASSIGN(m->inv_freq_, cuda::DeviceBuffer::Allocate(inv_freq.size() * 4, "RoPE tables"));
+  KCUDA_CHECK(
+      cudaMemcpy(m->inv_freq_.get(), inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice));
+  m->rope_attention_scale_ = RopeAttentionScale(c);
+  m->attention_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+
+  // Activations before the KV pool, so the default KV budget is what is left after them.
+  m->attention_workspace_context_ = static_cast<int32_t>(std::min<int64_t>(
+      c.max_position_embeddings > 0 ? c.max_position_embeddings : 32768, 1 << 20));
+  KTRY(m->EnsureActivations(std::max<int32_t>(options.max_batch_tokens, kMaxGraphRows)));
+  KTRY(m->AllocateKv(options, options.show_progress));
+  KCUDA_CHECK(cudaEventCreate(&m->profile_start_));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+detail::DeviceBatchView CudaDenseDecoder::StageBatch(const Batch& b, int32_t n_rows, int32_t stride,
+                                                     int32_t max_context_len, bool graph) {
+  const int32_t n = b.n_tokens();
+  const int32_t n_seqs = b.n_seqs();
+  // A decode graph bucket: one token per (padded) sequence and logits for every row, device
+  // row i = token i (the caller's logits_indices are applied when copying out).
+  const int32_t rows = graph ? n_rows : n;
+  const int32_t seqs = graph ? n_rows : n_seqs;
+  const int32_t n_logits = graph ? n_rows : static_cast<int32_t>(b.logits_indices.size());
+  // Offsets: token_ids, positions, slots [rows]; seq_starts [seqs+1]; context_lens [seqs];
+  // block_tables [seqs, stride]; logits rows [n_logits].
+  const size_t o_tok = 0, o_pos = o_tok + rows, o_slot = o_pos + rows, o_start = o_slot + rows;
+  const size_t o_ctx = o_start + seqs + 1, o_bt = o_ctx + seqs;
+  const size_t o_lg = o_bt + static_cast<size_t>(seqs) * stride;
+  const size_t total = o_lg + n_logits;
+  const Status st = EnsureMetadata(total);
+  KCHECK_MSG(st.ok(), st.message().c_str());
+  int32_t* h = meta_host_.as<int32_t>();
+  // Padding rows of a graph bucket attend to position 0 of the reserved block (zeros) and
+  // write no K/V (slot -1).
+  const int32_t dummy_block = n_blocks_;
+  for (int32_t t = 0; t < rows; ++t) {
+    const bool real = t < n;
+    h[o_tok + t] = real ? b.token_ids[t] : 0;
+    h[o_pos + t] = real ? b.positions[t] : 0;
+    h[o_slot + t] = real ? b.slot_mapping[t] : -1;
+  }
+  for (int32_t s = 0; s <= seqs; ++s) {
+    h[o_start + s] = s <= n_seqs ? b.seq_starts[s] : s;
+  }
+  for (int32_t s = 0; s < seqs; ++s) {
+    const bool real = s < n_seqs;
+    h[o_ctx + s] = real ? b.context_lens[s] : 1;
+    int32_t* row = h + o_bt + static_cast<size_t>(s) * stride;
+    const int32_t n_copy = real ? std::min(stride, b.max_blocks_per_seq) : 0;
+    for (int32_t j = 0; j < n_copy; ++j) {
+      const int32_t blk = b.block_tables[static_cast<size_t>(s) * b.max_blocks_per_seq + j];
+      row[j] = blk < 0 ? dummy_block : blk;
+    }
+    for (int32_t j = n_copy; j < stride; ++j) row[j] = dummy_block;
+  }
+  for (int32_t i = 0; i < n_logits; ++i) {
+    h[o_lg + i] = graph ? i : b.logits_indices[i];
+  }
+  int32_t max_q = 0;
+  for (int32_t s = 0; s < n_seqs; ++s)
+    max_q = std::max(max_q, b.seq_starts[s + 1] - b.seq_starts[s]);
+  KCUDA_CHECK(cudaMemcpyAsync(meta_device_.get(), h, total * 4, cudaMemcpyHostToDevice, stream_));
+  const int32_t* d = meta_device_.as<int32_t>();
+  detail::DeviceBatchView v;
+  v.token_ids = d + o_tok;
+  v.positions = d + o_pos;
+  v.slot_mapping = d + o_slot;
+  v.seq_starts = d + o_start;
+  v.context_lens = d + o_ctx;
+  v.block_tables = d + o_bt;
+  v.logits_rows = d + o_lg;
+  v.n_tokens = rows;
+  v.n_seqs = seqs;
+  v.n_logits = n_logits;
+  v.max_blocks_per_seq = stride;
+  v.max_query_len = std::max(max_q, 1);
+  v.max_context_len = max_context_len;
+  return v;
+}
+
+void CudaDenseDecoder::SampleLastLogits(std::span<Sampler* const> samplers,
+                                        std::span<SampleResult> results) {
+  const int32_t n = static_cast<int32_t>(samplers.size());
+  KCHECK(results.size() == samplers.size());
+  KCHECK_MSG(n == last_n_logits_,
+             "SampleLastLogits needs one sampler per logits row of the last "
+             "Forward (called with logits == nullptr)");
+  if (n == 0) return;
+  const int32_t vocab = static_cast<int32_t>(config_.vocab_size);
+  constexpr int32_t kTop = cuda::kGpuMaxTopLogprobs;
+
+  // Rows, then the variable-length penalty and bias arrays, all from the samplers' state.
+  GpuSamplingHostBatch& hb = sampling_batch_;
+  hb.Clear();
+  for (Sampler* sm : samplers) AppendGpuSamplingRow(*sm, &hb);
+  // One int32 array: repetition ids | count ids | count values | bias ids.
+  std::vector<int32_t>& ints = sampling_ints_;
+  ints.clear();
+  for (const std::vector<int32_t>* part :
+       {&hb.repetition_ids, &hb.count_ids, &hb.count_values, &hb.bias_ids}) {
+    ints.insert(ints.end(), part->begin(), part->end());
+  }
+  const std::vector<cuda::GpuSamplingRow>& rows = hb.rows;
+  const std::vector<float>& floats = hb.bias_values;
+
+  // One pinned staging area and one device area: inputs, then outputs.
+  const size_t rows_bytes = AlignUp(rows.size() * sizeof(cuda::GpuSamplingRow));
+  const size_t ints_bytes = AlignUp((ints.size() + 1) * 4);
+  const size_t floats_bytes = AlignUp((floats.size() + 1) * 4);
+  const size_t in_bytes = rows_bytes + ints_bytes + floats_bytes;
+  const size_t out_ints = size_t(n) * (1 + kTop);    // tokens, top ids
+  const size_t out_floats = size_t(n) * (1 + kTop);  // logprob, top logprobs
+  const size_t out_bytes = AlignUp(out_ints * 4) + AlignUp(out_floats * 4);
+  if (in_bytes + out_bytes > sampling_io_bytes_) {
+    const size_t cap = std::max(in_bytes + out_bytes, 2 * sampling_io_bytes_);
+    sampling_io_.Reset();
+    sampling_host_.Reset();
+    Result<cuda::DeviceBuffer> d = cuda::DeviceBuffer::Allocate(cap, "sampling buffers");
+    KCHECK_MSG(d.ok(), d.status().message().c_str());
+    sampling_io_ = std::move(d).value();
+    Result<cuda::PinnedBuffer> h = cuda::PinnedBuffer::Allocate(cap, "sampling buffers");
+    KCHECK_MSG(h.ok(), h.status().message().c_str());
+    sampling_host_ = std::move(h).value();
+    sampling_io_bytes_ = cap;
+  }
+  if (sampling_workspace_.size_bytes() < cuda::GpuSamplingWorkspaceBytes(logits_capacity_, vocab)) {
+    Result<cuda::DeviceBuffer> w = cuda::DeviceBuffer::Allocate(
+        cuda::GpuSamplingWorkspaceBytes(logits_capacity_, vocab), "the sampling workspace");
+    KCHECK_MSG(w.ok(), w.status().message().c_str());
+    sampling_workspace_ = std::move(w).value();
+  }
+  auto* h = sampling_host_.as<uint8_t>();
+  std::memcpy(h, rows.data(), rows.size() * sizeof(cuda::GpuSamplingRow));
+  std::memcpy(h + rows_bytes, ints.data(), ints.size() * 4);
+  std::memcpy(h + rows_bytes + ints_bytes, floats.data(), floats.size() * 4);
+  auto* d = sampling_io_.as<uint8_t>();
+  KCUDA_CHECK(cudaMemcpyAsync(d, h, in_bytes, cudaMemcpyHostToDevice, stream_));
+
+  const auto* d_ints = reinterpret_cast<const int32_t*>(d + rows_bytes);
+  cuda::GpuSamplingBatch b{};
+  b.logits = logits_;
+  b.n_rows = n;
+  b.vocab = vocab;
+  b.rows = reinterpret_cast<const cuda::GpuSamplingRow*>(d);
+  b.repetition_ids = d_ints;
+  b.count_ids = b.repetition_ids + hb.repetition_ids.size();
+  b.count_values = b.count_ids + hb.count_ids.size();
+  b.bias_ids = b.count_values + hb.count_values.size();
+  b.bias_values = reinterpret_cast<const float*>(d + rows_bytes + ints_bytes);
+  uint8_t* d_out = d + in_bytes;
+  b.out_tokens = reinterpret_cast<int32_t*>(d_out);
+  b.out_top_ids = b.out_tokens + n;
+  b.out_logprob = reinterpret_cast<float*>(d_out + AlignUp(out_ints * 4));
+  b.out_top_logprobs = b.out_logprob + n;
+  cuda::GpuSample(b, sampling_workspace_.get(), sampling_workspace_.size_bytes(), stream_);
+  KCUDA_CHECK(cudaMemcpyAsync(h + in_bytes, d_out, out_bytes, cudaMemcpyDeviceToHost, stream_));
+  KCUDA_CHECK(cudaStreamSynchronize(stream_));
+
+  const auto* tokens = reinterpret_cast<const int32_t*>(h + in_bytes);
+  const int32_t* top_ids = tokens + n;
+  const auto* logprob = reinterpret_cast<const float*>(h + in_bytes + AlignUp(out_ints * 4));
+  const float* top_lp = logprob + n;
+  for (int32_t i = 0; i < n; ++i) {
+    SampleResult& r = results[i];
+    r.token = tokens[i];
+    r.logprob = logprob[i];
+    r.top.clear();
+    const SamplingParams& p = samplers[i]->params();
+    if (p.logprobs) {
+      const int32_t n_top = std::min(p.n_top_logprobs, vocab);
+      for (int32_t j = 0; j < n_top; ++j) {
+        r.top.push_back({top_ids[i * kTop + j], top_lp[i * kTop + j]});
+      }
+    }
+    samplers[i]->Accept(r.token);
+  }
+  last_n_logits_ = 0;  // each Forward's logits are sampled once
+}
+
+void CudaDenseDecoder::CopyKvBlocks(int32_t src_first, int32_t dst_first, int32_t n_blocks) {
+  KCHECK(n_blocks >= 0 && src_first >= 0 && dst_first >= 0);
+  KCHECK(src_first + n_blocks <= n_blocks_ && dst_first + n_blocks <= n_blocks_);
+  KCHECK(src_first + n_blocks <= dst_first || dst_first + n_blocks <= src_first);
+  const size_t block_bytes = size_t(block_size_) * kv_dim_ * sizeof(__nv_bfloat16);
+  for (int64_t layer = 0; layer < config_.n_layers; ++layer) {
+    for (__nv_bfloat16* cache : {k_cache(layer), v_cache(layer)}) {
+      auto* base = reinterpret_cast<uint8_t*>(cache);
+      KCUDA_CHECK(cudaMemcpyAsync(base + dst_first * block_bytes, base + src_first * block_bytes,
+                                  n_blocks * block_bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  KCUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaDenseDecoder::Mark(Stage s) {
+  if (!profiling_) return;
+  if (marks_.size() >= event_pool_.size()) {
+    cudaEvent_t e;
+    KCUDA_CHECK(cudaEventCreate(&e));
+    event_pool_.push_back(e);
+  }
+  cudaEvent_t e = event_pool_[marks_.size()];
+  KCUDA_CHECK(cudaEventRecord(e, stream_));
+  marks_.push_back({s, e});
+}
+
+void CudaDenseDecoder::CollectProfile() {
+  if (!profiling_) return;
+  KCUDA_CHECK(cudaStreamSynchronize(stream_));
+  cudaEvent_t prev = profile_start_;
+  for (const auto& [stage, e] : marks_) {
+    float ms = 0;
+    KCUDA_CHECK(cudaEventElapsedTime(&ms, prev, e));
+    const double s = ms * 1e-3;
+    switch (stage) {
+      case Stage::kAttention:
+        stats_.attention_s += s;
+        break;
+      case Stage::kMatmul:
+        stats_.matmul_s += s;
+        break;
+      case Stage::kOther:
+        stats_.other_s += s;
+        break;
+    }
+    prev = e;
+  }
+  marks_.clear();
+}
+
+void CudaDenseDecoder::Linear(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
+                              int64_t n, float* y) {
+  linear_->Run(x, m, k, w, n, y, stream_);
+  Mark(Stage::kMatmul);
+}
+
+void CudaDenseDecoder::RunLayer(int64_t layer, const detail::DeviceBatchView& v) {
+  const ModelConfig& c = config_;
+  const detail::CudaLayerWeights& w = layers_[static_cast<size_t>(layer)];
+  const int64_t n = v.n_tokens;
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = c.n_heads * c.head_dim;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim_;
+  const int64_t inter = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  // Residual of the previous layer's MLP (none before layer 0) + input norm.
+  const detail::CudaLayerWeights* prev =
+      layer > 0 ? &layers_[static_cast<size_t>(layer - 1)] : nullptr;
+  cuda::AddRmsNorm(x_, prev != nullptr ? tmp_ : nullptr,
+                   prev != nullptr ? prev->down_bias : nullptr, w.input_norm, eps, n, hidden, xn_,
+                   stream_);
+  Mark(Stage::kOther);
+  Linear(xn_, n, hidden, w.qkv, qkv_dim, qkv_);  // [n, q_dim + 2*kv_dim]
+
+  // Bias, QK-norm, RoPE, K/V into the pool; then attention through the block tables.
+  cuda::QkvRopeShape rs;
+  rs.n_heads = static_cast<int32_t>(c.n_heads);
+  rs.n_kv_heads = static_cast<int32_t>(c.n_kv_heads);
+  rs.head_dim = static_cast<int32_t>(c.head_dim);
+  rs.rotary_half = static_cast<int32_t>(RopeRotaryDim(c) / 2);
+  rs.block_size_tokens = block_size_;
+  rs.qk_norm_eps = eps;
+  rs.attention_scaling = rope_attention_scale_;
+  cuda::QkvRope(qkv_, w.qkv_bias, w.q_norm, w.k_norm, v.positions, inv_freq_.as<float>(),
+                v.slot_mapping, n, rs, q_, k_cache(layer), v_cache(layer), stream_);
+  cuda::PagedAttentionParams ap;
+  ap.q = q_;
+  ap.k_cache = k_cache(layer);
+  ap.v_cache = v_cache(layer);
+  ap.out = attn_;
+  ap.positions = v.positions;
+  ap.seq_starts = v.seq_starts;
+  ap.context_lens = v.context_lens;
+  ap.block_tables = v.block_tables;
+  ap.max_blocks_per_seq = v.max_blocks_per_seq;
+  ap.n_tokens = v.n_tokens;
+  ap.n_seqs = v.n_seqs;
+  ap.n_heads = static_cast<int32_t>(c.n_heads);
+  ap.n_kv_heads = static_cast<int32_t>(c.n_kv_heads);
+  ap.head_dim = static_cast<int32_t>(c.head_dim);
+  ap.block_size = block_size_;
+  ap.scale = attention_scale_;
+  ap.sliding_window = w.sliding_window;
+  // Pure decode beyond the decode workspace: the prefill kernel handles one-token rows too.
+  ap.max_query_len =
+      v.max_query_len == 1 && v.n_tokens > kMaxDecodeAttentionRows ? 2 : v.max_query_len;
+  ap.max_context_len = v.max_context_len;
+  cuda::PagedAttention(ap, attention_workspace_.get(), attention_workspace_.size_bytes(), stream_);
+  Mark(Stage::kAttention);
+
+  Linear(attn_, n, q_dim, w.o_proj, hidden, tmp_);  // [n, hidden]
+  cuda::AddRmsNorm(x_, tmp_, w.o_bias, w.post_norm, eps, n, hidden, xn_, stream_);
+  Mark(Stage::kOther);
+
+  Linear(xn_, n, hidden, w.gate_up, 2 * inter, gate_up_);  // [n, 2*intermediate]
+  cuda::SiluMul(gate_up_, w.gate_bias, w.up_bias, n, inter, act_, stream_);
+  Mark(Stage::kOther);
+  Linear(act_, n, inter, w.down, hidden, tmp_);  // [n, hidden]; added by the next norm
+}
+
+void CudaDenseDecoder::RunForward(const detail::DeviceBatchView& v) {
+  const ModelConfig& c = config_;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  cuda::EmbeddingGather(embed_, c.vocab_size, c.hidden_size, v.token_ids, v.n_tokens, x_,
+                        stream_);  // [n, hidden]
+  Mark(Stage::kOther);
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) RunLayer(layer, v);
+  // Last residual, then the final norm of the rows whose logits are wanted.
+  const detail::CudaLayerWeights& last = layers_.back();
+  cuda::AddRmsNorm(x_, tmp_, last.down_bias, final_norm_, eps, v.n_tokens, c.hidden_size, xn_,
+                   stream_);
+  // The first logits_capacity_ rows; Forward runs the LM head again for any further chunk.
+  const int32_t rows = std::min(v.n_logits, logits_capacity_);
+  if (rows > 0) {
+    cuda::GatherRmsNorm(x_, v.logits_rows, rows, c.hidden_size, final_norm_, eps, x_final_,
+                        stream_);
+    Mark(Stage::kOther);
+    Linear(x_final_, rows, c.hidden_size, lm_head_, c.vocab_size, logits_);  // [rows, vocab]
+  }
+}
+
+void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
+  detail::CheckBatch(batch, config_.vocab_size, n_slots_, n_blocks_, block_size_);
+  const ModelConfig& c = config_;
+  const int32_t n = batch.n_tokens();
+  const int32_t n_seqs = batch.n_seqs();
+  const int32_t n_logits = static_cast<int32_t>(batch.logits_indices.size());
+  int32_t max_ctx = 0;
+  for (int32_t len : batch.context_lens) max_ctx = std::max(max_ctx, len);
+  KCHECK_MSG(max_ctx <= attention_workspace_context_,
+             "context longer than the model's max_position_embeddings");
+  const Status st = EnsureActivations(n);
+  KCHECK_MSG(st.ok(), st.message().c_str());
+  if (profiling_) KCUDA_CHECK(cudaEventRecord(profile_start_, stream_));
+
+  const bool decode = n == n_seqs;
+  // Graphs: pure decode, every row wants logits, in token order (device row i = token i).
+  bool identity_logits = n_logits == n;
+  for (int32_t i = 0; identity_logits && i < n_logits; ++i) {
+    identity_logits = batch.logits_indices[i] == i;
+  }
+  const bool graph = use_graphs_ && !profiling_ && decode && n <= kMaxGraphRows && identity_logits;
+  if (graph) {
+    const int32_t rows = NextPow2(n);
+    // Context bucket: a power of two (>= kMinGraphContext), capped at the longest context the
+    // attention workspace was sized for (max_ctx never exceeds it).
+    const int32_t ctx =
+        std::min(std::max(NextPow2(max_ctx), kMinGraphContext), attention_workspace_context_);
+    const int32_t stride = (ctx + block_size_ - 1) / block_size_;
+    // The rows past n are padding: their logits are computed and ignored.
+    const detail::DeviceBatchView v = StageBatch(batch, rows, stride, ctx, /*graph=*/true);
+    auto it = graphs_.find({rows, ctx});
+    if (it == graphs_.end()) {
+      // First step of this bucket: run it eagerly (which also makes the GEMM engine choose and
+      // cache its algorithms outside any capture), then capture the same work for later steps.
+      RunForward(v);
+      cudaGraph_t g;
+      KCUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      RunForward(v);
+      KCUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+      cudaGraphExec_t exec;
+      KCUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+      KCUDA_CHECK(cudaGraphDestroy(g));
+      graphs_.emplace(std::make_pair(rows, ctx), exec);
+    } else {
+      KCUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    }
+    last_n_logits_ = n_logits;
+  } else {
+    const int32_t stride = batch.max_blocks_per_seq;
+    const detail::DeviceBatchView v =
+        StageBatch(batch, n, stride, std::max(max_ctx, 1), /*graph=*/false);
+    RunForward(v);
+    last_n_logits_ = std::min(n_logits, logits_capacity_);
+    // More logits rows than one LM-head chunk (e.g. `kestrel logits` over a long prompt):
+    // the extra chunks run after the first one was copied out.
+    if (n_logits > logits_capacity_ && logits != nullptr) {
+      KCUDA_CHECK(cudaMemcpyAsync(logits, logits_, size_t(logits_capacity_) * c.vocab_size * 4,
+                                  cudaMemcpyDeviceToHost, stream_));
+      for (int32_t r0 = logits_capacity_; r0 < n_logits; r0 += logits_capacity_) {
+        const int32_t rows = std::min(logits_capacity_, n_logits - r0);
+        cuda::GatherRmsNorm(x_, v.logits_rows + r0, rows, c.hidden_size, final_norm_,
+                            static_cast<float>(c.rms_norm_eps), x_final_, stream_);
+        Linear(x_final_, rows, c.hidden_size, lm_head_, c.vocab_size, logits_);
+        KCUDA_CHECK(cudaMemcpyAsync(logits + int64_t{r0} * c.vocab_size, logits_,
+                                    size_t(rows) * c.vocab_size * 4, cudaMemcpyDeviceToHost,
+                                    stream_));
+      }
+      KCUDA_CHECK(cudaStreamSynchronize(stream_));
+      logits = nullptr;  // copied
+      last_n_logits_ = 0;
+    } else {
+      KCHECK_MSG(n_logits <= logits_capacity_ || logits != nullptr,
+                 "more logits rows than the device sampler holds in one step");
+    }
+  }
+  // Device row i holds the logits of the caller's row i (logits_indices[i]).
+  if (logits != nullptr) {
+    KCUDA_CHECK(cudaMemcpyAsync(logits, logits_, size_t(last_n_logits_) * c.vocab_size * 4,
+                                cudaMemcpyDeviceToHost, stream_));
+  }
+  KCUDA_CHECK(cudaStreamSynchronize(stream_));
+  CollectProfile();
+  // Bytes for the roofline: every layer's weights once, plus the embedding rows gathered.
+  stats_.weight_bytes_read += decode_weight_bytes() + (int64_t{n} - 1) * c.hidden_size * 2;
+  stats_.n_forwards += 1;
+  stats_.n_tokens += n;
+}
+
+}  // namespace kestrel
+
+#endif  // KESTREL_HAS_CUDA

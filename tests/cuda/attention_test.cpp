@@ -1,0 +1,433 @@
+// PagedAttention (CUDA) against cpu::PagedAttention (reference kernels) on the same bf16 inputs:
+// decode batches (split-K path), single prefill sequences with and without cached prefixes,
+// mixed batches (prefill path), GQA groups 1..16, head dims 16..256, block sizes 16 and 32,
+// sliding windows. Every run: output poisoned first (NaN), workspace poisoned (a split the
+// combine reads but nobody wrote fails), K/V pool rows outside every sequence's context NaN
+// (unused blocks, the tail of each last block, and a poison block that pads the block tables),
+// and two runs compared bitwise (determinism). Decode batch invariance: a sequence alone and
+// inside a batch of 8 (a larger graph bucket) gives bitwise the same output.
+//
+// Tolerances (the CPU reference is f32 on the same bf16 inputs; u = 2^-8, bf16's unit roundoff):
+//   decode   everything is f32 until the final bf16 rounding of the output, so every element is
+//            within u relative (+ f32 noise): per (token, head) row rel L2 <= 5e-3, over the
+//            whole output <= 3e-3 (rounding errors average ~u/2), max abs <= 2.5e-3 (|out| < 1:
+//            half an ulp is <= 2^-9).
+//   prefill  also rounds the softmax weights P to bf16 for the tensor-core P.V product (the sum
+//            l stays f32): another <= u relative per weight, averaging out over keys. Whole
+//            output rel L2 <= 1e-2, per row <= 2e-2, max abs <= 8e-3 (2^-9 + u * max|v|).
+#include "backends/cuda/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/cpu/ops.h"
+#include "core/check.h"  // KCHECK, used by cuda_test_util.h
+#include "cuda_test_util.h"
+
+namespace kestrel::cuda {
+namespace {
+
+namespace kt = ::kestrel::cuda::testing;
+
+constexpr uint16_t kNanBf16 = 0xFFFF;
+
+struct SeqSpec {
+  int32_t n_cached = 0;  // positions [0, n_cached) cached by earlier steps
+  int32_t n_new = 1;     // this batch's tokens: positions [n_cached, n_cached + n_new)
+  uint64_t seed = 0;     // its K/V rows and queries: the same seed gives the same data anywhere
+};
+
+struct AttnConfig {
+  int32_t n_heads = 8, n_kv_heads = 2, head_dim = 128, block_size = 16, window = 0;
+  float scale_mult = 2.0f;     // scale = scale_mult / sqrt(head_dim): scores of std ~0.7
+  int32_t context_bucket = 0;  // max_context_len passed to the kernel; 0: the exact maximum
+  bool force_prefill = false;  // max_query_len >= 2 even for one-token sequences
+  uint64_t table_seed = 1;     // shuffle of the physical blocks
+};
+
+struct Tolerance {
+  double rel_l2, row_rel_l2, max_abs;
+};
+constexpr Tolerance kDecodeTol{3e-3, 5e-3, 2.5e-3};
+constexpr Tolerance kPrefillTol{1e-2, 2e-2, 8e-3};
+
+// Host inputs of one batch; bf16 as raw bits.
+struct HostBatch {
+  std::vector<uint16_t> q;                 // [n_tokens, n_heads, head_dim]
+  std::vector<uint16_t> k_cache, v_cache;  // [n_blocks, n_kv_heads, block_size, head_dim]
+  std::vector<int32_t> positions;          // [n_tokens]
+  std::vector<int32_t> seq_starts;         // [n_seqs + 1]
+  std::vector<int32_t> context_lens;       // [n_seqs]
+  std::vector<int32_t> block_tables;       // [n_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0, n_blocks = 0, n_tokens = 0;
+  int32_t max_query_len = 0, max_context_len = 0;
+};
+
+HostBatch BuildBatch(const AttnConfig& c, const std::vector<SeqSpec>& seqs) {
+  HostBatch b;
+  const int32_t bs = c.block_size;
+  const int64_t d = c.head_dim;
+  const size_t n_seqs = seqs.size();
+  int32_t total_blocks = 0, max_blocks = 0, max_ctx = 0;
+  for (const SeqSpec& s : seqs) {
+    const int32_t ctx = s.n_cached + s.n_new;
+    const int32_t n = (ctx + bs - 1) / bs;
+    total_blocks += n;
+    max_blocks = std::max(max_blocks, n);
+    max_ctx = std::max(max_ctx, ctx);
+    b.max_query_len = std::max(b.max_query_len, s.n_new);
+  }
+  if (c.force_prefill) b.max_query_len = std::max(b.max_query_len, 2);
+  b.max_context_len = c.context_bucket > 0 ? c.context_bucket : max_ctx;
+  KCHECK(b.max_context_len >= max_ctx);
+  // One spare table entry per sequence (pointing at the poison block) and 3 spare pool blocks.
+  b.max_blocks_per_seq = max_blocks + 1;
+  b.n_blocks = total_blocks + 3;
+  std::vector<int32_t> physical(static_cast<size_t>(b.n_blocks));
+  std::iota(physical.begin(), physical.end(), 0);
+  std::mt19937_64 rng(c.table_seed);
+  std::shuffle(physical.begin(), physical.end(), rng);
+  const int32_t poison_block = physical[static_cast<size_t>(total_blocks)];
+  const cpu::KvLayout layout{c.n_kv_heads, d, bs, b.n_blocks};
+  const size_t pool_elems = static_cast<size_t>(layout.n_slots() * c.n_kv_heads * d);
+  b.k_cache.assign(pool_elems, kNanBf16);
+  b.v_cache.assign(pool_elems, kNanBf16);
+  b.block_tables.assign(n_seqs * static_cast<size_t>(b.max_blocks_per_seq), poison_block);
+  b.seq_starts.push_back(0);
+  size_t next_block = 0;
+  for (size_t s = 0; s < n_seqs; ++s) {
+    const SeqSpec& spec = seqs[s];
+    const int32_t ctx = spec.n_cached + spec.n_new;
+    int32_t* table = b.block_tables.data() + s * b.max_blocks_per_seq;
+    for (int32_t blk = 0; blk < (ctx + bs - 1) / bs; ++blk) table[blk] = physical[next_block++];
+    // Rows in (position, kv head) order, written through the table.
+    const size_t row_elems = static_cast<size_t>(d);
+    const std::vector<uint16_t> k_rows =
+        kt::RandomBf16(static_cast<size_t>(ctx) * c.n_kv_heads * row_elems, spec.seed * 4 + 1);
+    const std::vector<uint16_t> v_rows =
+        kt::RandomBf16(static_cast<size_t>(ctx) * c.n_kv_heads * row_elems, spec.seed * 4 + 2);
+    for (int32_t pos = 0; pos < ctx; ++pos) {
+      const int64_t slot = int64_t{table[pos / bs]} * bs + pos % bs;
+      for (int32_t h = 0; h < c.n_kv_heads; ++h) {
+        const size_t src = (static_cast<size_t>(pos) * c.n_kv_heads + h) * row_elems;
+        const size_t dst = static_cast<size_t>(layout.RowOffset(slot, h));
+        std::copy_n(k_rows.begin() + src, row_elems, b.k_cache.begin() + dst);
+        std::copy_n(v_rows.begin() + src, row_elems, b.v_cache.begin() + dst);
+      }
+    }
+    const std::vector<uint16_t> q =
+        kt::RandomBf16(static_cast<size_t>(spec.n_new) * c.n_heads * row_elems, spec.seed * 4 + 3);
+    b.q.insert(b.q.end(), q.begin(), q.end());
+    for (int32_t i = 0; i < spec.n_new; ++i) b.positions.push_back(spec.n_cached + i);
+    b.seq_starts.push_back(b.seq_starts.back() + spec.n_new);
+    b.context_lens.push_back(ctx);
+  }
+  b.n_tokens = b.seq_starts.back();
+  return b;
+}
+
+float Scale(const AttnConfig& c) {
+  return c.scale_mult / std::sqrt(static_cast<float>(c.head_dim));
+}
+
+// cpu::PagedAttention with the reference kernels on the f32 images of the bf16 inputs.
+std::vector<float> RunCpu(const AttnConfig& c, const HostBatch& b) {
+  cpu::AttentionShape shape;
+  shape.n_heads = c.n_heads;
+  shape.n_kv_heads = c.n_kv_heads;
+  shape.head_dim = c.head_dim;
+  shape.scale = Scale(c);
+  shape.sliding_window = c.window;
+  shape.block_size_tokens = c.block_size;
+  shape.n_blocks = b.n_blocks;
+  const cpu::AttentionBatch batch{b.positions, b.seq_starts, b.block_tables, b.max_blocks_per_seq};
+  const cpu::OpContext ctx{};
+  const std::vector<float> q = kt::Bf16ToF32(b.q);
+  const std::vector<float> k = kt::Bf16ToF32(b.k_cache);
+  const std::vector<float> v = kt::Bf16ToF32(b.v_cache);
+  std::vector<float> out(b.q.size());
+  std::vector<float> scratch(
+      static_cast<size_t>(cpu::AttentionScratchFloats(ctx, shape, b.max_context_len)));
+  cpu::PagedAttention(ctx, shape, batch, q.data(), k.data(), v.data(), out.data(), scratch);
+  return out;
+}
+
+// Device copies of one batch's inputs, reused by the runs of a determinism check.
+struct DeviceBatch {
+  DeviceBuffer q, k_cache, v_cache, positions, seq_starts, context_lens, block_tables;
+};
+
+DeviceBatch UploadBatch(const HostBatch& b) {
+  return {kt::Upload(b.q),           kt::Upload(b.k_cache),    kt::Upload(b.v_cache),
+          kt::Upload(b.positions),   kt::Upload(b.seq_starts), kt::Upload(b.context_lens),
+          kt::Upload(b.block_tables)};
+}
+
+// One PagedAttention call into a poisoned output with a poisoned workspace.
+std::vector<uint16_t> RunGpu(const AttnConfig& c, const HostBatch& b, const DeviceBatch& d) {
+  const size_t n_out = b.q.size();
+  DeviceBuffer out = kt::Poisoned<uint16_t>(n_out);
+  const size_t ws_bytes =
+      PagedAttentionWorkspaceBytes(b.n_tokens, c.n_heads, c.head_dim, b.max_context_len);
+  DeviceBuffer ws = kt::Poisoned<uint8_t>(std::max<size_t>(ws_bytes, 16));
+  PagedAttentionParams p;
+  p.q = d.q.as<const __nv_bfloat16>();
+  p.k_cache = d.k_cache.as<const __nv_bfloat16>();
+  p.v_cache = d.v_cache.as<const __nv_bfloat16>();
+  p.out = out.as<__nv_bfloat16>();
+  p.positions = d.positions.as<const int32_t>();
+  p.seq_starts = d.seq_starts.as<const int32_t>();
+  p.context_lens = d.context_lens.as<const int32_t>();
+  p.block_tables = d.block_tables.as<const int32_t>();
+  p.max_blocks_per_seq = b.max_blocks_per_seq;
+  p.n_tokens = b.n_tokens;
+  p.n_seqs = static_cast<int32_t>(b.seq_starts.size()) - 1;
+  p.n_heads = c.n_heads;
+  p.n_kv_heads = c.n_kv_heads;
+  p.head_dim = c.head_dim;
+  p.block_size = c.block_size;
+  p.scale = Scale(c);
+  p.sliding_window = c.window;
+  p.max_query_len = b.max_query_len;
+  p.max_context_len = b.max_context_len;
+  PagedAttention(p, ws.get(), ws_bytes, /*stream=*/nullptr);
+  KCUDA_CHECK(cudaGetLastError());
+  return kt::Download<uint16_t>(out, n_out);
+}
+
+std::string Describe(const AttnConfig& c, const std::vector<SeqSpec>& seqs) {
+  std::string s = "heads " + std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) +
+                  " head_dim " + std::to_string(c.head_dim) + " block " +
+                  std::to_string(c.block_size) + " window " + std::to_string(c.window) +
+                  " scale x" + std::to_string(c.scale_mult) +
+                  (c.force_prefill ? " (prefill path)" : "") + " seqs (cached+new):";
+  for (const SeqSpec& q : seqs)
+    s += " " + std::to_string(q.n_cached) + "+" + std::to_string(q.n_new);
+  return s;
+}
+
+// Compares with the reference (whole output, every (token, head) row, max abs) and checks that
+// a second run is bitwise identical. Returns the GPU output (bf16 bits).
+std::vector<uint16_t> RunAndCheck(const AttnConfig& c, const std::vector<SeqSpec>& seqs) {
+  SCOPED_TRACE(Describe(c, seqs));
+  const HostBatch b = BuildBatch(c, seqs);
+  const bool decode = b.max_query_len == 1;
+  const Tolerance tol = decode ? kDecodeTol : kPrefillTol;
+  const DeviceBatch d = UploadBatch(b);
+  const std::vector<uint16_t> out = RunGpu(c, b, d);
+  const std::vector<uint16_t> again = RunGpu(c, b, d);
+  EXPECT_TRUE(out == again) << "two runs differ (nondeterminism)";
+
+  const std::vector<float> ref = RunCpu(c, b);
+  const std::vector<float> got = kt::Bf16ToF32(out);
+  EXPECT_LE(kt::RelL2(got, ref), tol.rel_l2);
+  EXPECT_LE(kt::MaxAbsDiff(got, ref), tol.max_abs);
+  const size_t row = static_cast<size_t>(c.head_dim);
+  double worst = 0;
+  size_t worst_row = 0;
+  for (size_t r = 0; r * row < ref.size(); ++r) {
+    const std::vector<float> g(got.begin() + r * row, got.begin() + (r + 1) * row);
+    const std::vector<float> e(ref.begin() + r * row, ref.begin() + (r + 1) * row);
+    const double err = kt::RelL2(g, e);
+    if (!(err <= worst)) {  // also catches NaN/inf
+      worst = err;
+      worst_row = r;
+    }
+  }
+  EXPECT_LE(worst, tol.row_rel_l2)
+      << "worst row: token " << worst_row / c.n_heads << " head " << worst_row % c.n_heads;
+  return out;
+}
+
+// Decode sequences (one new token each) with the given context lengths.
+std::vector<SeqSpec> DecodeSeqs(const std::vector<int32_t>& context_lens, uint64_t seed0) {
+  std::vector<SeqSpec> seqs;
+  for (size_t i = 0; i < context_lens.size(); ++i) {
+    seqs.push_back({context_lens[i] - 1, 1, seed0 + i});
+  }
+  return seqs;
+}
+
+// Runs fn once per decode split-kernel variant (SetDecodeAttentionVariant), restoring the
+// default afterwards: every variant must pass every decode check.
+template <class F>
+void ForEachDecodeVariant(F&& fn) {
+  const int saved = DecodeAttentionVariant();
+  for (int v = 0; v < DecodeAttentionVariantCount(); ++v) {
+    SCOPED_TRACE(std::string("decode variant ") + DecodeAttentionVariantName(v));
+    SetDecodeAttentionVariant(v);
+    fn();
+  }
+  SetDecodeAttentionVariant(saved);
+}
+
+const std::vector<int32_t> kDecodeContexts = {1, 15, 16, 17, 300, 2049, 5000};
+
+struct HeadCounts {
+  int32_t n_heads, n_kv_heads;
+};
+
+TEST(CudaAttention, DecodeHeadDimsAndGqaGroups) {
+  KESTREL_REQUIRE_CUDA();
+  ForEachDecodeVariant([&] {
+    for (int32_t head_dim : {16, 32, 64, 128, 256}) {
+      for (const auto [n_heads, n_kv_heads] :
+           {HeadCounts{4, 4}, {8, 2}, {8, 1}, {16, 1}, {6, 2}}) {
+        AttnConfig c;
+        c.n_heads = n_heads;
+        c.n_kv_heads = n_kv_heads;
+        c.head_dim = head_dim;
+        c.block_size = head_dim == 64 ? 32 : 16;
+        RunAndCheck(c, DecodeSeqs({1, 15, 16, 17, 300, 2049}, 100));
+      }
+    }
+  });
+}
+
+TEST(CudaAttention, DecodeBlockSizesAndWindows) {
+  KESTREL_REQUIRE_CUDA();
+  ForEachDecodeVariant([&] {
+    for (int32_t block_size : {16, 32}) {
+      for (int32_t window : {0, 1, 100}) {
+        AttnConfig c;
+        c.block_size = block_size;
+        c.window = window;
+        c.context_bucket = 5120;  // a graph bucket above the longest context
+        RunAndCheck(c, DecodeSeqs({1, 15, 16, 17, 100, 101, 300, 2049, 5000}, 200));
+      }
+    }
+  });
+}
+
+TEST(CudaAttention, DecodeBatchSizes) {
+  KESTREL_REQUIRE_CUDA();
+  ForEachDecodeVariant([&] {
+    AttnConfig c;
+    c.n_heads = 16;
+    c.n_kv_heads = 4;
+    RunAndCheck(c, DecodeSeqs({2049}, 300));
+    RunAndCheck(c, DecodeSeqs({1, 5000, 17}, 310));
+    std::vector<int32_t> lens;
+    for (int i = 0; i < 64; ++i) lens.push_back(kDecodeContexts[i % kDecodeContexts.size()]);
+    c.context_bucket = 8192;
+    c.table_seed = 7;
+    RunAndCheck(c, DecodeSeqs(lens, 400));
+  });
+}
+
+// A sharper softmax (scores of std ~2.7) exercises the running-max rescaling on both paths.
+TEST(CudaAttention, SharpSoftmax) {
+  KESTREL_REQUIRE_CUDA();
+  AttnConfig c;
+  c.scale_mult = 8.0f;
+  ForEachDecodeVariant([&] { RunAndCheck(c, DecodeSeqs({1, 17, 300, 2049}, 500)); });
+  RunAndCheck(c, {{0, 200, 510}, {256, 65, 511}});
+}
+
+TEST(CudaAttention, PrefillSingleSequence) {
+  KESTREL_REQUIRE_CUDA();
+  AttnConfig c;
+  c.n_heads = 4;
+  c.n_kv_heads = 1;
+  c.force_prefill = true;  // the 1-token case goes through the prefill kernel too
+  for (int32_t n_cached : {0, 256}) {
+    for (int32_t n_new : {1, 17, 64, 65, 300, 1000}) {
+      RunAndCheck(c, {{n_cached, n_new, 600 + static_cast<uint64_t>(n_new)}});
+    }
+  }
+}
+
+// Long single prefills at the shapes of kestrel-tiny (8/2 heads x 64) and Qwen3-8B (32/8 x 128).
+TEST(CudaAttention, PrefillLongAtModelShapes) {
+  KESTREL_REQUIRE_CUDA();
+  for (const auto& [n_heads, n_kv_heads, head_dim] :
+       {std::tuple{8, 2, 64}, std::tuple{32, 8, 128}}) {
+    AttnConfig c;
+    c.n_heads = n_heads;
+    c.n_kv_heads = n_kv_heads;
+    c.head_dim = head_dim;
+    for (int32_t n_new : {1400, 2100}) RunAndCheck(c, {{0, n_new, 800 + static_cast<uint64_t>(n_new)}});
+  }
+}
+
+TEST(CudaAttention, PrefillHeadDimsAndGqaGroups) {
+  KESTREL_REQUIRE_CUDA();
+  for (int32_t head_dim : {16, 32, 64, 128, 256}) {
+    for (const auto [n_heads, n_kv_heads] : {HeadCounts{2, 2}, {8, 2}, {8, 1}}) {
+      for (int32_t window : {0, 100}) {
+        AttnConfig c;
+        c.n_heads = n_heads;
+        c.n_kv_heads = n_kv_heads;
+        c.head_dim = head_dim;
+        c.window = window;
+        c.block_size = head_dim == 32 ? 32 : 16;
+        RunAndCheck(c, {{40, 130, 700}, {0, 70, 701}});
+      }
+    }
+  }
+}
+
+TEST(CudaAttention, PrefillBlockSizesAndWindows) {
+  KESTREL_REQUIRE_CUDA();
+  for (int32_t block_size : {16, 32}) {
+    for (int32_t window : {0, 1, 100}) {
+      AttnConfig c;
+      c.block_size = block_size;
+      c.window = window;
+      RunAndCheck(c, {{256, 300, 800}, {0, 150, 801}, {1000, 64, 802}});
+    }
+  }
+}
+
+// 2 prefill chunks (one with a cached prefix) among 5 decode tokens, in one prefill-path call.
+TEST(CudaAttention, MixedBatch) {
+  KESTREL_REQUIRE_CUDA();
+  const std::vector<SeqSpec> seqs = {{0, 1, 900},     {0, 70, 901},  {15, 1, 902},  {16, 1, 903},
+                                     {300, 129, 904}, {299, 1, 905}, {2048, 1, 906}};
+  for (int32_t window : {0, 100}) {
+    for (const auto [n_heads, n_kv_heads] : {HeadCounts{8, 8}, {8, 2}, {32, 4}}) {
+      AttnConfig c;
+      c.n_heads = n_heads;
+      c.n_kv_heads = n_kv_heads;
+      c.window = window;
+      RunAndCheck(c, seqs);
+    }
+  }
+}
+
+// A sequence alone and as the 4th of a batch of 8 (other contexts, a larger bucket, other
+// physical blocks): bitwise the same output, as split boundaries depend only on positions.
+TEST(CudaAttention, DecodeBatchInvariance) {
+  KESTREL_REQUIRE_CUDA();
+  ForEachDecodeVariant([&] {
+    for (int32_t window : {0, 100}) {
+      AttnConfig alone;
+      alone.window = window;
+      const SeqSpec target{2048, 1, 1000};
+      const std::vector<uint16_t> single = RunAndCheck(alone, {target});
+
+      AttnConfig batched = alone;
+      batched.context_bucket = 8192;
+      batched.table_seed = 99;
+      std::vector<SeqSpec> seqs = DecodeSeqs({5000, 1, 300, 1, 17, 4097, 700, 16}, 1100);
+      seqs[3] = target;
+      const std::vector<uint16_t> in_batch = RunAndCheck(batched, seqs);
+      const size_t row = static_cast<size_t>(alone.n_heads) * alone.head_dim;
+      ASSERT_EQ(single.size(), row);
+      EXPECT_TRUE(std::equal(single.begin(), single.end(), in_batch.begin() + 3 * row))
+          << "window " << window << ": decode output depends on the batch";
+    }
+  });
+}
+
+}  // namespace
+}  // namespace kestrel::cuda
