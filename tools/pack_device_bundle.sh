@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Copies the built binaries and the shared libraries they need (other than glibc's and the
+# CUDA driver's) into .devbin/, for a GPU machine that has the CUDA toolkit but not Debian's
+# -dev packages. .devbin/ is ignored by git (.git/info/exclude) and travels as a carried path.
+#   tools/pack_device_bundle.sh [build-dir]      (default build/release)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build/release}
+grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >> .git/info/exclude
+rm -rf .devbin && mkdir -p .devbin/lib
+bins=("$build/kestrel")
+for t in "$build"/tests/test_cuda "$build"/bench_cuda_linear "$build"/bench_cuda_kernels; do [[ -x $t ]] && bins+=("$t"); done
+for b in "${bins[@]}"; do
+  strip --strip-debug -o ".devbin/$(basename "$b")" "$b"
+  ldd "$b" | awk '/=> \// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libpthread*|libdl.so*|librt.so*|libgcc_s*|libstdc++*|libcuda.so*|libcublas*|libcudart*) ;;
+      *) cp -nL "$lib" .devbin/lib/ ;;
+    esac
+  done
+done
+du -sh .devbin
+# The travelling copy: compressed (the working tree that travels is capped), unpacked there with
+# `tar -xJf .devpack/devbin.tar.xz`.
+grep -qx '/.devpack/' .git/info/exclude || echo '/.devpack/' >> .git/info/exclude
+mkdir -p .devpack && tar -cf - .devbin | xz -T0 -3 > .devpack/devbin.tar.xz
+du -sh .devpack
