@@ -23,6 +23,7 @@ namespace kestrel::cli {
 namespace {
 
 constexpr double kDefaultKvGiB = 2.0;
+constexpr int32_t kMaxCudaSequences = 1024;
 
 struct ServeFlags {
   std::string model_dir;
@@ -149,6 +150,11 @@ int RunServe(ServeFlags f) {
   options.block_size_tokens = f.block_size;
   options.n_threads = f.n_threads;
   if (*device == Device::kCuda) {
+    // One step's logits rows stay on the GPU for sampling; the model holds up to 1024 of them.
+    if (f.max_num_seqs > kMaxCudaSequences && f.max_batched_tokens > kMaxCudaSequences) {
+      return Fail("--device cuda runs at most " + std::to_string(kMaxCudaSequences) +
+                  " sequences per step: lower --max-num-seqs");
+    }
     // The GPU's KV pool: --kv-memory GiB, else 90 % of the memory left after the weights.
     options.kv_cache_bytes =
         f.kv_memory_gib ? static_cast<int64_t>(*f.kv_memory_gib * double(int64_t{1} << 30)) : 0;

@@ -10,11 +10,8 @@ namespace kestrel::cli {
 Result<Device> ResolveDevice(const std::string& flag) {
   if (flag == "cpu") return Device::kCpu;
   if (flag == "cuda") {
-    if (!CudaBuildEnabled()) {
-      return Unsupported(
-          "--device cuda: this build of Kestrel has no CUDA backend (configure "
-          "with -DKESTREL_CUDA=ON where nvcc is installed); use --device cpu");
-    }
+    // Checked here, before any model file is read, so the reason is the only line printed.
+    KTRY(CudaDeviceStatus());
     return Device::kCuda;
   }
   if (flag == "auto") return CudaDeviceAvailable() ? Device::kCuda : Device::kCpu;

@@ -12,11 +12,13 @@ namespace kestrel {
 
 const char* DeviceName(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 
-bool CudaBuildEnabled() {
+Status CudaDeviceStatus(int ordinal) {
 #ifdef KESTREL_HAS_CUDA
-  return true;
+  return cuda::OpenDevice(ordinal).status();
 #else
-  return false;
+  (void)ordinal;
+  return Unsupported("this build of Kestrel has no CUDA backend (configure with -DKESTREL_CUDA=ON "
+                     "where nvcc is installed); use --device cpu");
 #endif
 }
 

@@ -29,9 +29,11 @@ enum class Device {
 
 // "cpu" / "cuda".
 const char* DeviceName(Device d);
-// Whether this binary was built with the CUDA backend, and whether a usable GPU is present.
-bool CudaBuildEnabled();
+// Whether a usable GPU is present (false in builds without the CUDA backend).
 bool CudaDeviceAvailable();
+// Ok when CUDA device `ordinal` can be used; else why not (no driver, driver older than the
+// runtime, no such device, compute capability below this build's, or no CUDA backend built).
+Status CudaDeviceStatus(int ordinal = 0);
 
 struct ModelLoadOptions {
   Device device = Device::kCpu;

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/model.h"
 #include "run_process.h"
 
 namespace kestrel::testing {
@@ -64,6 +65,33 @@ TEST(Cli, BadFlagValueIsAOneLineError) {
   ProcessResult r = RunKestrel({"generate", "--prompt", "x", "--max-tokens", "many"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(CountLines(r.err), 1) << r.err;
+}
+
+TEST(Cli, UnknownDeviceIsAOneLineError) {
+  for (const char* verb : {"generate", "logits", "bench", "serve"}) {
+    std::vector<std::string> args{verb, "--device", "gpu"};
+    if (std::string(verb) == "generate") args.insert(args.end(), {"--prompt", "x"});
+    if (std::string(verb) == "logits") args.insert(args.end(), {"--ids", "1,2"});
+    ProcessResult r = RunKestrel(args);
+    EXPECT_EQ(r.exit_code, 1) << verb;
+    EXPECT_EQ(CountLines(r.err), 1) << verb << ": " << r.err;
+    EXPECT_NE(r.err.find("--device must be cpu, cuda or auto"), std::string::npos) << r.err;
+  }
+}
+
+// --device cuda never falls back to the CPU: without a usable GPU (or without the CUDA backend in
+// this build) it fails with one line saying why.
+TEST(Cli, CudaWithoutAGpuSaysWhyAndDoesNotFallBack) {
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "this machine has a GPU";
+  for (const char* verb : {"generate", "bench", "serve"}) {
+    std::vector<std::string> args{verb, "--device", "cuda"};
+    if (std::string(verb) == "generate") args.insert(args.end(), {"--prompt", "x"});
+    ProcessResult r = RunKestrel(args);
+    EXPECT_EQ(r.exit_code, 1) << verb;
+    EXPECT_EQ(CountLines(r.err), 1) << verb << ": " << r.err;
+    EXPECT_NE(r.err.find("--device cpu"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << verb;
+  }
 }
 
 TEST(Cli, MissingModelDirectory) {
