@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/cuda/pdl.cuh"
 #include "cuda/cuda_test_util.h"
 #include "models/model.h"
 #include "tiny_model.h"
@@ -230,38 +231,52 @@ TEST(CudaModel, GreedyTokensIndependentOfBatchSize) {
               testing::MaxAbsDiff(last_logits[2], last_logits[0]));
 }
 
-// Decode steps replayed from CUDA graphs give bitwise the logits of the same steps run eagerly.
-TEST(CudaModel, GraphReplayEqualsEagerDecode) {
+// Decode steps replayed from CUDA graphs give bitwise the logits of the same steps run eagerly,
+// and programmatic dependent launch (kernels starting while their predecessor drains, the GEMV
+// prefetching its weights before it waits) changes no bit either: 1 row (the GEMV path) and 5
+// rows (cuBLASLt, padded to the 8-row bucket), each run eager/graphs x PDL off/on.
+TEST(CudaModel, GraphReplayAndPdlEqualEagerDecode) {
   KESTREL_REQUIRE_CUDA();
   const std::string dir = std::string(KESTREL_SOURCE_DIR) + "/models/kestrel-tiny";
-  std::vector<std::vector<float>> runs[2];
-  for (int graphs = 0; graphs < 2; ++graphs) {
-    std::unique_ptr<Model> model = LoadCuda(dir, 4096);
-    model->set_use_graphs(graphs == 1);
-    testing::SeqRunner runner(model.get(), ReversedBlocks(*model));
-    std::vector<int> seqs;
-    for (int b = 0; b < 5; ++b) {  // 5 rows: padded to the 8-row bucket
-      std::vector<int32_t> p(static_cast<size_t>(30 + 7 * b));
-      for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>((i * 131 + b * 17) % 8000);
-      seqs.push_back(runner.AddSequence(p));
-    }
-    std::vector<testing::SeqRunner::Work> prefill;
-    for (int s : seqs) prefill.push_back({s, runner.n_tokens(s)});
-    auto out = runner.Step(prefill);
-    for (int step = 0; step < 20; ++step) {
-      std::vector<testing::SeqRunner::Work> work;
-      for (size_t i = 0; i < seqs.size(); ++i) {
-        runner.Append(seqs[i], testing::Argmax(out[i].back()));
-        work.push_back({seqs[i], 1});
+  const bool saved_pdl = cuda::PdlEnabled();
+  for (int n_rows : {1, 5}) {
+    std::vector<std::vector<float>> runs[4];
+    for (int config = 0; config < 4; ++config) {
+      const bool graphs = config / 2 == 1, pdl = config % 2 == 1;
+      cuda::SetPdlEnabled(pdl);
+      std::unique_ptr<Model> model = LoadCuda(dir, 4096);
+      model->set_use_graphs(graphs);
+      testing::SeqRunner runner(model.get(), ReversedBlocks(*model));
+      std::vector<int> seqs;
+      for (int b = 0; b < n_rows; ++b) {
+        std::vector<int32_t> p(static_cast<size_t>(30 + 7 * b));
+        for (size_t i = 0; i < p.size(); ++i) {
+          p[i] = static_cast<int32_t>((i * 131 + b * 17) % 8000);
+        }
+        seqs.push_back(runner.AddSequence(p));
       }
-      out = runner.Step(work);
-      for (const auto& rows : out) runs[graphs].push_back(rows.back());
+      std::vector<testing::SeqRunner::Work> prefill;
+      for (int s : seqs) prefill.push_back({s, runner.n_tokens(s)});
+      auto out = runner.Step(prefill);
+      for (int step = 0; step < 20; ++step) {
+        std::vector<testing::SeqRunner::Work> work;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          runner.Append(seqs[i], testing::Argmax(out[i].back()));
+          work.push_back({seqs[i], 1});
+        }
+        out = runner.Step(work);
+        for (const auto& rows : out) runs[config].push_back(rows.back());
+      }
+    }
+    for (int config = 1; config < 4; ++config) {
+      ASSERT_EQ(runs[0].size(), runs[config].size());
+      for (size_t i = 0; i < runs[0].size(); ++i) {
+        ASSERT_EQ(runs[0][i], runs[config][i])
+            << n_rows << " rows, graphs " << config / 2 << " pdl " << config % 2 << ", row " << i;
+      }
     }
   }
-  ASSERT_EQ(runs[0].size(), runs[1].size());
-  for (size_t i = 0; i < runs[0].size(); ++i) {
-    ASSERT_EQ(runs[0][i], runs[1][i]) << "row " << i;
-  }
+  cuda::SetPdlEnabled(saved_pdl);
 }
 
 // The CUDA logits of a long prompt against the CPU reference kernels on the same weights

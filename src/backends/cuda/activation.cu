@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/vec_io.cuh"
 #include "core/check.h"
 
@@ -22,6 +23,8 @@ __global__ void SiluMulKernel(const float* __restrict__ gate_up /*[n, 2*I]*/,
                               const __nv_bfloat16* __restrict__ gate_bias /*[I] or null*/,
                               const __nv_bfloat16* __restrict__ up_bias /*[I] or null*/, int64_t n,
                               int64_t I, __nv_bfloat16* __restrict__ out /*[n, I]*/) {
+  PdlWait();  // launched with PDL (pdl.cuh)
+  PdlLaunchDependents();
   const int64_t row_vecs = I / kVec;
   const int64_t total = n * row_vecs;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -76,13 +79,8 @@ void SiluMul(const float* gate_up /*[n, 2*I]: gate in columns [0, I), up in [I, 
                     (up_bias == nullptr || Aligned16(up_bias));
   const int64_t total = vec8 ? n * (I / 8) : n * I;
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks);
-  if (vec8) {
-    SiluMulKernel<8><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(gate_up, gate_bias,
-                                                                             up_bias, n, I, out);
-  } else {
-    SiluMulKernel<1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(gate_up, gate_bias,
-                                                                             up_bias, n, I, out);
-  }
+  LaunchPdl(vec8 ? &SiluMulKernel<8> : &SiluMulKernel<1>, dim3(static_cast<unsigned>(blocks)),
+            dim3(kThreads), 0, stream, gate_up, gate_bias, up_bias, n, I, out);
   KCUDA_CHECK_LAUNCH();
 }
 

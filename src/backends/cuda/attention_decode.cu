@@ -16,7 +16,8 @@
 // Variants of kernel 1 (SetDecodeAttentionVariant, same split geometry and results within
 // rounding; each is deterministic and batch invariant): "cp_async_sN" (DecodeSplitPipelinedKernel)
 // gathers the split's K/V rows into shared memory with cp.async, N tiles of 16 KB in flight per
-// block, and computes from there; "registers" (DecodeSplitKernel) loads straight into registers.
+// block, and computes from there; "registers" (DecodeSplitKernel) loads straight into registers;
+// "registers_db" also issues the next iteration's loads before the current one's math.
 // Kernel 2 (DecodeCombineKernel), grid (seq, head): merges the splits that intersect
 //   [first, pos] in ascending order (log-sum-exp) and writes bf16. Splits outside that range
 //   are never written nor read, so the result depends only on the sequence's own context.
@@ -30,6 +31,7 @@
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_internal.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/pdl.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -55,10 +57,11 @@ enum DecodeVariant : int {
   kVariantPipelined8 = 1,  // 8 tiles (the whole split for head_dim 128)
   kVariantPipelined2 = 2,  // 2 tiles: less shared memory, more blocks per SM
   kVariantRegisters = 3,   // loads straight into registers (the original kernel)
-  kVariantCount = 4,
+  kVariantRegistersDb = 4,  // the same, next iteration's loads issued before this one's math
+  kVariantCount = 5,
 };
 constexpr const char* kVariantNames[kVariantCount] = {"cp_async_s4", "cp_async_s8", "cp_async_s2",
-                                                      "registers"};
+                                                      "registers", "registers_db"};
 // Default: "registers", measured fastest on the H200 at every batch x context of bench_cuda_kernels
 // (e.g. 64 x 2048: 181 us vs 213-461 us for the cp.async variants).
 std::atomic<int> g_decode_variant{kVariantRegisters};
@@ -234,13 +237,19 @@ __device__ __forceinline__ void LoadQ(const PagedAttentionParams& p, int token, 
 
 // Variant "registers": one (sequence, kv head, head chunk, split): the split's partial softmax
 // state for HPB heads, K/V loaded straight into registers (2 x kUnroll loads per thread).
+// Variant "registers_db" (kDoubleBuffer): the same, with the next iteration's K/V loads issued
+// before this iteration's math, so a thread keeps 4 x kUnroll loads in flight and the FMAs hide
+// under them. Identical arithmetic in the identical order: the two give the same bits.
 //   part_o [n_tokens, n_heads, n_splits, D]  sum_j exp2(s_j - m) * v_j over the split's keys
 //   part_m, part_l [n_tokens, n_heads, n_splits]  m = max_j s_j (log2 units), l = sum exp2(s_j - m)
-template <int D, int HPB>
+// Launched with PDL (pdl.cuh): waits before anything else.
+template <int D, int HPB, bool kDoubleBuffer>
 __global__ void __launch_bounds__(kThreads)
     DecodeSplitKernel(const PagedAttentionParams p, int32_t n_splits, int32_t n_head_chunks,
                       float* __restrict__ part_o, float* __restrict__ part_m,
                       float* __restrict__ part_l) {
+  PdlWait();
+  PdlLaunchDependents();
   constexpr int kLanesPerKey = D / 8;
   constexpr int kKeysPerWarp = 32 / kLanesPerKey;
   constexpr int kStreams = kWarps * kKeysPerWarp;
@@ -299,15 +308,15 @@ __global__ void __launch_bounds__(kThreads)
   const int n_keys = hi - lo + 1;
   const __nv_bfloat16* k_base = p.k_cache + dim_lane * 8;
   const __nv_bfloat16* v_base = p.v_cache + dim_lane * 8;
-  for (int base = 0; base < n_keys; base += kStreams * kUnroll) {
-    // Consecutive streams read consecutive positions, so a warp's load is contiguous rows.
-    uint4 k_raw[kUnroll], v_raw[kUnroll];
-    bool valid[kUnroll];
+  // One iteration's keys: consecutive streams read consecutive positions, so a warp's load is
+  // contiguous rows. Zeros for keys past the split: p = 0 must not meet a NaN from unwritten
+  // cache rows.
+  auto load = [&](int base, uint4 (&k_raw)[kUnroll], uint4 (&v_raw)[kUnroll],
+                  bool (&valid)[kUnroll]) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kStreams + stream;
       valid[u] = j < n_keys;
-      // Zeros for keys past the split: p = 0 must not meet a NaN from unwritten cache rows.
       k_raw[u] = make_uint4(0, 0, 0, 0);
       v_raw[u] = make_uint4(0, 0, 0, 0);
       if (valid[u]) {
@@ -318,12 +327,38 @@ __global__ void __launch_bounds__(kThreads)
         v_raw[u] = __ldg(reinterpret_cast<const uint4*>(v_base + offset));
       }
     }
+  };
+  auto consume = [&](const uint4 (&k_raw)[kUnroll], const uint4 (&v_raw)[kUnroll],
+                     const bool (&valid)[kUnroll]) {
     float score[kUnroll][HPB];
     KeyScores<D, HPB, kUnroll>(q, k_raw, valid, score);
     float m_use[HPB];
     Rescale<HPB, kUnroll>(score, m, l, acc, m_use);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) AccumulateValue<HPB>(v_raw[u], score[u], m_use, l, acc);
+  };
+  constexpr int kStep = kStreams * kUnroll;
+  uint4 k_raw[kUnroll], v_raw[kUnroll];
+  bool valid[kUnroll];
+  if constexpr (kDoubleBuffer) {
+    load(0, k_raw, v_raw, valid);
+    for (int base = 0; base < n_keys; base += kStep) {
+      uint4 k_next[kUnroll], v_next[kUnroll];
+      bool valid_next[kUnroll];
+      load(base + kStep, k_next, v_next, valid_next);  // past n_keys: no loads, all invalid
+      consume(k_raw, v_raw, valid);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        k_raw[u] = k_next[u];
+        v_raw[u] = v_next[u];
+        valid[u] = valid_next[u];
+      }
+    }
+  } else {
+    for (int base = 0; base < n_keys; base += kStep) {
+      load(base, k_raw, v_raw, valid);
+      consume(k_raw, v_raw, valid);
+    }
   }
   const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
   MergeAndStore<D, HPB>(m, l, acc, s_o, s_m, s_l, row_base, n_splits, part_o, part_m, part_l);
@@ -372,6 +407,8 @@ __global__ void __launch_bounds__(kThreads)
     DecodeSplitPipelinedKernel(const PagedAttentionParams p, int32_t n_splits,
                                int32_t n_head_chunks, float* __restrict__ part_o,
                                float* __restrict__ part_m, float* __restrict__ part_l) {
+  PdlWait();  // launched with PDL (pdl.cuh)
+  PdlLaunchDependents();
   using G = PipelinedGeometry<D, HPB, kStagesWanted>;
   constexpr int kLanesPerKey = G::kLanesPerKey;
   constexpr int kUnroll = G::kUnroll;
@@ -498,11 +535,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One (sequence, head), head_dim threads (one per output dim): merges the splits of the
-// token's window in ascending order and writes bf16 out.
+// token's window in ascending order and writes bf16 out. Launched with PDL.
 __global__ void DecodeCombineKernel(const PagedAttentionParams p, int32_t n_splits,
                                     const float* __restrict__ part_o,
                                     const float* __restrict__ part_m,
                                     const float* __restrict__ part_l) {
+  PdlWait();  // launched with PDL (pdl.cuh)
+  PdlLaunchDependents();
   const int seq = blockIdx.x;
   const int head = blockIdx.y;
   const int d = threadIdx.x;
@@ -545,7 +584,7 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
   float* part_l = part_m + n_rows;                 // [n_tokens, n_heads, n_splits]
   const dim3 grid(p.n_seqs, p.n_kv_heads * n_head_chunks, n_splits);
   KCHECK(grid.y <= 65535 && grid.z <= 65535);
-  const int variant = g_decode_variant.load(std::memory_order_relaxed);
+  const int variant = DecodeAttentionVariant();
   detail::DispatchHeadDim(p.head_dim, [&]<int D>() {
     auto launch = [&]<int HPB>() {
       auto pipelined = [&]<int S>() {
@@ -560,8 +599,8 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
           }();
           (void)raised;
         }
-        kernel<<<grid, kThreads, G::kSmemBytes, stream>>>(p, n_splits, n_head_chunks, part_o,
-                                                          part_m, part_l);
+        LaunchPdl(kernel, grid, dim3(kThreads), G::kSmemBytes, stream, p, n_splits, n_head_chunks,
+                  part_o, part_m, part_l);
       };
       switch (variant) {
         case kVariantPipelined4:
@@ -573,9 +612,13 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
         case kVariantPipelined2:
           pipelined.template operator()<2>();
           break;
+        case kVariantRegistersDb:
+          LaunchPdl(&DecodeSplitKernel<D, HPB, true>, grid, dim3(kThreads), 0, stream, p,
+                    n_splits, n_head_chunks, part_o, part_m, part_l);
+          break;
         default:
-          DecodeSplitKernel<D, HPB>
-              <<<grid, kThreads, 0, stream>>>(p, n_splits, n_head_chunks, part_o, part_m, part_l);
+          LaunchPdl(&DecodeSplitKernel<D, HPB, false>, grid, dim3(kThreads), 0, stream, p,
+                    n_splits, n_head_chunks, part_o, part_m, part_l);
           break;
       }
     };
@@ -595,8 +638,9 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
     }
   });
   KCUDA_CHECK_LAUNCH();
-  DecodeCombineKernel<<<dim3(p.n_seqs, p.n_heads), p.head_dim, 0, stream>>>(p, n_splits, part_o,
-                                                                            part_m, part_l);
+  LaunchPdl(&DecodeCombineKernel, dim3(p.n_seqs, p.n_heads), dim3(p.head_dim), 0, stream, p,
+            n_splits, static_cast<const float*>(part_o), static_cast<const float*>(part_m),
+            static_cast<const float*>(part_l));
   KCUDA_CHECK_LAUNCH();
 }
 

@@ -44,6 +44,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/linear.h"
+#include "backends/cuda/pdl.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -65,6 +66,21 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
+}
+
+// The kernels below are launched with PDL (pdl.cuh). W does not depend on any earlier kernel, so
+// before PdlWait a block asks L2 for its whole slice of W (rows [row0, row0 + n_rows), all of k):
+// while the previous kernels finish, the first wave of blocks already streams its weights, and
+// HBM is not idle across the kernel boundary. The main loop's loads then find the lines in L2
+// (or in flight). After the main loop the block lets the next kernel be scheduled.
+__device__ __forceinline__ void PrefetchRowsL2(const __nv_bfloat16* w, int64_t row0, int n_rows,
+                                               int k, int n_threads) {
+  const char* base = reinterpret_cast<const char*>(w + row0 * k);
+  const int64_t bytes = static_cast<int64_t>(n_rows) * k * 2;
+  for (int64_t off = static_cast<int64_t>(threadIdx.x) * 128; off < bytes;
+       off += static_cast<int64_t>(n_threads) * 128) {
+    PrefetchL2(base + off);
+  }
 }
 
 // d += A(16x16, row) . B(16x8, col), bf16 inputs, f32 accumulators.
@@ -93,6 +109,8 @@ __global__ void __launch_bounds__(kThreads)
   const int t = lane % 4;  // fragment column pair: physical k [8t, 8t+8) of each chunk
   const int n0 = blockIdx.x * kRowsPerBlock;
   const int k_vecs = k / 8;  // 16-byte vectors per row of x and of w
+  PrefetchRowsL2(w, n0, min(kRowsPerBlock, n - n0), k, kThreads);
+  PdlWait();
 
   // Rows past n are clamped to a valid row for the address and never loaded (zeros instead).
   const bool lo_ok = n0 + g < n;
@@ -139,6 +157,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  PdlLaunchDependents();
 
   // Accumulator r of tile mt: W row g + 8*(r/2), token row mt*8 + 2t + r%2. With the row pitch
   // of 20 floats a warp's 32 stores land in banks 8t + g: all distinct.
@@ -170,7 +189,8 @@ void LaunchSkinny(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, 
                   cudaStream_t stream) {
   const unsigned n_blocks = static_cast<unsigned>((static_cast<int64_t>(n) + kRowsPerBlock - 1) /
                                                   kRowsPerBlock);
-  SkinnyLinearKernel<kMTiles><<<n_blocks, kThreads, 0, stream>>>(x, m, k, w, n, y);
+  LaunchPdl(&SkinnyLinearKernel<kMTiles>, dim3(n_blocks), dim3(kThreads), 0, stream, x, m, k, w, n,
+            y);
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -300,6 +320,11 @@ __global__ void __launch_bounds__(kFmaThreads)
   const int slice = warp % KS;
   const int row0 = blockIdx.x * kRowsPerBlock + group * R;
   const int k_vecs = k / 8;
+  {
+    const int block_row0 = blockIdx.x * kRowsPerBlock;
+    PrefetchRowsL2(w, block_row0, min(kRowsPerBlock, n - block_row0), k, kFmaThreads);
+  }
+  PdlWait();
 
   // One 64-bit base (row0, or row 0 for a group wholly past n) and small offsets per row; rows
   // past n are never loaded.
@@ -341,6 +366,7 @@ __global__ void __launch_bounds__(kFmaThreads)
       }
     }
   }
+  PdlLaunchDependents();
 
   HalvingButterfly<kP>(acc, lane);
   const int idx = ButterflyIndex<kP>(lane);
@@ -371,7 +397,8 @@ void LaunchFmaM(const __nv_bfloat16* x, int k, const __nv_bfloat16* w, int n, fl
   constexpr int kRowsPerBlock = (kFmaWarps / KS) * R;
   const unsigned n_blocks =
       static_cast<unsigned>((static_cast<int64_t>(n) + kRowsPerBlock - 1) / kRowsPerBlock);
-  FmaGemvKernel<R, KS, U, M><<<n_blocks, kFmaThreads, 0, stream>>>(x, k, w, n, y);
+  LaunchPdl(&FmaGemvKernel<R, KS, U, M>, dim3(n_blocks), dim3(kFmaThreads), 0, stream, x, k, w, n,
+            y);
 }
 
 template <int R, int KS, int U>

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/vec_io.cuh"
 #include "core/check.h"
 
@@ -42,8 +43,12 @@ __device__ __forceinline__ float BlockSum(float v) {
 
 // One block per output row; thread i owns vectors i, i + blockDim.x, ... (kMaxIters at most).
 // kVec = 8: 16-byte loads of x/delta, 16-byte loads of weight/bias and stores of y.
+// Launched with PDL (pdl.cuh): waits first; lets the next kernel (a GEMV that prefetches its
+// weights) be scheduled at once, since the rows are tiny next to that GEMV's weights.
 template <int kVec, int kMaxIters>
 __global__ void __launch_bounds__(1024) RmsNormKernel(NormArgs a) {
+  PdlWait();
+  PdlLaunchDependents();
   const int64_t r = blockIdx.x;
   const int64_t src_row = a.rows != nullptr ? static_cast<int64_t>(a.rows[r]) : r;
   const int64_t d = a.d;
@@ -108,7 +113,8 @@ void LaunchRmsNorm(const NormArgs& a, int64_t n_rows, cudaStream_t stream) {
   const int threads =
       static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (want + 31) / 32 * 32)));
   KCHECK((n_items + threads - 1) / threads <= kMaxIters);
-  RmsNormKernel<kVec, kMaxIters><<<static_cast<unsigned>(n_rows), threads, 0, stream>>>(a);
+  LaunchPdl(&RmsNormKernel<kVec, kMaxIters>, dim3(static_cast<unsigned>(n_rows)), dim3(threads), 0,
+            stream, a);
   KCUDA_CHECK_LAUNCH();
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/vec_io.cuh"
 #include "core/check.h"
 
@@ -37,8 +38,11 @@ struct QkvRopeArgs {
 
 
 // grid = (n tokens, ceil(n_total_heads / (kWarpsPerBlock * heads_per_warp))), block = 8 warps.
+// Launched with PDL (pdl.cuh): waits before the early return below.
 template <int kPairs>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) QkvRopeKernel(QkvRopeArgs a) {
+  PdlWait();
+  PdlLaunchDependents();
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int n_total = a.n_heads + 2 * a.n_kv_heads;
@@ -193,17 +197,8 @@ void QkvRope(const float* qkv /*[n, (n_heads + 2*n_kv_heads) * head_dim]*/,
                          heads_per_warp,
                          shape.qk_norm_eps,
                          shape.attention_scaling};
-  switch (pairs) {
-    case 1:
-      QkvRopeKernel<1><<<grid, kWarpsPerBlock * 32, 0, stream>>>(args);
-      break;
-    case 2:
-      QkvRopeKernel<2><<<grid, kWarpsPerBlock * 32, 0, stream>>>(args);
-      break;
-    default:
-      QkvRopeKernel<4><<<grid, kWarpsPerBlock * 32, 0, stream>>>(args);
-      break;
-  }
+  auto* kernel = pairs == 1 ? &QkvRopeKernel<1> : pairs == 2 ? &QkvRopeKernel<2> : &QkvRopeKernel<4>;
+  LaunchPdl(kernel, grid, dim3(kWarpsPerBlock * 32), 0, stream, args);
   KCUDA_CHECK_LAUNCH();
 }
 
