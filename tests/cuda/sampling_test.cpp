@@ -89,6 +89,8 @@ GpuResult RunGpu(const HostBatch& hb, const std::vector<float>& logits, int32_t 
   b.out_logprob = d_lp.as<float>();
   b.out_top_ids = d_top_ids.as<int32_t>();
   b.out_top_logprobs = d_top_lp.as<float>();
+  // As the model sets it: the many-blocks argmax when every row is plain greedy.
+  b.greedy_only = std::all_of(hb.rows.begin(), hb.rows.end(), IsPlainGreedy);
 
   cudaEvent_t start, stop;
   KCUDA_CHECK(cudaEventCreate(&start));
@@ -360,6 +362,38 @@ TEST(GpuSamplingTest, MatchesCpuSamplerOnRandomRows) {
     std::vector<Sequence> seqs = RandomSequences(vocab, 64, 1000 + static_cast<uint64_t>(vocab));
     LogitSource source(vocab, 7 + static_cast<uint64_t>(vocab));
     EXPECT_EQ(RunAgainstCpu(vocab, seqs, 200, source), 0) << "vocab " << vocab;
+  }
+}
+
+// Batches where every row is plain greedy take GreedyPartialKernel + GreedyFinishKernel (several
+// blocks per row): the same token as the CPU (first maximum after sanitising NaN and +inf, token
+// 0 when the row is all NaN / -inf), no log-probabilities written. One row with a penalty that
+// applies sends the batch down the general path (checked too).
+TEST(GpuSamplingTest, GreedyOnlyBatchesMatchCpu) {
+  KESTREL_REQUIRE_CUDA();
+  for (int32_t vocab : {100, 8003, 151936}) {
+    for (bool mixed : {false, true}) {
+      std::mt19937_64 rng(5 + static_cast<uint64_t>(vocab));
+      std::vector<Sequence> seqs;
+      for (int i = 0; i < 64; ++i) {
+        SamplingParams p;
+        p.temperature = 0.0f;
+        p.seed = rng();
+        if (mixed && i == 17) p.repetition_penalty = 1.3f;
+        KCHECK(ValidateSamplingParams(p, vocab).ok());
+        seqs.emplace_back(p, vocab, RandomTokens(rng, vocab, 50), RandomTokens(rng, vocab, 5));
+      }
+      HostBatch probe;
+      for (Sequence& s : seqs) {
+        Sampler copy(s.params, vocab);
+        copy.AddPromptTokens(std::vector<int32_t>{1, 2});
+        AppendGpuSamplingRow(copy, &probe);
+      }
+      ASSERT_EQ(std::all_of(probe.rows.begin(), probe.rows.end(), IsPlainGreedy), !mixed);
+      LogitSource source(vocab, 21 + static_cast<uint64_t>(vocab));
+      EXPECT_EQ(RunAgainstCpu(vocab, seqs, 30, source), 0)
+          << "vocab " << vocab << (mixed ? " mixed" : " plain");
+    }
   }
 }
 

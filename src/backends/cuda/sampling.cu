@@ -675,6 +675,56 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) b.out_tokens[row] = token;
 }
 
+// Greedy-only batches: the argmax key (ArgmaxKey of Sanitize(z), as step 1 of GpuSampleKernel)
+// of each of kGreedyChunks slices of a row, grid (chunk, row); then GreedyFinishKernel takes the
+// largest of a row's slice keys. Max is associative and the key unique per token, so the token
+// is the one GpuSampleKernel picks.
+constexpr int kGreedyThreads = 256;
+constexpr int kGreedyChunks = 32;
+
+__global__ void __launch_bounds__(kGreedyThreads)
+    GreedyPartialKernel(const float* __restrict__ logits /*[n_rows, vocab]*/, int32_t vocab,
+                        unsigned long long* __restrict__ partial /*[n_rows, kGreedyChunks]*/) {
+  __shared__ unsigned long long scratch[kGreedyThreads / 32];
+  const int32_t row = static_cast<int32_t>(blockIdx.y);
+  const int32_t per = (vocab + kGreedyChunks - 1) / kGreedyChunks;
+  const int32_t begin = static_cast<int32_t>(blockIdx.x) * per;
+  const int32_t end = min(vocab, begin + per);
+  const float* z = logits + static_cast<int64_t>(row) * vocab;
+  unsigned long long best = 0;  // below every real key
+  for (int32_t i = begin + static_cast<int32_t>(threadIdx.x); i < end; i += kGreedyThreads) {
+    const unsigned long long ak = ArgmaxKey(Sanitize(z[i]), i);
+    best = ak > best ? ak : best;
+  }
+  best = WarpReduce(best, Max());
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) scratch[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kGreedyThreads / 32; ++w) best = scratch[w] > best ? scratch[w] : best;
+    partial[static_cast<int64_t>(row) * kGreedyChunks + blockIdx.x] = best;
+  }
+}
+
+// One warp per row.
+__global__ void GreedyFinishKernel(const GpuSamplingBatch b,
+                                   const unsigned long long* __restrict__ partial) {
+  static_assert(kGreedyChunks <= 32 && kGpuMaxTopLogprobs <= 32);
+  const int32_t row = static_cast<int32_t>(blockIdx.x);
+  const int lane = static_cast<int>(threadIdx.x);
+  unsigned long long best =
+      lane < kGreedyChunks ? partial[static_cast<int64_t>(row) * kGreedyChunks + lane] : 0;
+  best = WarpReduce(best, Max());
+  if (lane < kGpuMaxTopLogprobs) {
+    b.out_top_ids[static_cast<int64_t>(row) * kGpuMaxTopLogprobs + lane] = -1;
+    b.out_top_logprobs[static_cast<int64_t>(row) * kGpuMaxTopLogprobs + lane] = 0.0f;
+  }
+  if (lane == 0) {
+    b.out_tokens[row] = ArgmaxKeyId(best);
+    b.out_logprob[row] = 0.0f;
+  }
+}
+
 size_t CopyBytes(int32_t rows, int32_t vocab) {
   return static_cast<size_t>(rows) * static_cast<size_t>(vocab) * sizeof(float);
 }
@@ -696,6 +746,17 @@ void GpuSample(const GpuSamplingBatch& batch, void* workspace, size_t workspace_
          batch.out_top_logprobs != nullptr);
   KCHECK_MSG(workspace != nullptr && workspace_bytes >= CopyBytes(batch.n_rows, batch.vocab),
              "GpuSample workspace smaller than GpuSamplingWorkspaceBytes(n_rows, vocab)");
+  const size_t partial_bytes =
+      static_cast<size_t>(batch.n_rows) * kGreedyChunks * sizeof(unsigned long long);
+  if (batch.greedy_only && partial_bytes <= workspace_bytes && batch.n_rows <= 65535) {
+    auto* partial = static_cast<unsigned long long*>(workspace);
+    GreedyPartialKernel<<<dim3(kGreedyChunks, static_cast<unsigned>(batch.n_rows)), kGreedyThreads,
+                          0, stream>>>(batch.logits, batch.vocab, partial);
+    KCUDA_CHECK_LAUNCH();
+    GreedyFinishKernel<<<static_cast<unsigned>(batch.n_rows), 32, 0, stream>>>(batch, partial);
+    KCUDA_CHECK_LAUNCH();
+    return;
+  }
   GpuSampleKernel<<<static_cast<unsigned>(batch.n_rows), kThreads, 0, stream>>>(
       batch, static_cast<float*>(workspace));
   KCUDA_CHECK_LAUNCH();

@@ -77,7 +77,19 @@ struct GpuSamplingBatch {
   float* out_logprob;             // [n_rows] device: of the chosen token (0 without logprobs)
   int32_t* out_top_ids;           // [n_rows, kGpuMaxTopLogprobs]: best first, -1 past the end
   float* out_top_logprobs;        // [n_rows, kGpuMaxTopLogprobs]: 0 past the end
+  // Host-side promise that IsPlainGreedy holds for every row: GpuSample then takes the argmax
+  // with many blocks per row (a 152k-entry row is ~608 KB; one block per row reads it at one
+  // SM's bandwidth) and leaves the logits as they are (no in-place sanitising). Same tokens.
+  bool greedy_only = false;
 };
+
+// A row whose token is the argmax of its sanitised logits and that wants no log-probabilities:
+// temperature 0, no bias, no penalty that changes anything (GpuSampleKernel's `modifies`).
+inline bool IsPlainGreedy(const GpuSamplingRow& r) {
+  const bool repetition = r.repetition_penalty != 1.0f && r.n_repetition > 0;
+  const bool counts = (r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f) && r.n_count > 0;
+  return r.temperature == 0.0f && r.n_bias == 0 && !repetition && !counts && r.logprobs == 0;
+}
 
 // Device scratch for GpuSample with up to max_rows rows (a copy of the logits for rows that ask
 // for raw logprobs while bias or penalties change them).
