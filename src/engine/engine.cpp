@@ -51,8 +51,10 @@ double Seconds(Clock::duration d) {
 }
 
 // Everything the engine keeps per request beside the scheduler's view of it. Built on the
-// submitting thread, so the engine thread allocates nothing for a new request.
-struct EngineSequence : Sequence {
+// submitting thread, so the engine thread allocates nothing for a new request. Shared: a
+// sequence that finishes or is cancelled while a step that holds it is still in flight stays
+// alive until that step's results are processed.
+struct EngineSequence : Sequence, std::enable_shared_from_this<EngineSequence> {
   EngineSequence(int64_t id, const EngineRequest& request, int32_t vocab,
                  const Tokenizer* tokenizer, StopMatcher stop_matcher,
                  std::shared_ptr<RequestHandle> request_handle)
@@ -74,15 +76,22 @@ struct EngineSequence : Sequence {
   Clock::time_point submitted;
   Clock::time_point last_token;
   bool admission_counted = false;
+  int32_t pending_row = -1;  // row of the in-flight sampling that is choosing the pending token
 
   RequestUsage Usage() const {
     RequestUsage u;
     u.prompt_tokens = n_prompt_tokens();
-    u.completion_tokens = n_generated_tokens();
+    u.completion_tokens = n_generated_tokens() - (last_token_pending() ? 1 : 0);
     u.cached_tokens = std::max(n_cached_prompt_tokens, 0);
     return u;
   }
 };
+
+SamplingParams GreedyParams() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  return p;
+}
 
 // Names the model and its numerics, so a cached block is never reused across models.
 std::string ModelFingerprint(const Model& m) {
@@ -106,11 +115,16 @@ struct Engine::Impl {
   void Loop();
   void Step();
   void BuildBatch(const SchedulerOutput& out);
-  // device_sampled: the tokens are in step_samples (sampled where the logits are).
-  void ProcessSamples(const SchedulerOutput& out, bool device_sampled);
+  // Starts sampling the step's logits rows; each live sampled sequence gets a pending token.
+  void LaunchSampling(const SchedulerOutput& out);
+  // Waits for the sampling in flight (if any) and processes its tokens: resolve the pending
+  // tokens, stop checks, text, events, finished sequences out.
+  void FinishSampling();
+  void ProcessSample(EngineSequence* seq, SampleResult sample);
   void CheckCancellations();
   // Takes seq out of the scheduler and `active`, and sends its finished event.
   void Finish(EngineSequence* seq, RequestOutput event);
+  void RemoveFromActive(EngineSequence* seq);
   void CancelAll(const Status& why);
   void PublishMetrics();
 
@@ -118,6 +132,7 @@ struct Engine::Impl {
   const Tokenizer* tokenizer;
   std::vector<int32_t> eos_ids;
   EngineConfig config;
+  std::atomic<bool> async_scheduling;
   int32_t vocab;
   KvCacheManager kv;
   Scheduler scheduler;
@@ -125,7 +140,7 @@ struct Engine::Impl {
   // Shared with the submitting threads, under mu.
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<std::unique_ptr<EngineSequence>> incoming;
+  std::vector<std::shared_ptr<EngineSequence>> incoming;
   bool accepting = true;
   bool cancel_all = false;
   bool started = false;
@@ -141,12 +156,19 @@ struct Engine::Impl {
   EngineMetrics live;       // engine thread only
 
   // Engine-thread state. Batch vectors keep their capacity from step to step.
-  std::vector<std::unique_ptr<EngineSequence>> active;
+  std::vector<std::shared_ptr<EngineSequence>> active;
   std::vector<int32_t> token_ids, positions, slots, seq_starts, context_lens, block_tables,
-      logits_indices;
-  std::vector<float> logits;               // [max_num_seqs, vocab]
-  std::vector<Sampler*> step_samplers;     // device sampling: the sampler of each logits row
-  std::vector<SampleResult> step_samples;  // device sampling: the results, by logits row
+      logits_indices, sampled_rows;
+  // The step being built: its scheduled sequences, held until the step is committed and its
+  // sampling launched (FinishSampling may retire some of them in between).
+  std::vector<std::shared_ptr<EngineSequence>> step_refs;
+  // The sampling in flight: the sequence of each row (null where the sequence had finished by
+  // launch time, sampled with `scratch_sampler`), the samplers handed to the model, the results.
+  bool sampling_in_flight = false;
+  std::vector<std::shared_ptr<EngineSequence>> sampled_seqs;
+  std::vector<Sampler*> sampled_samplers;
+  std::vector<SampleResult> sampled_results;
+  Sampler scratch_sampler;
   std::vector<EngineSequence*> finished_this_step;
 };
 
@@ -156,19 +178,24 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, const Tokenizer* tok, std::vector<i
       tokenizer(tok),
       eos_ids(std::move(eos)),
       config(cfg),
+      async_scheduling(cfg.async_scheduling),
       vocab(static_cast<int32_t>(model->config().vocab_size)),
       kv(KvCacheConfig{model->n_kv_blocks(), model->block_size_tokens(), cfg.prefix_caching,
                        ModelFingerprint(*model)}),
-      scheduler(SchedulerConfig{cfg.max_num_seqs, cfg.max_batched_tokens}, &kv) {
+      scheduler(SchedulerConfig{cfg.max_num_seqs, cfg.max_batched_tokens}, &kv),
+      scratch_sampler(GreedyParams(), vocab) {
   KCHECK(config.max_num_seqs >= 1 && config.max_batched_tokens >= 1 && config.max_waiting >= 0);
   const size_t max_tokens = static_cast<size_t>(config.max_batched_tokens);
   const size_t max_seqs = static_cast<size_t>(config.max_num_seqs);
-  for (auto* v : {&token_ids, &positions, &slots}) v->reserve(max_tokens);
+  for (auto* v : {&token_ids, &positions, &slots, &sampled_rows}) v->reserve(max_tokens);
   for (auto* v : {&seq_starts, &context_lens, &logits_indices}) v->reserve(max_seqs + 1);
+  step_refs.reserve(max_seqs);
+  sampled_seqs.reserve(max_seqs);
+  sampled_samplers.reserve(max_seqs);
+  sampled_results.reserve(max_seqs);
   block_tables.reserve(max_seqs *
                        static_cast<size_t>(std::min<int64_t>(
                            kv.n_blocks(), kv.BlocksFor(model->config().max_position_embeddings))));
-  logits.resize(max_seqs * static_cast<size_t>(vocab));
   finished_this_step.reserve(max_seqs);
   active.reserve(max_seqs + static_cast<size_t>(std::min(config.max_waiting, 4096)));
   published.kv_blocks_total = live.kv_blocks_total = kv.n_blocks();
@@ -209,8 +236,10 @@ void Engine::Impl::Loop() {
     bool draining = false;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [this] { return !incoming.empty() || !accepting || scheduler.has_work(); });
-      for (std::unique_ptr<EngineSequence>& seq : incoming) {
+      cv.wait(lock, [this] {
+        return !incoming.empty() || !accepting || scheduler.has_work() || sampling_in_flight;
+      });
+      for (std::shared_ptr<EngineSequence>& seq : incoming) {
         scheduler.Add(seq.get());
         active.push_back(std::move(seq));
       }
@@ -219,26 +248,43 @@ void Engine::Impl::Loop() {
       draining = !accepting;
     }
     if (stop_now) {
+      FinishSampling();
       CancelAll(Unavailable("the server is shutting down"));
       break;
     }
     CheckCancellations();
-    if (scheduler.has_work()) Step();
+    if (scheduler.has_work()) {
+      Step();
+    } else {
+      FinishSampling();  // nothing left to overlap with
+    }
     PublishMetrics();
-    if (draining && !scheduler.has_work()) {
+    if (draining && !scheduler.has_work() && !sampling_in_flight) {
       std::lock_guard<std::mutex> lock(mu);
       if (incoming.empty()) break;
     }
   }
+  FinishSampling();
   PublishMetrics();
 }
 
+// One step: schedule and enqueue step N (its decode tokens may still be pending: the device
+// feeds them from step N-1's sampling), then process step N-1's tokens while step N runs, then
+// commit step N and launch its sampling. Without async_scheduling the sampling is waited for at
+// once, so no token is ever pending at Schedule.
 void Engine::Impl::Step() {
   const SchedulerOutput& out = scheduler.Schedule();
   live.preemptions += out.preempted.size();
-  if (out.empty()) return;  // everything preempted itself; admission resumes next step
+  if (out.empty()) {
+    // Everything preempted itself, or every running sequence waits for its last token:
+    // process the sampling in flight so the next Schedule sees its tokens.
+    FinishSampling();
+    return;
+  }
+  step_refs.clear();
   for (const ScheduledSequence& s : out.scheduled) {
     auto* seq = static_cast<EngineSequence*>(s.seq);
+    step_refs.push_back(seq->shared_from_this());
     if (!seq->admission_counted) {
       seq->admission_counted = true;
       live.prompt_tokens += static_cast<uint64_t>(seq->n_prompt_tokens());
@@ -255,20 +301,15 @@ void Engine::Impl::Step() {
   batch.block_tables = block_tables;
   batch.max_blocks_per_seq = static_cast<int32_t>(block_tables.size() / out.scheduled.size());
   batch.logits_indices = logits_indices;
-  // On CUDA the logits stay on the device; only token ids (and logprobs) come back.
-  const bool device_sampling = model->supports_device_sampling();
-  model->Forward(batch, device_sampling ? nullptr : logits.data());
-  if (device_sampling) {
-    step_samplers.clear();
-    for (const ScheduledSequence& s : out.scheduled) {
-      if (s.samples) step_samplers.push_back(&static_cast<EngineSequence*>(s.seq)->sampler);
-    }
-    step_samples.resize(step_samplers.size());
-    model->SampleLastLogits(step_samplers, step_samples);
-  }
+  batch.sampled_rows = sampled_rows;
+  // The logits stay with the model (on the GPU for CUDA); only token ids (and logprobs) return.
+  model->Forward(batch, nullptr);
+  FinishSampling();  // step N-1's tokens, while step N runs
   scheduler.Commit();
   ++live.steps;
-  ProcessSamples(out, device_sampling);
+  LaunchSampling(out);
+  if (!async_scheduling.load(std::memory_order_relaxed)) FinishSampling();
+  step_refs.clear();
 }
 
 void Engine::Impl::BuildBatch(const SchedulerOutput& out) {
@@ -278,19 +319,25 @@ void Engine::Impl::BuildBatch(const SchedulerOutput& out) {
   seq_starts.clear();
   context_lens.clear();
   logits_indices.clear();
+  sampled_rows.clear();
   int32_t max_blocks = 1;
+  bool any_pending = false;
   for (const ScheduledSequence& s : out.scheduled) {
     max_blocks = std::max(max_blocks, s.seq->kv.n_blocks());
+    any_pending = any_pending || s.seq->last_token_pending();
   }
   block_tables.assign(out.scheduled.size() * static_cast<size_t>(max_blocks), -1);
   seq_starts.push_back(0);
   for (size_t i = 0; i < out.scheduled.size(); ++i) {
     const ScheduledSequence& s = out.scheduled[i];
-    const Sequence& seq = *s.seq;
+    const auto& seq = *static_cast<const EngineSequence*>(s.seq);
     const int32_t begin = seq.n_computed_tokens;
     const int32_t end = begin + s.n_new_tokens;
     for (int32_t t = begin; t < end; ++t) {
-      token_ids.push_back(seq.tokens()[static_cast<size_t>(t)]);
+      // A pending token is the last one: the device takes it from the sampling in flight.
+      const bool pending = seq.last_token_pending() && t == seq.n_tokens() - 1;
+      token_ids.push_back(pending ? 0 : seq.tokens()[static_cast<size_t>(t)]);
+      if (any_pending) sampled_rows.push_back(pending ? seq.pending_row : -1);
       positions.push_back(t);
       slots.push_back(kv.SlotFor(seq.kv, t));
     }
@@ -302,72 +349,100 @@ void Engine::Impl::BuildBatch(const SchedulerOutput& out) {
   }
 }
 
-void Engine::Impl::ProcessSamples(const SchedulerOutput& out, bool device_sampled) {
-  finished_this_step.clear();
-  size_t row = 0;
-  for (const ScheduledSequence& s : out.scheduled) {
+void Engine::Impl::LaunchSampling(const SchedulerOutput& out) {
+  KCHECK(!sampling_in_flight);
+  sampled_seqs.clear();
+  sampled_samplers.clear();
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    const ScheduledSequence& s = out.scheduled[i];
     if (!s.samples) continue;
     auto* seq = static_cast<EngineSequence*>(s.seq);
-    RequestOutput event;
-    SampleResult sample;
-    if (device_sampled) {
-      sample = std::move(step_samples[row]);
-    } else {
-      std::span<float> row_logits(logits.data() + row * static_cast<size_t>(vocab),
-                                  static_cast<size_t>(vocab));
-      sample = seq->sampler.Sample(row_logits);
+    if (seq->status == SequenceStatus::kFinished) {
+      // Finished while this step was being enqueued: its row is computed and thrown away.
+      sampled_seqs.push_back(nullptr);
+      sampled_samplers.push_back(&scratch_sampler);
+      continue;
     }
-    ++row;
-    const int32_t token = sample.token;
-    seq->AppendToken(token);
-    event.token_ids.push_back(token);
-    event.samples.push_back(std::move(sample));
+    seq->pending_row = static_cast<int32_t>(sampled_seqs.size());
+    seq->AppendPendingToken();
+    sampled_seqs.push_back(step_refs[i]);
+    sampled_samplers.push_back(&seq->sampler);
+  }
+  sampled_results.resize(sampled_samplers.size());
+  model->LaunchSampling(sampled_samplers);
+  sampling_in_flight = true;
+}
 
-    const Clock::time_point now = Clock::now();
-    if (seq->n_generated_tokens() == 1) {
-      live.time_to_first_token.Observe(Seconds(now - seq->submitted));
-    } else {
-      live.inter_token_latency.Observe(Seconds(now - seq->last_token));
-    }
-    seq->last_token = now;
-    ++live.generation_tokens;
-
-    // EOS, stop strings and text deltas exactly as Generator::Run does.
-    const bool is_eos =
-        !seq->ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
-    bool stopped = false;
-    if (tokenizer != nullptr && !is_eos) {
-      StopMatcher::Output o = seq->stop.Push(seq->detok.Push(token));
-      event.text = std::move(o.text);
-      stopped = o.stopped;
-    }
-    const bool last = is_eos || stopped || seq->n_generated_tokens() == seq->max_new_tokens();
-    if (last && !stopped && tokenizer != nullptr) {
-      StopMatcher::Output o = seq->stop.Push(seq->detok.Finish());
-      event.text += o.text;
-      stopped = o.stopped;
-      if (!stopped) event.text += seq->stop.Finish();
-    }
-    event.usage = seq->Usage();
-    if (last) {
-      event.finished = true;
-      event.finish_reason = is_eos || stopped ? FinishReason::kStop : FinishReason::kLength;
-      ++(event.finish_reason == FinishReason::kStop ? live.requests_finished_stop
-                                                    : live.requests_finished_length);
-      live.e2e_latency.Observe(Seconds(now - seq->submitted));
-      finished_this_step.push_back(seq);
-    }
-    seq->handle->Push(std::move(event));
+void Engine::Impl::FinishSampling() {
+  if (!sampling_in_flight) return;
+  model->FinishSampling(sampled_results);
+  sampling_in_flight = false;
+  finished_this_step.clear();
+  for (size_t row = 0; row < sampled_seqs.size(); ++row) {
+    EngineSequence* seq = sampled_seqs[row].get();
+    // Null: finished before launch. Finished: cancelled (or shut down) since.
+    if (seq == nullptr || seq->status == SequenceStatus::kFinished) continue;
+    ProcessSample(seq, std::move(sampled_results[row]));
   }
   for (EngineSequence* seq : finished_this_step) {
     scheduler.Remove(seq);
-    auto it =
-        std::find_if(active.begin(), active.end(),
-                     [seq](const std::unique_ptr<EngineSequence>& p) { return p.get() == seq; });
-    KCHECK(it != active.end());
-    std::swap(*it, active.back());
-    active.pop_back();
+    RemoveFromActive(seq);
   }
+  sampled_seqs.clear();  // the last references to sequences retired meanwhile
+}
+
+void Engine::Impl::ProcessSample(EngineSequence* seq, SampleResult sample) {
+  RequestOutput event;
+  const int32_t token = sample.token;
+  seq->ResolvePendingToken(token);
+  seq->pending_row = -1;
+  event.token_ids.push_back(token);
+  event.samples.push_back(std::move(sample));
+
+  const Clock::time_point now = Clock::now();
+  if (seq->n_generated_tokens() == 1) {
+    live.time_to_first_token.Observe(Seconds(now - seq->submitted));
+  } else {
+    live.inter_token_latency.Observe(Seconds(now - seq->last_token));
+  }
+  seq->last_token = now;
+  ++live.generation_tokens;
+
+  // EOS, stop strings and text deltas exactly as Generator::Run does.
+  const bool is_eos =
+      !seq->ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
+  bool stopped = false;
+  if (tokenizer != nullptr && !is_eos) {
+    StopMatcher::Output o = seq->stop.Push(seq->detok.Push(token));
+    event.text = std::move(o.text);
+    stopped = o.stopped;
+  }
+  const bool last = is_eos || stopped || seq->n_generated_tokens() == seq->max_new_tokens();
+  if (last && !stopped && tokenizer != nullptr) {
+    StopMatcher::Output o = seq->stop.Push(seq->detok.Finish());
+    event.text += o.text;
+    stopped = o.stopped;
+    if (!stopped) event.text += seq->stop.Finish();
+  }
+  event.usage = seq->Usage();
+  if (last) {
+    event.finished = true;
+    event.finish_reason = is_eos || stopped ? FinishReason::kStop : FinishReason::kLength;
+    ++(event.finish_reason == FinishReason::kStop ? live.requests_finished_stop
+                                                  : live.requests_finished_length);
+    live.e2e_latency.Observe(Seconds(now - seq->submitted));
+    finished_this_step.push_back(seq);
+  }
+  seq->handle->Push(std::move(event));
+}
+
+void Engine::Impl::RemoveFromActive(EngineSequence* seq) {
+  auto it =
+      std::find_if(active.begin(), active.end(),
+                   [seq](const std::shared_ptr<EngineSequence>& p) { return p.get() == seq; });
+  KCHECK(it != active.end());
+  std::swap(*it, active.back());
+  active.pop_back();
 }
 
 void Engine::Impl::Finish(EngineSequence* seq, RequestOutput event) {
@@ -375,12 +450,7 @@ void Engine::Impl::Finish(EngineSequence* seq, RequestOutput event) {
   event.finished = true;
   event.usage = seq->Usage();
   seq->handle->Push(std::move(event));
-  auto it =
-      std::find_if(active.begin(), active.end(),
-                   [seq](const std::unique_ptr<EngineSequence>& p) { return p.get() == seq; });
-  KCHECK(it != active.end());
-  std::swap(*it, active.back());
-  active.pop_back();
+  RemoveFromActive(seq);
 }
 
 void Engine::Impl::CheckCancellations() {
@@ -439,7 +509,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(EngineRequest request) {
   Result<StopMatcher> stop = StopMatcher::Create(std::move(request.stop));
   if (!stop.ok()) return stop.status();
   auto handle = std::make_shared<RequestHandle>();
-  auto seq = std::make_unique<EngineSequence>(m.next_id.fetch_add(1), request, m.vocab, m.tokenizer,
+  auto seq = std::make_shared<EngineSequence>(m.next_id.fetch_add(1), request, m.vocab, m.tokenizer,
                                               std::move(*stop), handle);
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -471,12 +541,12 @@ void Engine::Shutdown(bool cancel_running) {
   std::lock_guard<std::mutex> join_lock(m.join_mu);
   if (m.thread.joinable()) m.thread.join();
   // Never started (or already joined): nothing will run what is still queued.
-  std::vector<std::unique_ptr<EngineSequence>> left;
+  std::vector<std::shared_ptr<EngineSequence>> left;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     left.swap(m.incoming);
   }
-  for (std::unique_ptr<EngineSequence>& seq : left) {
+  for (std::shared_ptr<EngineSequence>& seq : left) {
     RequestOutput event;
     event.finished = true;
     event.finish_reason = FinishReason::kCancelled;
@@ -486,6 +556,10 @@ void Engine::Shutdown(bool cancel_running) {
     ++m.live.requests_cancelled;
   }
   if (!left.empty()) m.PublishMetrics();
+}
+
+void Engine::set_async_scheduling(bool on) {
+  impl_->async_scheduling.store(on, std::memory_order_relaxed);
 }
 
 EngineMetrics Engine::Metrics() const {

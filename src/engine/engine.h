@@ -1,7 +1,9 @@
 // The serving engine (DESIGN.md "One engine step"): one engine thread owns the model, the KV
 // pool and the scheduler; HTTP threads Submit requests and read their events from a
 // RequestHandle. Each step: schedule (token budget; prefill chunks and decode tokens mixed) →
-// forward → sample → stop checks → free or cache blocks → publish events.
+// forward → sample → stop checks → free or cache blocks → publish events. With
+// async_scheduling the host runs one step ahead: step N+1 is scheduled and enqueued while the
+// device still samples step N, whose tokens are placeholders on the host until they arrive.
 #pragma once
 
 #include <atomic>
@@ -28,6 +30,10 @@ struct EngineConfig {
   int32_t max_batched_tokens = 2048;  // token budget of one step (prefill chunks + decodes)
   int32_t max_waiting = 1024;         // queued requests beyond this are refused (HTTP 429)
   bool prefix_caching = true;
+  // Plan and enqueue step N+1 before step N's tokens reach the host (they go from the sampler to
+  // the next step on the device), so the host's per-step work (stop checks, detokenising, events,
+  // scheduling, staging) overlaps the device's. Same tokens either way.
+  bool async_scheduling = true;
 };
 
 struct EngineRequest {
@@ -105,6 +111,9 @@ class Engine {
   // finish, or cancels them (finished kCancelled events carrying an Unavailable error); joins.
   // Before Start, queued requests are always cancelled.
   void Shutdown(bool cancel_running);
+
+  // Thread-safe; takes effect at the next step (EngineConfig::async_scheduling).
+  void set_async_scheduling(bool on);
 
   EngineMetrics Metrics() const;  // a consistent snapshot, safe from any thread
   const ModelConfig& model_config() const;

@@ -99,11 +99,9 @@ Result<GenerationResult> Generator::Run(
   StopMatcher& stop = *stop_or;
 
   const int64_t vocab = model_->config().vocab_size;
-  std::vector<float> logits(static_cast<size_t>(vocab));
   Sampler sampler(request.sampling, static_cast<int32_t>(vocab));
   sampler.AddPromptTokens(request.prompt_ids);
-  // On CUDA the logits stay on the device and only the token (and logprobs) come back.
-  const bool device_sampling = model_->supports_device_sampling();
+  // The logits stay with the model (on the GPU for CUDA); only the token (and logprobs) come back.
   Sampler* const sampler_ptr = &sampler;
   std::vector<int32_t> ids = request.prompt_ids;
   ids.reserve(ids.size() + static_cast<size_t>(request.max_new_tokens));
@@ -120,7 +118,7 @@ Result<GenerationResult> Generator::Run(
     int64_t end = std::min(n_prompt, begin + chunk);
     std::vector<int32_t> rows;
     if (end == n_prompt) rows.push_back(static_cast<int32_t>(end - begin - 1));
-    ForwardRange(ids, begin, end, rows, device_sampling ? nullptr : logits.data());
+    ForwardRange(ids, begin, end, rows, nullptr);
   }
   auto t1 = Clock::now();
   result.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -131,15 +129,11 @@ Result<GenerationResult> Generator::Run(
     if (step > 0) {
       std::vector<int32_t> rows{0};
       int64_t pos = static_cast<int64_t>(ids.size()) - 1;
-      ForwardRange(ids, pos, pos + 1, rows, device_sampling ? nullptr : logits.data());
+      ForwardRange(ids, pos, pos + 1, rows, nullptr);
     }
     GenerationEvent event;
-    if (device_sampling) {
-      model_->SampleLastLogits(std::span<Sampler* const>(&sampler_ptr, 1),
-                               std::span<SampleResult>(&event.sample, 1));
-    } else {
-      event.sample = sampler.Sample(logits);
-    }
+    model_->SampleLastLogits(std::span<Sampler* const>(&sampler_ptr, 1),
+                             std::span<SampleResult>(&event.sample, 1));
     event.token = event.sample.token;
     ids.push_back(event.token);
     result.tokens.push_back(event.token);

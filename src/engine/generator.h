@@ -61,7 +61,8 @@ class Generator {
  private:
   Status CheckPrompt(const std::vector<int32_t>& ids, int64_t extra_tokens) const;
   // Runs tokens [begin, end) of `ids` at positions begin.. through the KV cache; writes logits of
-  // the rows in want_rows (indices relative to begin) into logits.
+  // the rows in want_rows (indices relative to begin) into logits, or keeps them with the model
+  // for sampling when logits is nullptr.
   void ForwardRange(const std::vector<int32_t>& ids, int64_t begin, int64_t end,
                     const std::vector<int32_t>& want_rows, float* logits);
 

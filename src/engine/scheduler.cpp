@@ -52,6 +52,10 @@ const SchedulerOutput& Scheduler::Schedule() {
   // 1. Running sequences: a decode token or the next prefill chunk each.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
+    if (seq->last_token_pending() && seq->n_generated_tokens() >= seq->max_new_tokens()) {
+      ++i;  // its pending token is its last: it finishes when that arrives
+      continue;
+    }
     const int32_t n_missing = seq->n_tokens() - seq->n_computed_tokens;
     KCHECK(n_missing > 0);
     const int32_t n_new = std::min(n_missing, budget);
@@ -71,6 +75,7 @@ const SchedulerOutput& Scheduler::Schedule() {
   if (output_.preempted.empty()) {
     while (!waiting_.empty() && budget > 0 && n_running() < config_.max_num_seqs) {
       Sequence* seq = waiting_.front();
+      if (seq->last_token_pending()) break;  // preempted while its token was being sampled
       const int32_t n_cached = kv_->FindCachedPrefix(seq->kv, seq->tokens());
       const int32_t n_new = std::min(seq->n_tokens() - n_cached, budget);
       if (!kv_->Allocate(seq->kv, n_cached, int64_t{n_cached} + n_new)) break;
@@ -91,6 +96,7 @@ void Scheduler::Commit() {
   KCHECK(pending_commit_);
   for (const ScheduledSequence& s : output_.scheduled) {
     Sequence* seq = s.seq;
+    if (seq->status != SequenceStatus::kRunning) continue;  // removed since Schedule
     seq->n_computed_tokens += s.n_new_tokens;
     KCHECK(seq->n_computed_tokens <= seq->n_tokens());
     kv_->CacheFullBlocks(seq->kv, seq->tokens(), seq->n_computed_tokens);
@@ -99,7 +105,6 @@ void Scheduler::Commit() {
 }
 
 void Scheduler::Remove(Sequence* seq) {
-  KCHECK_MSG(!pending_commit_, "Remove between Schedule and Commit");
   if (seq->status == SequenceStatus::kRunning) {
     auto it = std::find(running_.begin(), running_.end(), seq);
     KCHECK(it != running_.end());

@@ -51,11 +51,16 @@ class Scheduler {
 
   // Plans the next step. The result stays valid until the next Schedule.
   const SchedulerOutput& Schedule();
-  // The planned step ran: advances n_computed_tokens and registers the newly full blocks in the
-  // prefix cache. Call before appending sampled tokens; no Remove in between.
+  // The planned step was enqueued: advances n_computed_tokens and registers the newly full
+  // blocks in the prefix cache (a later step that hits them runs after this one on the device).
+  // Every token the step computes must be known by then (no pending token among them). Call
+  // before appending the step's sampled tokens. Sequences removed since Schedule are skipped.
   void Commit();
 
-  // Takes a sequence out (finished or cancelled), wherever it is, and frees its blocks.
+  // Takes a sequence out (finished or cancelled), wherever it is, and frees its blocks. Allowed
+  // between Schedule and Commit (the engine learns of finished sequences there when steps
+  // overlap); a step already enqueued may still write the freed blocks, which is harmless
+  // because every later use of them is ordered after it on the device.
   void Remove(Sequence* seq);
 
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }

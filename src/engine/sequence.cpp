@@ -14,8 +14,20 @@ Sequence::Sequence(int64_t id, std::span<const int32_t> prompt_ids, int32_t max_
 }
 
 void Sequence::AppendToken(int32_t token) {
+  KCHECK(!last_token_pending_);
   KCHECK(n_generated_tokens() < max_new_tokens_);
   tokens_.push_back(token);
+}
+
+void Sequence::AppendPendingToken() {
+  AppendToken(0);  // a valid id, never read before ResolvePendingToken replaces it
+  last_token_pending_ = true;
+}
+
+void Sequence::ResolvePendingToken(int32_t token) {
+  KCHECK(last_token_pending_);
+  tokens_.back() = token;
+  last_token_pending_ = false;
 }
 
 }  // namespace kestrel

@@ -40,6 +40,15 @@ class Sequence {
 
   void AppendToken(int32_t token);  // a sampled token; at most max_new_tokens of them
 
+  // Asynchronous steps: the next token is being sampled on the device and the host does not know
+  // it yet. AppendPendingToken holds its place (counted by n_tokens and n_generated_tokens, so the
+  // scheduler plans its decode); ResolvePendingToken writes it once known. While a token is
+  // pending the scheduler neither admits the sequence nor schedules a decode that could only
+  // compute the last token (n_generated_tokens == max_new_tokens), and nothing hashes it.
+  void AppendPendingToken();
+  void ResolvePendingToken(int32_t token);
+  bool last_token_pending() const { return last_token_pending_; }
+
   // Scheduler state.
   SequenceStatus status = SequenceStatus::kWaiting;
   int32_t n_computed_tokens = 0;
@@ -53,6 +62,7 @@ class Sequence {
   std::vector<int32_t> tokens_;
   int32_t n_prompt_tokens_;
   int32_t max_new_tokens_;
+  bool last_token_pending_ = false;
 };
 
 }  // namespace kestrel

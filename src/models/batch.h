@@ -23,6 +23,11 @@ struct Batch {
   // Rows (token indices) whose logits the caller wants, in output order.
   std::span<const int32_t> logits_indices;  // [n_logits]
 
+  // Optional, [n_tokens] or empty. Where sampled_rows[i] >= 0, token i is the token that row
+  // sampled_rows[i] of the model's last LaunchSampling chose, and token_ids[i] is ignored: a
+  // decode step can be enqueued before the previous step's tokens have reached the host.
+  std::span<const int32_t> sampled_rows;
+
   int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t n_seqs() const { return static_cast<int32_t>(seq_starts.size()) - 1; }
 };

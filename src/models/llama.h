@@ -64,9 +64,10 @@ Result<DenseDecoderWeights> BindDenseDecoderWeights(const ModelConfig& c, const 
 Status ValidateDenseDecoderConfig(const ModelConfig& config, const ModelLoadOptions& options);
 
 // KCHECKs the internal consistency of a batch (a bug in the scheduler if it fails): spans sized
-// as documented in batch.h, positions inside each context, slots and blocks inside the pool.
+// as documented in batch.h, positions inside each context, slots and blocks inside the pool,
+// sampled_rows below n_sampled_rows (the rows of the model's last LaunchSampling).
 void CheckBatch(const Batch& b, int64_t vocab_size, int64_t n_slots, int32_t n_blocks,
-                int32_t block_size);
+                int32_t block_size, int32_t n_sampled_rows);
 
 // Activation buffers for up to `capacity_tokens` tokens per Forward. Sized on the first call
 // and grown only when a larger batch (or longer context, for attention scores) arrives, so a
@@ -99,6 +100,9 @@ class DenseDecoder final : public Model {
   int32_t n_kv_blocks() const override { return n_blocks_; }
   int64_t kv_bytes_per_token() const override;
   void Forward(const Batch& batch, float* logits) override;
+  // On the CPU both halves run in LaunchSampling (Sampler::Sample on the kept logits).
+  void LaunchSampling(std::span<Sampler* const> samplers) override;
+  void FinishSampling(std::span<SampleResult> results) override;
   const ForwardStats& stats() const override { return stats_; }
   void ResetStats() override { stats_ = ForwardStats{}; }
   std::string kernels_name() const override;
@@ -142,6 +146,14 @@ class DenseDecoder final : public Model {
 
   detail::ForwardScratch scratch_;
   ForwardStats stats_;
+
+  // Forward(batch, nullptr) keeps its logits here for LaunchSampling.
+  std::vector<float> kept_logits_;  // [n_kept_logits_, vocab]
+  int32_t n_kept_logits_ = 0;
+  std::vector<SampleResult> sampled_;         // the last LaunchSampling's results, by row
+  std::vector<int32_t> sampled_tokens_;       // their tokens (Batch::sampled_rows reads them)
+  std::vector<int32_t> resolved_token_ids_;   // a batch's token ids with sampled rows filled in
+  bool sampling_pending_ = false;
 };
 
 }  // namespace kestrel

@@ -12,12 +12,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "backends/cuda/activation.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/embedding.h"
 #include "backends/cuda/norm.h"
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/rope.h"
 #include "core/check.h"
 #include "models/gpu_sampling_rows.h"
@@ -30,6 +32,7 @@ constexpr size_t kAlign = 256;
 constexpr int32_t kMaxGraphRows = 256;     // decode batches above this run eagerly
 constexpr int32_t kMinGraphContext = 256;  // smallest context bucket of a decode graph
 constexpr int32_t kMinLogitsRows = kMaxGraphRows;
+constexpr int32_t kMaxLogitsRows = 1024;  // logits rows one step keeps on the device
 constexpr int32_t kMaxDecodeAttentionRows = kMaxGraphRows;
 
 size_t AlignUp(size_t n) {
@@ -132,7 +135,9 @@ CudaDenseDecoder::~CudaDenseDecoder() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   DropGraphs();
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
-  if (profile_start_ != nullptr) cudaEventDestroy(profile_start_);
+  for (cudaEvent_t e : {profile_start_, sampling_done_, meta_uploaded_[0], meta_uploaded_[1]}) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -277,7 +282,7 @@ Status CudaDenseDecoder::EnsureActivations(int32_t n_tokens) {
   const int64_t qkv_dim = q_dim + 2 * kv_dim_;
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.intermediate_size;
-  const int64_t n_logits = std::max<int64_t>(kMinLogitsRows, std::min<int64_t>(n, 1024));
+  const int64_t n_logits = std::max<int64_t>(kMinLogitsRows, std::min<int64_t>(n, kMaxLogitsRows));
   size_t total = 0;
   auto reserve = [&](int64_t bytes) {
     const size_t off = total;
@@ -294,6 +299,8 @@ Status CudaDenseDecoder::EnsureActivations(int32_t n_tokens) {
   const size_t act = reserve(n * inter * 2);
   const size_t xf = reserve(n_logits * hidden * 2);
   const size_t lg = reserve(n_logits * c.vocab_size * 4);
+  // Queued work may still use the old buffers (Forward returns before the device is done).
+  KCUDA_CHECK(cudaStreamSynchronize(stream_));
   DropGraphs();  // graphs hold the old addresses
   activations_.Reset();
   attention_workspace_.Reset();
@@ -326,10 +333,13 @@ Status CudaDenseDecoder::EnsureActivations(int32_t n_tokens) {
 Status CudaDenseDecoder::EnsureMetadata(size_t n_ints) {
   if (n_ints <= meta_capacity_ints_) return Status::Ok();
   const size_t cap = std::max(n_ints, meta_capacity_ints_ * 2);
+  KCUDA_CHECK(cudaStreamSynchronize(stream_));  // queued uploads may still read the old ones
   DropGraphs();
   meta_device_.Reset();
-  meta_host_.Reset();
-  KASSIGN(meta_host_, cuda::PinnedBuffer::Allocate(cap * 4, "batch metadata"));
+  for (cuda::PinnedBuffer& h : meta_host_) {
+    h.Reset();
+    KASSIGN(h, cuda::PinnedBuffer::Allocate(cap * 4, "batch metadata"));
+  }
   KASSIGN(meta_device_, cuda::DeviceBuffer::Allocate(cap * 4, "batch metadata"));
   meta_capacity_ints_ = cap;
   return Status::Ok();
@@ -450,6 +460,12 @@ Result<std::unique_ptr<Model>> LoadCudaDenseDecoder(ModelConfig config, WeightSt
   KTRY(m->EnsureActivations(std::max<int32_t>(options.max_batch_tokens, kMaxGraphRows)));
   KTRY(m->AllocateKv(options, options.show_progress));
   KCUDA_CHECK(cudaEventCreate(&m->profile_start_));
+  KCUDA_CHECK(cudaEventCreateWithFlags(&m->sampling_done_, cudaEventDisableTiming));
+  for (cudaEvent_t& e : m->meta_uploaded_) {
+    KCUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  KASSIGN(m->sampled_tokens_, cuda::DeviceBuffer::Allocate(kMaxLogitsRows * sizeof(int32_t),
+                                                           "the sampled tokens"));
   return std::unique_ptr<Model>(std::move(m));
 }
 
@@ -463,14 +479,21 @@ detail::DeviceBatchView CudaDenseDecoder::StageBatch(const Batch& b, int32_t n_r
   const int32_t seqs = graph ? n_rows : n_seqs;
   const int32_t n_logits = graph ? n_rows : static_cast<int32_t>(b.logits_indices.size());
   // Offsets: token_ids, positions, slots [rows]; seq_starts [seqs+1]; context_lens [seqs];
-  // block_tables [seqs, stride]; logits rows [n_logits].
+  // block_tables [seqs, stride]; logits rows [n_logits]; sampled rows [rows] when the batch has
+  // them (last, so the graph-visible layout of a bucket never changes).
+  const bool has_sampled = !b.sampled_rows.empty();
   const size_t o_tok = 0, o_pos = o_tok + rows, o_slot = o_pos + rows, o_start = o_slot + rows;
   const size_t o_ctx = o_start + seqs + 1, o_bt = o_ctx + seqs;
   const size_t o_lg = o_bt + static_cast<size_t>(seqs) * stride;
-  const size_t total = o_lg + n_logits;
+  const size_t o_src = o_lg + n_logits;
+  const size_t total = o_src + (has_sampled ? rows : 0);
   const Status st = EnsureMetadata(total);
   KCHECK_MSG(st.ok(), st.message().c_str());
-  int32_t* h = meta_host_.as<int32_t>();
+  // The staging buffer used two steps ago: its upload must have been done.
+  const int buf = meta_next_;
+  meta_next_ ^= 1;
+  KCUDA_CHECK(cudaEventSynchronize(meta_uploaded_[buf]));
+  int32_t* h = meta_host_[buf].as<int32_t>();
   // Padding rows of a graph bucket attend to position 0 of the reserved block (zeros) and
   // write no K/V (slot -1).
   const int32_t dummy_block = n_blocks_;
@@ -497,10 +520,14 @@ detail::DeviceBatchView CudaDenseDecoder::StageBatch(const Batch& b, int32_t n_r
   for (int32_t i = 0; i < n_logits; ++i) {
     h[o_lg + i] = graph ? i : b.logits_indices[i];
   }
+  if (has_sampled) {
+    for (int32_t t = 0; t < rows; ++t) h[o_src + t] = t < n ? b.sampled_rows[t] : -1;
+  }
   int32_t max_q = 0;
   for (int32_t s = 0; s < n_seqs; ++s)
     max_q = std::max(max_q, b.seq_starts[s + 1] - b.seq_starts[s]);
   KCUDA_CHECK(cudaMemcpyAsync(meta_device_.get(), h, total * 4, cudaMemcpyHostToDevice, stream_));
+  KCUDA_CHECK(cudaEventRecord(meta_uploaded_[buf], stream_));
   const int32_t* d = meta_device_.as<int32_t>();
   detail::DeviceBatchView v;
   v.token_ids = d + o_tok;
@@ -510,6 +537,7 @@ detail::DeviceBatchView CudaDenseDecoder::StageBatch(const Batch& b, int32_t n_r
   v.context_lens = d + o_ctx;
   v.block_tables = d + o_bt;
   v.logits_rows = d + o_lg;
+  v.sampled_rows = has_sampled ? d + o_src : nullptr;
   v.n_tokens = rows;
   v.n_seqs = seqs;
   v.n_logits = n_logits;
@@ -519,13 +547,17 @@ detail::DeviceBatchView CudaDenseDecoder::StageBatch(const Batch& b, int32_t n_r
   return v;
 }
 
-void CudaDenseDecoder::SampleLastLogits(std::span<Sampler* const> samplers,
-                                        std::span<SampleResult> results) {
+void CudaDenseDecoder::LaunchSampling(std::span<Sampler* const> samplers) {
   const int32_t n = static_cast<int32_t>(samplers.size());
-  KCHECK(results.size() == samplers.size());
+  KCHECK_MSG(!sampling_pending_, "LaunchSampling twice without FinishSampling");
   KCHECK_MSG(n == last_n_logits_,
-             "SampleLastLogits needs one sampler per logits row of the last "
-             "Forward (called with logits == nullptr)");
+             "LaunchSampling needs one sampler per logits row of the last Forward (called with "
+             "logits == nullptr)");
+  KCHECK(n <= kMaxLogitsRows);
+  pending_samplers_.assign(samplers.begin(), samplers.end());
+  sampling_pending_ = true;
+  n_sampled_rows_ = n;
+  last_n_logits_ = 0;  // each Forward's logits are sampled once
   if (n == 0) return;
   const int32_t vocab = static_cast<int32_t>(config_.vocab_size);
   constexpr int32_t kTop = cuda::kGpuMaxTopLogprobs;
@@ -544,16 +576,21 @@ void CudaDenseDecoder::SampleLastLogits(std::span<Sampler* const> samplers,
   const std::vector<cuda::GpuSamplingRow>& rows = hb.rows;
   const std::vector<float>& floats = hb.bias_values;
 
-  // One pinned staging area and one device area: inputs, then outputs.
+  // One pinned staging area and one device area: inputs, then outputs. The tokens go to
+  // sampled_tokens_ (read by the next Forward) and are copied out with the rest.
   const size_t rows_bytes = AlignUp(rows.size() * sizeof(cuda::GpuSamplingRow));
   const size_t ints_bytes = AlignUp((ints.size() + 1) * 4);
   const size_t floats_bytes = AlignUp((floats.size() + 1) * 4);
   const size_t in_bytes = rows_bytes + ints_bytes + floats_bytes;
-  const size_t out_ints = size_t(n) * (1 + kTop);    // tokens, top ids
-  const size_t out_floats = size_t(n) * (1 + kTop);  // logprob, top logprobs
-  const size_t out_bytes = AlignUp(out_ints * 4) + AlignUp(out_floats * 4);
+  const size_t tokens_bytes = AlignUp(size_t(n) * 4);
+  const size_t top_ids_bytes = AlignUp(size_t(n) * kTop * 4);
+  const size_t floats_out = size_t(n) * (1 + kTop);  // logprob, top logprobs
+  const size_t out_bytes = tokens_bytes + top_ids_bytes + AlignUp(floats_out * 4);
   if (in_bytes + out_bytes > sampling_io_bytes_) {
     const size_t cap = std::max(in_bytes + out_bytes, 2 * sampling_io_bytes_);
+    // The previous sampling's copies are done (FinishSampling waited for them); the device
+    // buffers may still be read by queued work.
+    KCUDA_CHECK(cudaStreamSynchronize(stream_));
     sampling_io_.Reset();
     sampling_host_.Reset();
     Result<cuda::DeviceBuffer> d = cuda::DeviceBuffer::Allocate(cap, "sampling buffers");
@@ -565,6 +602,8 @@ void CudaDenseDecoder::SampleLastLogits(std::span<Sampler* const> samplers,
     sampling_io_bytes_ = cap;
   }
   if (sampling_workspace_.size_bytes() < cuda::GpuSamplingWorkspaceBytes(logits_capacity_, vocab)) {
+    KCUDA_CHECK(cudaStreamSynchronize(stream_));
+    sampling_workspace_.Reset();
     Result<cuda::DeviceBuffer> w = cuda::DeviceBuffer::Allocate(
         cuda::GpuSamplingWorkspaceBytes(logits_capacity_, vocab), "the sampling workspace");
     KCHECK_MSG(w.ok(), w.status().message().c_str());
@@ -589,33 +628,52 @@ void CudaDenseDecoder::SampleLastLogits(std::span<Sampler* const> samplers,
   b.bias_ids = b.count_values + hb.count_values.size();
   b.bias_values = reinterpret_cast<const float*>(d + rows_bytes + ints_bytes);
   uint8_t* d_out = d + in_bytes;
-  b.out_tokens = reinterpret_cast<int32_t*>(d_out);
-  b.out_top_ids = b.out_tokens + n;
-  b.out_logprob = reinterpret_cast<float*>(d_out + AlignUp(out_ints * 4));
+  b.out_tokens = sampled_tokens_.as<int32_t>();
+  b.out_top_ids = reinterpret_cast<int32_t*>(d_out + tokens_bytes);
+  b.out_logprob = reinterpret_cast<float*>(d_out + tokens_bytes + top_ids_bytes);
   b.out_top_logprobs = b.out_logprob + n;
+  b.greedy_only = std::all_of(rows.begin(), rows.end(), cuda::IsPlainGreedy);
   cuda::GpuSample(b, sampling_workspace_.get(), sampling_workspace_.size_bytes(), stream_);
+  // Tokens into the first slot of the output area, so one copy brings everything back.
+  KCUDA_CHECK(cudaMemcpyAsync(d_out, b.out_tokens, size_t(n) * 4, cudaMemcpyDeviceToDevice,
+                              stream_));
   KCUDA_CHECK(cudaMemcpyAsync(h + in_bytes, d_out, out_bytes, cudaMemcpyDeviceToHost, stream_));
-  KCUDA_CHECK(cudaStreamSynchronize(stream_));
+  KCUDA_CHECK(cudaEventRecord(sampling_done_, stream_));
+  sampling_out_offset_ = in_bytes;
+}
 
-  const auto* tokens = reinterpret_cast<const int32_t*>(h + in_bytes);
-  const int32_t* top_ids = tokens + n;
-  const auto* logprob = reinterpret_cast<const float*>(h + in_bytes + AlignUp(out_ints * 4));
+void CudaDenseDecoder::FinishSampling(std::span<SampleResult> results) {
+  KCHECK_MSG(sampling_pending_, "FinishSampling without LaunchSampling");
+  const int32_t n = static_cast<int32_t>(pending_samplers_.size());
+  KCHECK(results.size() == pending_samplers_.size());
+  sampling_pending_ = false;
+  if (n == 0) return;
+  constexpr int32_t kTop = cuda::kGpuMaxTopLogprobs;
+  const int32_t vocab = static_cast<int32_t>(config_.vocab_size);
+  KCUDA_CHECK(cudaEventSynchronize(sampling_done_));
+  const uint8_t* out = sampling_host_.as<uint8_t>() + sampling_out_offset_;
+  const size_t tokens_bytes = AlignUp(size_t(n) * 4);
+  const size_t top_ids_bytes = AlignUp(size_t(n) * kTop * 4);
+  const auto* tokens = reinterpret_cast<const int32_t*>(out);
+  const auto* top_ids = reinterpret_cast<const int32_t*>(out + tokens_bytes);
+  const auto* logprob = reinterpret_cast<const float*>(out + tokens_bytes + top_ids_bytes);
   const float* top_lp = logprob + n;
   for (int32_t i = 0; i < n; ++i) {
     SampleResult& r = results[i];
     r.token = tokens[i];
     r.logprob = logprob[i];
     r.top.clear();
-    const SamplingParams& p = samplers[i]->params();
+    Sampler* sampler = pending_samplers_[static_cast<size_t>(i)];
+    const SamplingParams& p = sampler->params();
     if (p.logprobs) {
       const int32_t n_top = std::min(p.n_top_logprobs, vocab);
       for (int32_t j = 0; j < n_top; ++j) {
         r.top.push_back({top_ids[i * kTop + j], top_lp[i * kTop + j]});
       }
     }
-    samplers[i]->Accept(r.token);
+    sampler->Accept(r.token);
   }
-  last_n_logits_ = 0;  // each Forward's logits are sampled once
+  pending_samplers_.clear();
 }
 
 void CudaDenseDecoder::CopyKvBlocks(int32_t src_first, int32_t dst_first, int32_t n_blocks) {
@@ -762,7 +820,7 @@ void CudaDenseDecoder::RunForward(const detail::DeviceBatchView& v) {
 }
 
 void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
-  detail::CheckBatch(batch, config_.vocab_size, n_slots_, n_blocks_, block_size_);
+  detail::CheckBatch(batch, config_.vocab_size, n_slots_, n_blocks_, block_size_, n_sampled_rows_);
   const ModelConfig& c = config_;
   const int32_t n = batch.n_tokens();
   const int32_t n_seqs = batch.n_seqs();
@@ -773,7 +831,17 @@ void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
              "context longer than the model's max_position_embeddings");
   const Status st = EnsureActivations(n);
   KCHECK_MSG(st.ok(), st.message().c_str());
+  // Per-stage event timing measures each stage alone: no programmatic overlap across marks.
+  std::optional<cuda::ScopedPdlOff> no_pdl;
+  if (profiling_) no_pdl.emplace();
   if (profiling_) KCUDA_CHECK(cudaEventRecord(profile_start_, stream_));
+  // Tokens the last sampling left on the device, into this step's token ids (in place, before
+  // the embedding reads them).
+  auto resolve_sampled = [&](const detail::DeviceBatchView& v) {
+    if (v.sampled_rows == nullptr) return;
+    cuda::ResolveSampledTokens(meta_device_.as<int32_t>(), v.sampled_rows,
+                               sampled_tokens_.as<int32_t>(), n, stream_);
+  };
 
   const bool decode = n == n_seqs;
   // Graphs: pure decode, every row wants logits, in token order (device row i = token i).
@@ -791,6 +859,7 @@ void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
     const int32_t stride = (ctx + block_size_ - 1) / block_size_;
     // The rows past n are padding: their logits are computed and ignored.
     const detail::DeviceBatchView v = StageBatch(batch, rows, stride, ctx, /*graph=*/true);
+    resolve_sampled(v);
     auto it = graphs_.find({rows, ctx});
     if (it == graphs_.end()) {
       // First step of this bucket: run it eagerly (which also makes the GEMM engine choose and
@@ -812,6 +881,7 @@ void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
     const int32_t stride = batch.max_blocks_per_seq;
     const detail::DeviceBatchView v =
         StageBatch(batch, n, stride, std::max(max_ctx, 1), /*graph=*/false);
+    resolve_sampled(v);
     RunForward(v);
     last_n_logits_ = std::min(n_logits, logits_capacity_);
     // More logits rows than one LM-head chunk (e.g. `kestrel logits` over a long prompt):
@@ -840,9 +910,9 @@ void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
   if (logits != nullptr) {
     KCUDA_CHECK(cudaMemcpyAsync(logits, logits_, size_t(last_n_logits_) * c.vocab_size * 4,
                                 cudaMemcpyDeviceToHost, stream_));
+    KCUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  KCUDA_CHECK(cudaStreamSynchronize(stream_));
-  CollectProfile();
+  CollectProfile();  // synchronises when profiling
   // Bytes for the roofline: every layer's weights once, plus the embedding rows gathered.
   stats_.weight_bytes_read += decode_weight_bytes() + (int64_t{n} - 1) * c.hidden_size * 2;
   stats_.n_forwards += 1;

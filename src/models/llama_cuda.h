@@ -67,6 +67,7 @@ struct DeviceBatchView {
   const int32_t* context_lens = nullptr;  // [n_seqs]
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
   const int32_t* logits_rows = nullptr;   // [n_logits]
+  const int32_t* sampled_rows = nullptr;  // [n_tokens] (Batch::sampled_rows) or null
   int32_t n_tokens = 0, n_seqs = 0, n_logits = 0;
   int32_t max_blocks_per_seq = 0;
   int32_t max_query_len = 0, max_context_len = 0;
@@ -85,15 +86,18 @@ class CudaDenseDecoder final : public Model {
   int32_t n_kv_blocks() const override { return n_blocks_; }
   int64_t kv_bytes_per_token() const override;
   int64_t decode_weight_bytes() const override;
-  // logits == nullptr keeps them on the device for SampleLastLogits.
+  // logits == nullptr keeps them on the device for LaunchSampling and returns once the step is
+  // enqueued (no synchronisation).
   void Forward(const Batch& batch, float* logits) override;
+  // GpuSample on the stream after the last Forward; its tokens stay in sampled_tokens_ for the
+  // next Forward's Batch::sampled_rows, and come to the host with the log-probabilities in one
+  // copy that FinishSampling waits for.
+  void LaunchSampling(std::span<Sampler* const> samplers) override;
+  void FinishSampling(std::span<SampleResult> results) override;
   const ForwardStats& stats() const override { return stats_; }
   void ResetStats() override { stats_ = ForwardStats{}; }
   std::string kernels_name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
-  bool supports_device_sampling() const override { return true; }
-  void SampleLastLogits(std::span<Sampler* const> samplers,
-                        std::span<SampleResult> results) override;
 
   void CopyKvBlocks(int32_t src_first, int32_t dst_first, int32_t n_blocks) override;
   // Per-stage timing with CUDA events (adds a synchronisation per Forward; for benchmarks).
@@ -169,8 +173,12 @@ class CudaDenseDecoder final : public Model {
   cuda::DeviceBuffer attention_workspace_;
   int32_t attention_workspace_context_ = 0;
 
-  // Batch metadata: pinned staging + device copy (int32).
-  cuda::PinnedBuffer meta_host_;
+  // Batch metadata (int32): two pinned staging buffers used in turn, so a step can be staged
+  // while the previous step's upload is still queued (meta_uploaded_[i] marks when buffer i may
+  // be refilled), and one device copy, overwritten in stream order.
+  cuda::PinnedBuffer meta_host_[2];
+  cudaEvent_t meta_uploaded_[2] = {nullptr, nullptr};
+  int meta_next_ = 0;
   cuda::DeviceBuffer meta_device_;
   size_t meta_capacity_ints_ = 0;
   int32_t last_n_logits_ = 0;  // logits rows of the last Forward on the device (rows 0..n-1)
@@ -180,7 +188,14 @@ class CudaDenseDecoder final : public Model {
   std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
   void DropGraphs();
 
-  // Device sampling state.
+  // Device sampling state. sampled_tokens_ [kMaxLogitsRows] int32 holds the last sampling's
+  // tokens (its own allocation: never moved by a growing activation buffer).
+  cuda::DeviceBuffer sampled_tokens_;
+  int32_t n_sampled_rows_ = 0;
+  std::vector<Sampler*> pending_samplers_;  // of the sampling in flight (empty: none)
+  bool sampling_pending_ = false;
+  cudaEvent_t sampling_done_ = nullptr;  // its outputs are on the host
+  size_t sampling_out_offset_ = 0;       // where in sampling_host_ they land
   cuda::DeviceBuffer sampling_workspace_;
   cuda::DeviceBuffer sampling_io_;
   cuda::PinnedBuffer sampling_host_;

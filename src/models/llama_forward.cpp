@@ -24,7 +24,7 @@ void GrowTo(std::vector<T>& v, int64_t n) {
 namespace detail {
 
 void CheckBatch(const Batch& b, int64_t vocab_size, int64_t n_slots, int32_t n_blocks,
-                int32_t block_size) {
+                int32_t block_size, int32_t n_sampled_rows) {
   const int32_t n = b.n_tokens();
   const int32_t n_seqs = b.n_seqs();
   KCHECK(n > 0 && n_seqs > 0);
@@ -41,8 +41,13 @@ void CheckBatch(const Batch& b, int64_t vocab_size, int64_t n_slots, int32_t n_b
       KCHECK(b.positions[t] >= 0 && b.positions[t] < b.context_lens[s]);
     }
   }
+  KCHECK(b.sampled_rows.empty() || b.sampled_rows.size() == static_cast<size_t>(n));
   for (int32_t t = 0; t < n; ++t) {
-    KCHECK(b.token_ids[t] >= 0 && b.token_ids[t] < vocab_size);
+    if (!b.sampled_rows.empty() && b.sampled_rows[t] >= 0) {
+      KCHECK_MSG(b.sampled_rows[t] < n_sampled_rows, "sampled row past the last sampling");
+    } else {
+      KCHECK(b.token_ids[t] >= 0 && b.token_ids[t] < vocab_size);
+    }
     KCHECK(b.slot_mapping[t] >= 0 && b.slot_mapping[t] < n_slots);
   }
   for (int32_t block : b.block_tables) KCHECK(block >= -1 && block < n_blocks);
@@ -155,8 +160,20 @@ void DenseDecoder::Layer(int64_t layer, const Batch& batch) {
   stats_.other_s += SecondsSince(t0);
 }
 
-void DenseDecoder::Forward(const Batch& batch, float* logits) {
-  detail::CheckBatch(batch, config_.vocab_size, n_slots_, n_blocks_, block_size_);
+void DenseDecoder::Forward(const Batch& in, float* logits) {
+  detail::CheckBatch(in, config_.vocab_size, n_slots_, n_blocks_, block_size_,
+                     static_cast<int32_t>(sampled_tokens_.size()));
+  // Tokens of the last sampling are known here already (LaunchSampling ran Sample).
+  Batch batch = in;
+  if (!in.sampled_rows.empty()) {
+    resolved_token_ids_.assign(in.token_ids.begin(), in.token_ids.end());
+    for (size_t t = 0; t < resolved_token_ids_.size(); ++t) {
+      const int32_t row = in.sampled_rows[t];
+      if (row >= 0) resolved_token_ids_[t] = sampled_tokens_[static_cast<size_t>(row)];
+    }
+    batch.token_ids = resolved_token_ids_;
+    batch.sampled_rows = {};
+  }
   const ModelConfig& c = config_;
   const int64_t n = batch.n_tokens();
   const int64_t hidden = c.hidden_size;
@@ -177,6 +194,11 @@ void DenseDecoder::Forward(const Batch& batch, float* logits) {
 
   // Final norm and LM head, only for the requested rows.
   const int64_t n_logits = static_cast<int64_t>(batch.logits_indices.size());
+  if (logits == nullptr) {
+    kept_logits_.resize(static_cast<size_t>(n_logits * c.vocab_size));
+    logits = kept_logits_.data();
+  }
+  n_kept_logits_ = static_cast<int32_t>(n_logits);
   if (n_logits > 0) {
     t0 = Clock::now();
     for (int64_t i = 0; i < n_logits; ++i) {
@@ -190,6 +212,28 @@ void DenseDecoder::Forward(const Batch& batch, float* logits) {
   }
   stats_.n_forwards += 1;
   stats_.n_tokens += n;
+}
+
+void DenseDecoder::LaunchSampling(std::span<Sampler* const> samplers) {
+  KCHECK_MSG(!sampling_pending_, "LaunchSampling twice without FinishSampling");
+  KCHECK_MSG(static_cast<int32_t>(samplers.size()) == n_kept_logits_,
+             "LaunchSampling needs one sampler per logits row of the last Forward");
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  sampled_.resize(samplers.size());
+  sampled_tokens_.resize(samplers.size());
+  for (size_t i = 0; i < samplers.size(); ++i) {
+    sampled_[i] = samplers[i]->Sample(std::span<float>(kept_logits_.data() + i * vocab, vocab));
+    sampled_tokens_[i] = sampled_[i].token;
+  }
+  n_kept_logits_ = 0;  // each Forward's logits are sampled once
+  sampling_pending_ = true;
+}
+
+void DenseDecoder::FinishSampling(std::span<SampleResult> results) {
+  KCHECK_MSG(sampling_pending_, "FinishSampling without LaunchSampling");
+  KCHECK(results.size() == sampled_.size());
+  for (size_t i = 0; i < results.size(); ++i) results[i] = std::move(sampled_[i]);
+  sampling_pending_ = false;
 }
 
 }  // namespace kestrel

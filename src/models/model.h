@@ -81,9 +81,30 @@ class Model {
   virtual int32_t n_kv_blocks() const = 0;      // physical blocks in the KV pool
   virtual int64_t kv_bytes_per_token() const = 0;
 
-  // Runs the batch: writes K/V of every token at its slot, then writes f32 logits
-  // [batch.logits_indices.size(), vocab_size] row-major into `logits`.
+  // Runs the batch: writes K/V of every token at its slot and computes the logits of the rows in
+  // batch.logits_indices. With `logits`, copies them out as f32 [n_logits, vocab_size] row-major
+  // and returns when they are there. With nullptr they stay with the model (on the GPU for CUDA)
+  // for LaunchSampling, and Forward may return before the device is done: every later call on
+  // the model is ordered after it.
   virtual void Forward(const Batch& batch, float* logits) = 0;
+
+  // Sampling where the logits are, in two halves. After Forward(batch, nullptr):
+  //   LaunchSampling(samplers)  starts choosing the token of logits row i with samplers[i] (the
+  //                             token Sampler::Sample would choose from those logits; each
+  //                             sampler takes this step's random draw now) and may return before
+  //                             the tokens exist;
+  //   FinishSampling(results)   waits for them, fills results[i] and leaves samplers[i] having
+  //                             Accepted its token.
+  // Only token ids and requested log-probabilities cross to the host. Between the two the caller
+  // may enqueue the next Forward, taking token ids from this sampling (Batch::sampled_rows):
+  // the engine plans and launches step N+1 while the device still runs step N. The samplers
+  // must stay alive, and unused by the caller, until FinishSampling.
+  virtual void LaunchSampling(std::span<Sampler* const> samplers) = 0;
+  virtual void FinishSampling(std::span<SampleResult> results) = 0;
+  void SampleLastLogits(std::span<Sampler* const> samplers, std::span<SampleResult> results) {
+    LaunchSampling(samplers);
+    FinishSampling(results);
+  }
 
   virtual const ForwardStats& stats() const = 0;
   virtual void ResetStats() = 0;
@@ -94,17 +115,6 @@ class Model {
   // the LM head and one embedding row): the decode roofline's numerator.
   virtual int64_t decode_weight_bytes() const { return weight_bytes(); }
 
-  // Sampling where the logits are (CUDA): after Forward(batch, nullptr), samples row i of that
-  // batch's logits with samplers[i] into results[i] — the same token the CPU Sampler would pick
-  // from those logits (each sampler's RNG advances by one draw and records the token). Only
-  // token ids and requested log-probabilities cross to the host.
-  virtual bool supports_device_sampling() const { return false; }
-  virtual void SampleLastLogits(std::span<Sampler* const> samplers,
-                                std::span<SampleResult> results) {
-    (void)samplers;
-    (void)results;
-    KCHECK_MSG(false, "this model has no device sampling");
-  }
   // Benchmark switches: per-stage timing (CUDA: events, one sync per Forward) and decode
   // through captured graphs. The CPU model always times its stages and has no graphs.
   virtual void set_profiling(bool on) { (void)on; }

@@ -1,6 +1,7 @@
 // What a request gets must not depend on what else runs: a greedy request gives the same tokens
 // (and, with the reference kernels, bitwise the same logprobs) alone, in a batch of 32 with
-// chunked prefills, after a prefix-cache hit, and when a small KV pool forces preemptions.
+// chunked prefills, after a prefix-cache hit, when a small KV pool forces preemptions, and with
+// or without asynchronous scheduling (the host one step ahead of the device).
 //
 // Batch invariance of the CPU forward (measured by CpuForwardBatchInvariance below): the
 // reference kernels compute every row the same way whatever the batch, so they are bitwise
@@ -282,6 +283,84 @@ TEST_F(TinyModelEngineTest, GreedyTokensAreTheSameAloneBatchedCachedAndPreempted
   const EngineMetrics m = WaitIdle(tight);
   EXPECT_GT(m.preemptions, 0u);
   EXPECT_EQ(m.kv_blocks_used, 0);
+}
+
+// Asynchronous scheduling (the host plans and enqueues step N+1 before step N's tokens are
+// known) changes which rows a step holds (a sequence that finishes at step N still has a row in
+// step N+1, thrown away) but nothing a request sees: with the reference kernels (bitwise
+// batch-invariant) every request's tokens, text, finish reason, usage and logprobs equal those
+// of synchronous scheduling. The requests mix greedy and seeded sampling with every penalty
+// (their state must take token N before step N+1 is sampled), stop strings, EOS and lengths
+// from 1; a small pool adds preemptions of sequences whose token is still pending.
+TEST_F(TinyModelEngineTest, AsyncSchedulingChangesNothingARequestSees) {
+  std::vector<EngineRequest> reqs = Requests(24, 1);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EngineRequest& r = reqs[i];
+    r.max_new_tokens = 1 + static_cast<int32_t>((i * 7) % 24);
+    r.ignore_eos = i % 3 != 0;
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 1000 + i;
+      r.sampling.top_p = 0.9f;
+      r.sampling.presence_penalty = 0.5f;
+      r.sampling.frequency_penalty = 0.3f;
+      r.sampling.repetition_penalty = 1.2f;
+    }
+    if (i % 4 == 2) r.stop = {"\n", "return"};
+  }
+  const std::string dir = testing::TinyModelDir();
+  auto make = [&](bool async, int64_t kv_tokens) {
+    EngineConfig c = Config(16, 64, true);
+    c.async_scheduling = async;
+    return std::make_unique<Engine>(LoadModel(dir, kv_tokens, CpuKernels::kReference), tokenizer_,
+                                    EosIds(), c);
+  };
+  auto sync = make(false, 4096);
+  const std::vector<Collected> want = RunConcurrently(*sync, reqs, /*start_after_submit=*/true);
+  for (bool tight : {false, true}) {
+    auto async = make(true, tight ? 256 : 4096);
+    const std::vector<Collected> got = RunConcurrently(*async, reqs, true);
+    const std::string what = tight ? "async, preempted" : "async";
+    ExpectSame(got, want, 0.0f, what);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].text, want[i].text) << what << " request " << i;
+      EXPECT_EQ(got[i].usage.completion_tokens, want[i].usage.completion_tokens) << i;
+      EXPECT_EQ(got[i].usage.completion_tokens, static_cast<int32_t>(got[i].tokens.size())) << i;
+      EXPECT_EQ(got[i].n_events, want[i].n_events) << what << " request " << i;
+    }
+    const EngineMetrics m = WaitIdle(*async);
+    EXPECT_EQ(m.kv_blocks_used, 0);
+    if (tight) {
+      EXPECT_GT(m.preemptions, 0u);
+    }
+  }
+}
+
+// A request cancelled while its next token is being sampled reports only the tokens it sent.
+TEST_F(TinyModelEngineTest, CancelledWhileATokenIsPendingCountsOnlyDeliveredTokens) {
+  EngineConfig c = Config(4, 256, true);
+  c.async_scheduling = true;
+  Engine engine(LoadModel(testing::TinyModelDir(), 4096), tokenizer_, EosIds(), c);
+  engine.Start();
+  for (int round = 0; round < 5; ++round) {
+    EngineRequest r = Requests(1, 1000)[0];
+    std::shared_ptr<RequestHandle> h = testing::MustSubmit(engine, r);
+    ASSERT_NE(h, nullptr);
+    RequestOutput ev;
+    int n_tokens = 0;
+    while (n_tokens < 2 + round) {
+      if (h->Next(&ev, std::chrono::milliseconds(100))) {
+        n_tokens += static_cast<int>(ev.token_ids.size());
+      }
+    }
+    h->Cancel();
+    const Collected rest = Collect(*h);
+    EXPECT_EQ(rest.reason, FinishReason::kCancelled);
+    EXPECT_EQ(rest.usage.completion_tokens, n_tokens + static_cast<int>(rest.tokens.size()));
+  }
+  const EngineMetrics m = WaitIdle(engine);
+  EXPECT_EQ(m.kv_blocks_used, 0);
+  EXPECT_EQ(m.requests_cancelled, 5u);
 }
 
 }  // namespace

@@ -297,7 +297,78 @@ TEST(SchedulerDeathTest, MisuseIsCaught) {
   sim.Add(Prompt(3, 0), 2);
   sim.sched.Schedule();
   EXPECT_DEATH(sim.sched.Schedule(), "without Commit");
-  EXPECT_DEATH(sim.sched.Remove(sim.seqs[0].get()), "between Schedule and Commit");
+  sim.sched.Commit();
+}
+
+// The engine learns that a sequence finished while the next step is already enqueued: Remove
+// between Schedule and Commit frees it, and Commit skips it.
+TEST(SchedulerTest, RemoveBetweenScheduleAndCommitIsSkippedByCommit) {
+  Sim sim(8, 4, SchedulerConfig{.max_num_seqs = 4, .max_batched_tokens = 64});
+  Sequence* a = sim.Add(Prompt(5, 0), 4);
+  Sequence* b = sim.Add(Prompt(5, 1), 4);
+  const SchedulerOutput& out = sim.sched.Schedule();
+  ASSERT_EQ(out.scheduled.size(), 2u);
+  sim.sched.Remove(a);
+  EXPECT_EQ(sim.kv.n_used_blocks(), 2);
+  sim.sched.Commit();
+  EXPECT_EQ(a->n_computed_tokens, 0);
+  EXPECT_EQ(b->n_computed_tokens, 5);
+  EXPECT_EQ(sim.sched.n_running(), 1);
+}
+
+// Asynchronous steps: a sampled token the host does not know yet (AppendPendingToken) is
+// scheduled as that sequence's decode token, unless it is the sequence's last token; a sequence
+// preempted while its token is pending is not re-admitted (nor does it let anyone overtake it)
+// until the token is known.
+TEST(SchedulerTest, PendingTokensAreDecodedButNeverLastNorReadmitted) {
+  Sim sim(4, 4, SchedulerConfig{.max_num_seqs = 8, .max_batched_tokens = 64}, /*caching=*/false);
+  Sequence* a = sim.Add(Prompt(3, 0), 2);
+  Sequence* b = sim.Add(Prompt(7, 1), 1);
+  {
+    const SchedulerOutput& out = sim.sched.Schedule();
+    ASSERT_EQ(out.scheduled.size(), 2u);
+    sim.sched.Commit();
+  }
+  a->AppendPendingToken();
+  b->AppendPendingToken();
+  EXPECT_TRUE(a->last_token_pending());
+  {
+    // a decodes its pending token (its first of two); b's pending token is its last.
+    const SchedulerOutput& out = sim.sched.Schedule();
+    ASSERT_EQ(out.scheduled.size(), 1u);
+    EXPECT_EQ(out.scheduled[0].seq, a);
+    EXPECT_EQ(out.scheduled[0].n_new_tokens, 1);
+    EXPECT_TRUE(out.scheduled[0].samples);
+    a->ResolvePendingToken(3);  // arrives before the commit, as in the engine
+    sim.sched.Commit();
+  }
+  EXPECT_EQ(a->tokens().back(), 3);
+  EXPECT_EQ(a->n_computed_tokens, 4);
+  b->ResolvePendingToken(4);
+  sim.sched.Remove(b);
+  sim.sched.Remove(a);
+
+  // Preempted with a pending token: c waits at the head of the queue, d behind it.
+  Sequence* c = sim.Add(Prompt(8, 2), 4);
+  Sequence* d = sim.Add(Prompt(8, 3), 4);
+  sim.sched.Schedule();  // both admitted: the pool (4 blocks) is full
+  sim.sched.Commit();
+  c->AppendPendingToken();
+  d->AppendPendingToken();
+  {
+    const SchedulerOutput& out = sim.sched.Schedule();  // c's 9th slot: d is preempted
+    ASSERT_EQ(out.preempted.size(), 1u);
+    EXPECT_EQ(out.preempted[0], d);
+    sim.sched.Commit();
+  }
+  c->ResolvePendingToken(1);
+  sim.sched.Remove(c);
+  EXPECT_TRUE(sim.sched.Schedule().empty());  // d's token is still pending
+  d->ResolvePendingToken(2);
+  const SchedulerOutput& out = sim.sched.Schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].seq, d);
+  EXPECT_EQ(out.scheduled[0].n_new_tokens, 9);
   sim.sched.Commit();
 }
 

@@ -54,6 +54,13 @@ __global__ void EmbeddingGatherScalarKernel(const __nv_bfloat16* __restrict__ ta
   }
 }
 
+__global__ void ResolveSampledTokensKernel(int32_t* __restrict__ ids /*[n]*/,
+                                           const int32_t* __restrict__ rows /*[n]*/,
+                                           const int32_t* __restrict__ sampled, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n && rows[i] >= 0) ids[i] = sampled[rows[i]];
+}
+
 bool Aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -77,6 +84,17 @@ void EmbeddingGather(const __nv_bfloat16* table /*[vocab, hidden]*/, int64_t voc
   } else {
     EmbeddingGatherScalarKernel<<<grid, kThreads, 0, stream>>>(table, hidden, ids, out);
   }
+  KCUDA_CHECK_LAUNCH();
+}
+
+void ResolveSampledTokens(int32_t* ids /*[n] device*/, const int32_t* rows /*[n] device*/,
+                          const int32_t* sampled /*[n_sampled] device*/, int64_t n,
+                          cudaStream_t stream) {
+  KCHECK(n >= 0 && n <= INT32_MAX);
+  if (n == 0) return;
+  KCHECK(ids != nullptr && rows != nullptr && sampled != nullptr);
+  const unsigned blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+  ResolveSampledTokensKernel<<<blocks, kThreads, 0, stream>>>(ids, rows, sampled, n);
   KCUDA_CHECK_LAUNCH();
 }
 

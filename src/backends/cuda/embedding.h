@@ -16,4 +16,11 @@ void EmbeddingGather(const __nv_bfloat16* table /*[vocab, hidden]*/, int64_t voc
                      const int32_t* ids /*[n] device*/, int64_t n, float* out /*[n, hidden]*/,
                      cudaStream_t stream);
 
+// ids[i] = sampled[rows[i]] where rows[i] >= 0, else unchanged: feeds the tokens a sampling
+// kernel left on the device into the next step without a round trip through the host. The
+// caller guarantees rows[i] < the number of rows sampled.
+void ResolveSampledTokens(int32_t* ids /*[n] device*/, const int32_t* rows /*[n] device*/,
+                          const int32_t* sampled /*[n_sampled] device*/, int64_t n,
+                          cudaStream_t stream);
+
 }  // namespace kestrel::cuda
