@@ -12,6 +12,9 @@ struct CudaBenchOptions {
   std::vector<int64_t> prefill_tokens;
   std::vector<int64_t> decode_contexts;
   std::vector<int64_t> batch_sizes;
+  // The serving engine end to end (kestrel serve without HTTP) at these batch sizes, with
+  // asynchronous scheduling off and on; empty: skipped.
+  std::vector<int64_t> engine_batch_sizes;
   int32_t decode_tokens = 32;
   int repeats = 3;
   bool no_graphs = false;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/bench_cuda.h"
+#include "cli/bench_engine.h"
 #include "cli/common.h"
 #include "cli/model_setup.h"
 #include "cli/verbs.h"
@@ -27,6 +28,7 @@ struct BenchFlags {
   std::vector<int64_t> prefill_tokens;   // default: 128,512 (cpu); 128,512,2048,8192 (cuda)
   std::vector<int64_t> decode_contexts;  // default: 128,1024 (cpu); 128,2048,8192 (cuda)
   std::vector<int64_t> batch_sizes;      // cuda; default 1,2,4,...,256
+  std::vector<int64_t> engine_batches;   // default 1,64 (cuda), none (cpu); 0 = none
   bool no_graphs = false;
   bool no_profile = false;
   int32_t decode_tokens = 32;
@@ -68,6 +70,11 @@ Result<ByteModel> CountBytes(const std::string& dir, const ModelConfig& cfg) {
 int RunBench(BenchFlags f) {
   Result<Device> device = ResolveDevice(f.load.device);
   if (!device.ok()) return Fail(device.status());
+  std::vector<int64_t> engine_batches;  // without the 0s
+  for (int64_t v : f.engine_batches) {
+    if (v < 0 || v > 1024) return Fail("--engine-batch values must be in [0, 1024]");
+    if (v > 0) engine_batches.push_back(v);
+  }
   if (*device == Device::kCuda) {
     CudaBenchOptions o;
     o.prefill_tokens = f.prefill_tokens.empty() ? std::vector<int64_t>{128, 512, 2048, 8192}
@@ -86,6 +93,9 @@ int RunBench(BenchFlags f) {
     for (int64_t v : o.batch_sizes) {
       if (v < 1 || v > 4096) return Fail("--batch values must be in [1, 4096]");
     }
+    o.engine_batch_sizes = engine_batches.empty() && f.engine_batches.empty()
+                               ? std::vector<int64_t>{1, 64}
+                               : engine_batches;
     o.decode_tokens = f.decode_tokens;
     o.repeats = f.repeats;
     o.no_graphs = f.no_graphs;
@@ -101,6 +111,7 @@ int RunBench(BenchFlags f) {
   int64_t max_ctx = 0;
   for (int64_t n : f.prefill_tokens) max_ctx = std::max(max_ctx, n + 1);
   for (int64_t n : f.decode_contexts) max_ctx = std::max(max_ctx, n + f.decode_tokens);
+  for (int64_t b : engine_batches) max_ctx = std::max(max_ctx, b * (32 + f.decode_tokens));
   f.load.kv_cache_tokens = max_ctx;
   f.load.need_tokenizer = false;
   Result<LoadedModel> loaded = LoadModelForCli(f.load);
@@ -184,6 +195,11 @@ int RunBench(BenchFlags f) {
                       {"fraction_of_read_bw", gbs / limits.read_gb_per_s}});
   }
   out["decode"] = decode;
+  if (!engine_batches.empty()) {
+    // Last: the engine takes the model.
+    out["engine_decode"] = BenchEngineDecode(std::move(loaded->model), engine_batches,
+                                             f.decode_tokens, f.repeats, 4321);
+  }
   WriteLine(out.dump(2));
   return 0;
 }
@@ -196,6 +212,10 @@ void RegisterBench(CLI::App& app, int& exit_code) {
   cmd->add_option("--model", f.load.model_dir, "Model directory");
   cmd->add_option("--device", f.load.device, kDeviceHelp)->capture_default_str();
   cmd->add_option("--batch", f.batch_sizes, "Decode batch sizes (cuda)")->delimiter(',');
+  cmd->add_option("--engine-batch", f.engine_batches,
+                  "Serving-engine decode batch sizes, async scheduling off and on "
+                  "(default 1,64 on cuda, none on cpu; 0: none)")
+      ->delimiter(',');
   cmd->add_flag("--no-graphs", f.no_graphs, "Decode without CUDA graphs (cuda)");
   cmd->add_flag("--no-profile", f.no_profile, "Skip the per-stage breakdown runs (cuda)");
   cmd->add_option("--prefill", f.prefill_tokens, "Prompt lengths to prefill")->delimiter(',');

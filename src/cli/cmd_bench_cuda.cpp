@@ -17,8 +17,12 @@
 #include <vector>
 
 #ifdef KESTREL_HAS_CUDA
+#include "backends/cuda/attention.h"
+#include "backends/cuda/linear.h"
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/roofline.h"
 #endif
+#include "cli/bench_engine.h"
 #include "cli/common.h"
 
 namespace kestrel::cli {
@@ -155,6 +159,9 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
   out["kv_bytes_per_token"] = model.kv_bytes_per_token();
   out["kv_capacity_tokens"] = int64_t{n_blocks} * bs;
   out["graphs"] = !o.no_graphs;
+  out["pdl"] = cuda::PdlEnabled();
+  out["decode_attention"] = cuda::DecodeAttentionVariantName(cuda::DecodeAttentionVariant());
+  out["gemv"] = cuda::SkinnyVariantName(cuda::DefaultSkinnyVariant());
   out["roofline"] = {{"copy_gb_per_s", roof->copy_gb_per_s},
                      {"gemm_tflop_per_s", roof->gemm_tflop_per_s},
                      {"copy_bytes", roof->copy_bytes},
@@ -286,6 +293,11 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
     }
   }
   out["decode"] = decode;
+  if (!o.engine_batch_sizes.empty()) {
+    // Last: the engine takes the model.
+    out["engine_decode"] = BenchEngineDecode(std::move(loaded.model), o.engine_batch_sizes,
+                                             /*new_tokens=*/128, o.repeats, rng());
+  }
   WriteLine(out.dump(2));
   return 0;
 }
