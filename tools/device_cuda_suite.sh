@@ -55,7 +55,7 @@ if has tests; then
     timeout "${TESTS_S:-120}" .devbin/test_cuda --gtest_color=no --gtest_filter="$group" >> "$OUT/test_cuda.txt" 2>&1
     log "test_cuda $group: exit $?"
   done
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |Failure$|^\[ info|^batch inv|^long context|timing \]' "$OUT/test_cuda.txt" | head -60 | tee -a "$OUT/suite.log"
+  grep -E '^\[  (PASSED|FAILED) |Failure$|^\[ info|^batch inv|^long context|timing \]' "$OUT/test_cuda.txt" | head -60 | tee -a "$OUT/suite.log"
 fi
 for p in "${pids[@]}"; do wait "$p"; done
 has sanitize && log "memcheck: $(tail -1 "$OUT/memcheck.txt"); $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1); $(grep -c '^\[       OK' "$OUT/memcheck.txt") tests ok"
