@@ -68,21 +68,11 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
   return v;
 }
 
-// The kernels below are launched with PDL (pdl.cuh). W does not depend on any earlier kernel, so
-// before PdlWait a block asks L2 for its whole slice of W (rows [row0, row0 + n_rows), all of k):
-// while the previous kernels finish, the first wave of blocks already streams its weights, and
-// HBM is not idle across the kernel boundary. The main loop's loads then find the lines in L2
-// (or in flight). After the main loop the block lets the next kernel be scheduled.
-__device__ __forceinline__ void PrefetchRowsL2(const __nv_bfloat16* w, int64_t row0, int n_rows,
-                                               int k, int n_threads) {
-  const char* base = reinterpret_cast<const char*>(w + row0 * k);
-  const int64_t bytes = static_cast<int64_t>(n_rows) * k * 2;
-  for (int64_t off = static_cast<int64_t>(threadIdx.x) * 128; off < bytes;
-       off += static_cast<int64_t>(n_threads) * 128) {
-    PrefetchL2(base + off);
-  }
-}
-
+// The kernels below are launched with PDL (pdl.cuh): they wait before their first load and let
+// the next kernel be scheduled after their main loop. (Asking L2 for each block's slice of W
+// before the wait, so that the first wave streams weights while the previous kernels finish,
+// measured slower on the H200: batch-1 Qwen3-8B decode fell from 205 to 175-180 tok/s, the
+// GEMV share of a step growing by 0.8 ms; docs/cuda.md.)
 // d += A(16x16, row) . B(16x8, col), bf16 inputs, f32 accumulators.
 __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                         uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -109,7 +99,6 @@ __global__ void __launch_bounds__(kThreads)
   const int t = lane % 4;  // fragment column pair: physical k [8t, 8t+8) of each chunk
   const int n0 = blockIdx.x * kRowsPerBlock;
   const int k_vecs = k / 8;  // 16-byte vectors per row of x and of w
-  PrefetchRowsL2(w, n0, min(kRowsPerBlock, n - n0), k, kThreads);
   PdlWait();
 
   // Rows past n are clamped to a valid row for the address and never loaded (zeros instead).
@@ -320,10 +309,6 @@ __global__ void __launch_bounds__(kFmaThreads)
   const int slice = warp % KS;
   const int row0 = blockIdx.x * kRowsPerBlock + group * R;
   const int k_vecs = k / 8;
-  {
-    const int block_row0 = blockIdx.x * kRowsPerBlock;
-    PrefetchRowsL2(w, block_row0, min(kRowsPerBlock, n - block_row0), k, kFmaThreads);
-  }
   PdlWait();
 
   // One 64-bit base (row0, or row 0 for a group wholly past n) and small offsets per row; rows

@@ -1,14 +1,11 @@
-// Programmatic dependent launch (PDL, sm_90): a kernel launched with LaunchPdl may start while
-// the kernel before it on the stream is still finishing, so its launch latency, its prologue and
-// (for the GEMV) the first wave of its weight reads overlap the predecessor's tail instead of
-// leaving HBM idle between kernels. A decode step is ~430 kernels at batch 1, each boundary a
-// few microseconds of idle memory otherwise.
+// Programmatic dependent launch (PDL, sm_90): a kernel launched with LaunchPdl may be scheduled
+// while the kernel before it on the stream is still finishing, so its launch and its blocks'
+// start overlap the predecessor's tail. A decode step is ~430 kernels at batch 1.
 //
 // The contract every kernel launched through LaunchPdl keeps (each such kernel says where):
 //   - PdlWait() runs in every thread before it reads anything an earlier kernel wrote and before
 //     it writes any global memory (an earlier kernel may still be reading what it overwrites).
-//     Only immutable data (weights, tables uploaded at load) may be touched before it: L2
-//     prefetches of weights are the point.
+//     Only immutable data (weights, tables uploaded at load) may be touched before it.
 //   - PdlWait() runs before any early return, so a grid never completes before its predecessor
 //     has; completion therefore chains, and PdlWait() waits for every earlier kernel, not just
 //     the one before.
@@ -60,11 +57,6 @@ __device__ __forceinline__ void PdlLaunchDependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-// Asks L2 to fetch the 128-byte line holding p (weights: read-only, so safe before PdlWait).
-__device__ __forceinline__ void PrefetchL2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialisation when
