@@ -248,12 +248,14 @@ __device__ int32_t SelectByMass(const KeyOf& key_of, const MassOf& mass_of, int3
         const unsigned peers = __match_any_sync(kFullMask, digit);
         if (in && lane == __ffs(peers) - 1) {
           atomicAdd(&sh.count[digit], static_cast<uint32_t>(__popc(peers)));
-          sh.last[digit] = i;
+          atomicExch(&sh.last[digit], i);
         }
       } else if (in) {
         atomicAdd(&sh.mass[digit], static_cast<unsigned long long>(mass));
         atomicAdd(&sh.count[digit], 1u);
-        sh.last[digit] = i;
+        // Any member will do (last is read only when count == 1); an atomic, so that members
+        // of one bucket never race on it (compute-sanitizer racecheck flagged the plain store).
+        atomicExch(&sh.last[digit], i);
       }
     }
     __syncthreads();
