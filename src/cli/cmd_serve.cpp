@@ -37,6 +37,7 @@ struct ServeFlags {
   int32_t block_size = 16;
   std::string api_key;
   bool no_prefix_cache = false;
+  bool no_async_scheduling = false;
   int n_threads = 0;
   std::string served_model_name;
   int shutdown_grace_s = 10;
@@ -191,6 +192,7 @@ int RunServe(ServeFlags f) {
   engine_config.max_batched_tokens = f.max_batched_tokens;
   engine_config.max_waiting = f.max_waiting;
   engine_config.prefix_caching = !f.no_prefix_cache;
+  engine_config.async_scheduling = !f.no_async_scheduling;
   std::vector<int32_t> eos_ids = EosIds(**model, *defaults, *tokenizer);
   Log("kestrel: [4/4] starting the engine (max " + std::to_string(f.max_num_seqs) + " sequences, " +
       std::to_string(f.max_batched_tokens) + " tokens per step, prefix cache " +
@@ -247,6 +249,8 @@ void RegisterServe(CLI::App& app, int& exit_code) {
   cmd->add_option("--api-key", f.api_key,
                   "Require 'Authorization: Bearer KEY' on /v1/* (default: $KESTREL_API_KEY)");
   cmd->add_flag("--no-prefix-cache", f.no_prefix_cache, "Disable prefix caching");
+  cmd->add_flag("--no-async-scheduling", f.no_async_scheduling,
+                "Wait for each step's tokens before planning the next (same tokens, slower)");
   cmd->add_option("--threads", f.n_threads, "CPU threads for the model (default: all cores)");
   cmd->add_option("--served-model-name", f.served_model_name,
                   "Model id shown by the API (default: the directory name)");
