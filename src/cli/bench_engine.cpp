@@ -1,4 +1,5 @@
 #include "cli/bench_engine.h"
+#include "cli/bench_util.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,24 +11,9 @@
 #include "engine/engine.h"
 
 namespace kestrel::cli {
-namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-std::vector<int32_t> RandomIds(int64_t n, int64_t vocab, std::mt19937_64& rng) {
-  std::uniform_int_distribution<int64_t> dist(0, vocab - 1);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& id : ids) id = static_cast<int32_t>(dist(rng));
-  return ids;
-}
-
-}  // namespace
 
 json BenchEngineDecode(std::unique_ptr<Model> model, const std::vector<int64_t>& batches,
                        int32_t tokens, int repeats, uint64_t seed) {

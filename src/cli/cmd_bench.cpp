@@ -10,6 +10,7 @@
 
 #include "cli/bench_cuda.h"
 #include "cli/bench_engine.h"
+#include "cli/bench_util.h"
 #include "cli/common.h"
 #include "cli/model_setup.h"
 #include "cli/verbs.h"
@@ -34,19 +35,6 @@ struct BenchFlags {
   int32_t decode_tokens = 32;
   int repeats = 3;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-std::vector<int32_t> RandomIds(int64_t n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int64_t> dist(0, vocab - 1);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& id : ids) id = static_cast<int32_t>(dist(rng));
-  return ids;
-}
 
 // Bytes one decode step must read: every weight once, except that the embedding gather
 // reads a single row (unless the LM head is tied to it), plus the K/V of the context.
@@ -141,7 +129,8 @@ int RunBench(BenchFlags f) {
     std::vector<double> secs;
     for (int r = 0; r < f.repeats; ++r) {
       GenerationRequest req;
-      req.prompt_ids = RandomIds(n, cfg.vocab_size, 1234 + r);
+      std::mt19937_64 rng(static_cast<uint64_t>(1234 + r));
+      req.prompt_ids = RandomIds(n, cfg.vocab_size, rng);
       req.sampling.temperature = 0;
       req.max_new_tokens = 1;
       req.ignore_eos = true;
@@ -169,7 +158,8 @@ int RunBench(BenchFlags f) {
     std::vector<double> rates;
     for (int r = 0; r < f.repeats; ++r) {
       GenerationRequest req;
-      req.prompt_ids = RandomIds(ctx, cfg.vocab_size, 99 + r);
+      std::mt19937_64 rng(static_cast<uint64_t>(99 + r));
+      req.prompt_ids = RandomIds(ctx, cfg.vocab_size, rng);
       req.sampling.temperature = 0;
       req.max_new_tokens = f.decode_tokens;
       req.ignore_eos = true;

@@ -23,6 +23,7 @@
 #include "backends/cuda/roofline.h"
 #endif
 #include "cli/bench_engine.h"
+#include "cli/bench_util.h"
 #include "cli/common.h"
 
 namespace kestrel::cli {
@@ -33,11 +34,6 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -65,13 +61,6 @@ FlopModel Flops(const ModelConfig& c) {
   f.head_macs = static_cast<double>(c.vocab_size) * hidden;
   f.attn_dim_layers = static_cast<double>(c.n_layers) * q_dim;
   return f;
-}
-
-std::vector<int32_t> RandomIds(int64_t n, int64_t vocab, std::mt19937_64& rng) {
-  std::uniform_int_distribution<int64_t> dist(0, vocab - 1);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& id : ids) id = static_cast<int32_t>(dist(rng));
-  return ids;
 }
 
 // Host-side batch of `rows` sequences, sequence s owning blocks [s * nb, (s + 1) * nb).
