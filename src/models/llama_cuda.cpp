@@ -639,7 +639,12 @@ void CudaDenseDecoder::LaunchSampling(std::span<Sampler* const> samplers) {
                               stream_));
   KCUDA_CHECK(cudaMemcpyAsync(h + in_bytes, d_out, out_bytes, cudaMemcpyDeviceToHost, stream_));
   KCUDA_CHECK(cudaEventRecord(sampling_done_, stream_));
-  sampling_out_offset_ = in_bytes;
+  // Where FinishSampling finds each output on the host.
+  const uint8_t* h_out = h + in_bytes;
+  sampling_out_.tokens = reinterpret_cast<const int32_t*>(h_out);
+  sampling_out_.top_ids = reinterpret_cast<const int32_t*>(h_out + tokens_bytes);
+  sampling_out_.logprob = reinterpret_cast<const float*>(h_out + tokens_bytes + top_ids_bytes);
+  sampling_out_.top_logprobs = sampling_out_.logprob + n;
 }
 
 void CudaDenseDecoder::FinishSampling(std::span<SampleResult> results) {
@@ -651,13 +656,10 @@ void CudaDenseDecoder::FinishSampling(std::span<SampleResult> results) {
   constexpr int32_t kTop = cuda::kGpuMaxTopLogprobs;
   const int32_t vocab = static_cast<int32_t>(config_.vocab_size);
   KCUDA_CHECK(cudaEventSynchronize(sampling_done_));
-  const uint8_t* out = sampling_host_.as<uint8_t>() + sampling_out_offset_;
-  const size_t tokens_bytes = AlignUp(size_t(n) * 4);
-  const size_t top_ids_bytes = AlignUp(size_t(n) * kTop * 4);
-  const auto* tokens = reinterpret_cast<const int32_t*>(out);
-  const auto* top_ids = reinterpret_cast<const int32_t*>(out + tokens_bytes);
-  const auto* logprob = reinterpret_cast<const float*>(out + tokens_bytes + top_ids_bytes);
-  const float* top_lp = logprob + n;
+  const int32_t* tokens = sampling_out_.tokens;
+  const int32_t* top_ids = sampling_out_.top_ids;
+  const float* logprob = sampling_out_.logprob;
+  const float* top_lp = sampling_out_.top_logprobs;
   for (int32_t i = 0; i < n; ++i) {
     SampleResult& r = results[i];
     r.token = tokens[i];

@@ -195,7 +195,13 @@ class CudaDenseDecoder final : public Model {
   std::vector<Sampler*> pending_samplers_;  // of the sampling in flight (empty: none)
   bool sampling_pending_ = false;
   cudaEvent_t sampling_done_ = nullptr;  // its outputs are on the host
-  size_t sampling_out_offset_ = 0;       // where in sampling_host_ they land
+  // The in-flight sampling's outputs in sampling_host_ (valid after sampling_done_).
+  struct SamplingOutputs {
+    const int32_t* tokens = nullptr;        // [n]
+    const int32_t* top_ids = nullptr;       // [n, kGpuMaxTopLogprobs]
+    const float* logprob = nullptr;         // [n]
+    const float* top_logprobs = nullptr;    // [n, kGpuMaxTopLogprobs]
+  } sampling_out_;
   cuda::DeviceBuffer sampling_workspace_;
   cuda::DeviceBuffer sampling_io_;
   cuda::PinnedBuffer sampling_host_;
