@@ -152,6 +152,42 @@ PRESETS = {
     },
 }
 
+# Qwen3.5-27B-shaped hybrid (3 Gated DeltaNet layers, then one gated full-attention layer; about
+# 27B parameters). For the CPU, scale it down with e.g. --set num_hidden_layers=8.
+PRESETS["qwen3.5-27b"] = {
+    "config": {
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
+        "attention_bias": False,
+        "attn_output_gate": True,
+        "bos_token_id": 248044,
+        "eos_token_id": 248044,
+        "full_attention_interval": 4,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,
+        "num_attention_heads": 24,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 4,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000000,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 248320,
+    },
+    "generation": {"bos_token_id": 248044, "eos_token_id": 248044, "do_sample": True,
+                   "temperature": 0.6, "top_k": 20, "top_p": 0.95},
+    "tokenizer_dir": "tests/data/npm/qwen3",
+}
+
 # A tiny Qwen3-shaped model for --smoke: real vocabulary (so the real tokenizer fits),
 # untied head, q dim (4*16=64) != hidden (48), GQA 2:1, and small shards to exercise sharding.
 SMOKE_CONFIG = dict(
@@ -167,7 +203,7 @@ SMOKE_CONFIG = dict(
     tie_word_embeddings=False,
 )
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text")
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -236,9 +272,49 @@ def tensor_plan(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
     qkv_bias = mt == "qwen2" or bool(cfg.get("attention_bias", False))
     o_bias = mt != "qwen2" and bool(cfg.get("attention_bias", False))
     mlp_bias = bool(cfg.get("mlp_bias", False))
-    qk_norm = mt == "qwen3"
+    qk_norm = mt in ("qwen3", "qwen3_5_text")
+    hybrid = mt == "qwen3_5_text"
 
     plan = [("model.embed_tokens.weight", (V, H), "normal")]
+    if hybrid:
+        # (1 + w) norms: small random w; the gated norm of the delta rule is a plain weight.
+        interval = int(cfg.get("full_attention_interval", 4))
+        types = cfg.get("layer_types") or [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(L)]
+        nk, nv = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+        dk, dv = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+        K = int(cfg["linear_conv_kernel_dim"])
+        conv_dim = 2 * nk * dk + nv * dv
+        for i in range(L):
+            p = f"model.layers.{i}."
+            plan.append((p + "input_layernorm.weight", (H,), "normal"))
+            if types[i] == "linear_attention":
+                a = p + "linear_attn."
+                plan += [(a + "in_proj_qkv.weight", (conv_dim, H), "normal"),
+                         (a + "in_proj_z.weight", (nv * dv, H), "normal"),
+                         (a + "in_proj_b.weight", (nv, H), "normal"),
+                         (a + "in_proj_a.weight", (nv, H), "normal"),
+                         (a + "conv1d.weight", (conv_dim, 1, K), "normal"),
+                         (a + "A_log", (nv,), "normal"),
+                         (a + "dt_bias", (nv,), "ones"),
+                         (a + "norm.weight", (dv,), "ones"),
+                         (a + "out_proj.weight", (H, nv * dv), "normal")]
+            else:
+                a = p + "self_attn."
+                plan += [(a + "q_proj.weight", (2 * nh * hd, H), "normal"),
+                         (a + "k_proj.weight", (nkv * hd, H), "normal"),
+                         (a + "v_proj.weight", (nkv * hd, H), "normal"),
+                         (a + "o_proj.weight", (H, nh * hd), "normal"),
+                         (a + "q_norm.weight", (hd,), "normal"),
+                         (a + "k_norm.weight", (hd,), "normal")]
+            plan.append((p + "post_attention_layernorm.weight", (H,), "normal"))
+            plan += [(p + "mlp.gate_proj.weight", (I, H), "normal"),
+                     (p + "mlp.up_proj.weight", (I, H), "normal"),
+                     (p + "mlp.down_proj.weight", (H, I), "normal")]
+        plan.append(("model.norm.weight", (H,), "normal"))
+        if not tied:
+            plan.append(("lm_head.weight", (V, H), "normal"))
+        return plan
     for i in range(L):
         p = f"model.layers.{i}."
         plan.append((p + "input_layernorm.weight", (H,), "ones"))

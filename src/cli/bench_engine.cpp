@@ -15,7 +15,7 @@ namespace kestrel::cli {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-json BenchEngineDecode(std::unique_ptr<Model> model, const std::vector<int64_t>& batches,
+json BenchEngineDecode(std::shared_ptr<Model> model, const std::vector<int64_t>& batches,
                        int32_t tokens, int repeats, uint64_t seed) {
   KCHECK(!batches.empty() && tokens >= 2 && repeats >= 1);
   std::mt19937_64 rng(seed);

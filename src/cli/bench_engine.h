@@ -18,7 +18,7 @@ namespace kestrel::cli {
 // decode rate counts the tokens that reach the client (events read by one polling thread)
 // after every request has its first token, over the time until the last one finishes. Returns
 // one JSON row per (async, batch): tok_per_s and ms_per_step.
-nlohmann::json BenchEngineDecode(std::unique_ptr<Model> model, const std::vector<int64_t>& batches,
+nlohmann::json BenchEngineDecode(std::shared_ptr<Model> model, const std::vector<int64_t>& batches,
                                  int32_t new_tokens, int repeats, uint64_t seed);
 
 }  // namespace kestrel::cli

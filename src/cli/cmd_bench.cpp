@@ -15,7 +15,7 @@
 #include "cli/model_setup.h"
 #include "cli/verbs.h"
 #include "core/memory_bandwidth.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
 #include "models/safetensors.h"
 
 namespace kestrel::cli {
@@ -36,23 +36,19 @@ struct BenchFlags {
   int repeats = 3;
 };
 
-// Bytes one decode step must read: every weight once, except that the embedding gather
-// reads a single row (unless the LM head is tied to it), plus the K/V of the context.
-struct ByteModel {
-  int64_t weight_bytes_per_token = 0;
-  int64_t matmul_params = 0;  // multiply-adds per token in the linear layers
-};
-
-Result<ByteModel> CountBytes(const std::string& dir, const ModelConfig& cfg) {
-  KASSIGN(WeightStore ws, WeightStore::Open(dir));
-  ByteModel b;
-  for (const auto& [name, t] : ws.tensors()) {
-    bool is_embed = name == "model.embed_tokens.weight";
-    if (is_embed && !cfg.tie_word_embeddings) continue;
-    b.weight_bytes_per_token += static_cast<int64_t>(t.size_bytes());
-    if (t.n_dims == 2) b.matmul_params += t.numel();
-  }
-  return b;
+// One request on an engine: the arrival time of each token (the first is the prefill's).
+std::vector<Clock::time_point> RunOne(Engine& engine, EngineRequest req, Clock::time_point* t0) {
+  *t0 = Clock::now();
+  Result<std::shared_ptr<RequestHandle>> h = engine.Submit(std::move(req));
+  KCHECK_MSG(h.ok(), h.status().message().c_str());
+  std::vector<Clock::time_point> stamps;
+  RequestOutput ev;
+  do {
+    while (!(*h)->Next(&ev, std::chrono::milliseconds(1000))) {
+    }
+    stamps.insert(stamps.end(), ev.token_ids.size(), Clock::now());
+  } while (!ev.finished);
+  return stamps;
 }
 
 int RunBench(BenchFlags f) {
@@ -102,93 +98,132 @@ int RunBench(BenchFlags f) {
   for (int64_t b : engine_batches) max_ctx = std::max(max_ctx, b * (32 + f.decode_tokens));
   f.load.kv_cache_tokens = max_ctx;
   f.load.need_tokenizer = false;
+  f.load.max_num_seqs = static_cast<int32_t>(
+      std::max<int64_t>(1, engine_batches.empty() ? 1 : *std::max_element(engine_batches.begin(),
+                                                                           engine_batches.end())));
   Result<LoadedModel> loaded = LoadModelForCli(f.load);
   if (!loaded.ok()) return Fail(loaded.status());
-  Model& model = *loaded->model;
-  const ModelConfig& cfg = model.config();
-  Result<ByteModel> bytes = CountBytes(loaded->dir, cfg);
-  if (!bytes.ok()) return Fail(bytes.status());
+  std::shared_ptr<Model> model = std::move(loaded->model);
+  const ModelConfig& cfg = model->config();
+  const CacheSpec& spec = model->cache_spec();
+  // Bytes one decode step must read besides the K/V of the context: every weight once (MoE
+  // layers: the routed experts only), one embedding row, and the recurrent state read and
+  // written; and the multiply-adds per token of the linear layers.
+  const int64_t weight_bytes = model->decode_weight_bytes();
+  const int64_t state_bytes = 2 * spec.state_bytes_per_slot();
+  const double active_params = static_cast<double>(weight_bytes) /
+                               static_cast<double>(DTypeSize(cfg.torch_dtype));
 
   ThreadPool pool(f.load.n_threads);
   json out;
   out["model"] = loaded->dir;
+  out["architecture"] = cfg.architecture_class;
   out["device"] = "cpu";
   out["threads"] = pool.n_threads();
-  out["kernels"] = f.load.reference_kernels ? "reference" : "auto";
-  out["weight_bytes_per_token"] = bytes->weight_bytes_per_token;
+  out["kernels"] = model->kernels_name();
+  out["weight_bytes_per_token"] = weight_bytes;
+  out["state_bytes_per_token"] = state_bytes;
+  out["kv_bytes_per_context_token"] = spec.kv_bytes_per_token();
   MachineLimits limits;
   limits.read_gb_per_s = MeasureReadBandwidth(pool, int64_t{1} << 30, 5);
   limits.fma_gflop_per_s = MeasureFmaPeak(pool, 3);
   out["roofline"] = {{"read_gb_per_s", limits.read_gb_per_s},
                      {"fma_gflop_per_s", limits.fma_gflop_per_s}};
 
-  Generator gen(&model, nullptr);
+  // One sequence on the serving engine, synchronous steps, no prefix cache (every prompt is
+  // computed).
+  auto make_engine = [&](int32_t step_tokens) {
+    EngineConfig config;
+    config.max_num_seqs = 1;
+    config.max_batched_tokens = step_tokens;
+    config.prefix_caching = false;
+    config.async_scheduling = false;
+    auto engine = std::make_unique<Engine>(model, nullptr, std::vector<int32_t>{}, config);
+    engine->Start();
+    return engine;
+  };
   const int64_t attn_dim = cfg.n_heads * cfg.head_dim;
+  const double delta_flops_per_token =  // the recurrent form: decay, S^T k, update, S^T q
+      8.0 * static_cast<double>(spec.n_recurrent_layers * cfg.linear.n_value_heads *
+                                cfg.linear.key_head_dim * cfg.linear.value_head_dim);
   json prefill = json::array();
   for (int64_t n : f.prefill_tokens) {
+    std::unique_ptr<Engine> engine = make_engine(static_cast<int32_t>(n));
     std::vector<double> secs;
+    ForwardStats stats{};
     for (int r = 0; r < f.repeats; ++r) {
-      GenerationRequest req;
+      EngineRequest req;
       std::mt19937_64 rng(static_cast<uint64_t>(1234 + r));
       req.prompt_ids = RandomIds(n, cfg.vocab_size, rng);
       req.sampling.temperature = 0;
       req.max_new_tokens = 1;
       req.ignore_eos = true;
-      req.prefill_chunk_tokens = static_cast<int32_t>(n);
-      Result<GenerationResult> res = gen.Run(req, [](const GenerationEvent&) { return true; });
-      if (!res.ok()) return Fail(res.status());
-      secs.push_back(res->prefill_seconds);
+      Clock::time_point t0;
+      model->ResetStats();
+      std::vector<Clock::time_point> stamps = RunOne(*engine, std::move(req), &t0);
+      secs.push_back(std::chrono::duration<double>(stamps.front() - t0).count());
+      stats = model->stats();
     }
-    double s = Median(secs);
-    // 2 flops per multiply-add: linear layers (LM head only for the last row) + causal attention.
-    double flops = 2.0 * static_cast<double>(bytes->matmul_params - cfg.vocab_size * cfg.hidden_size) * n +
-                   2.0 * cfg.vocab_size * cfg.hidden_size +
-                   2.0 * 2.0 * cfg.n_layers * attn_dim * (static_cast<double>(n) * (n + 1) / 2);
-    double gflops = flops / s / 1e9;
-    prefill.push_back({{"tokens", n},
-                       {"seconds", s},
-                       {"tok_per_s", n / s},
-                       {"gflop_per_s", gflops},
-                       {"fraction_of_fma_peak", limits.fma_gflop_per_s > 0 ? gflops / limits.fma_gflop_per_s : 0}});
+    engine->Shutdown(false);
+    const double s = Median(secs);
+    // 2 flops per multiply-add: linear layers (LM head only for the last row), causal attention
+    // in the attention layers, the delta rule in the recurrent ones.
+    const double lm_head = static_cast<double>(cfg.vocab_size * cfg.hidden_size);
+    const double flops = 2.0 * (active_params - lm_head) * static_cast<double>(n) + 2.0 * lm_head +
+                         2.0 * 2.0 * static_cast<double>(spec.n_attention_layers * attn_dim) *
+                             (static_cast<double>(n) * (n + 1) / 2) +
+                         delta_flops_per_token * static_cast<double>(n);
+    const double gflops = flops / s / 1e9;
+    prefill.push_back(
+        {{"tokens", n},
+         {"seconds", s},
+         {"tok_per_s", n / s},
+         {"gflop_per_s", gflops},
+         {"fraction_of_fma_peak", limits.fma_gflop_per_s > 0 ? gflops / limits.fma_gflop_per_s : 0},
+         {"stages_s",
+          {{"matmul", stats.matmul_s},
+           {"attention", stats.attention_s},
+           {"recurrent", stats.recurrent_s},
+           {"other", stats.other_s}}}});
   }
   out["prefill"] = prefill;
 
   json decode = json::array();
   for (int64_t ctx : f.decode_contexts) {
+    std::unique_ptr<Engine> engine = make_engine(static_cast<int32_t>(std::min<int64_t>(ctx, 2048)));
     std::vector<double> rates;
     for (int r = 0; r < f.repeats; ++r) {
-      GenerationRequest req;
+      EngineRequest req;
       std::mt19937_64 rng(static_cast<uint64_t>(99 + r));
       req.prompt_ids = RandomIds(ctx, cfg.vocab_size, rng);
       req.sampling.temperature = 0;
       req.max_new_tokens = f.decode_tokens;
       req.ignore_eos = true;
-      std::vector<Clock::time_point> stamps;
-      Result<GenerationResult> res = gen.Run(req, [&](const GenerationEvent&) {
-        stamps.push_back(Clock::now());
-        return true;
-      });
-      if (!res.ok()) return Fail(res.status());
-      double s = std::chrono::duration<double>(stamps.back() - stamps.front()).count();
-      rates.push_back((stamps.size() - 1) / s);
+      Clock::time_point t0;
+      std::vector<Clock::time_point> stamps = RunOne(*engine, std::move(req), &t0);
+      const double s = std::chrono::duration<double>(stamps.back() - stamps.front()).count();
+      rates.push_back(static_cast<double>(stamps.size() - 1) / s);
     }
-    double tok_s = Median(rates);
+    engine->Shutdown(false);
+    const double tok_s = Median(rates);
     // Mean context over the measured steps.
-    double mean_ctx = ctx + f.decode_tokens / 2.0;
-    double bytes_per_step = bytes->weight_bytes_per_token + model.kv_bytes_per_token() * mean_ctx;
-    double gbs = bytes_per_step * tok_s / 1e9;
+    const double mean_ctx = static_cast<double>(ctx) + f.decode_tokens / 2.0;
+    const double bytes_per_step = static_cast<double>(weight_bytes + state_bytes) +
+                                  static_cast<double>(spec.kv_bytes_per_token()) * mean_ctx;
+    const double gbs = bytes_per_step * tok_s / 1e9;
     decode.push_back({{"context", ctx},
                       {"tokens", f.decode_tokens},
                       {"tok_per_s", tok_s},
                       {"ms_per_token", 1e3 / tok_s},
+                      {"bytes_per_token", bytes_per_step},
                       {"gb_per_s", gbs},
                       {"fraction_of_read_bw", gbs / limits.read_gb_per_s}});
   }
   out["decode"] = decode;
   if (!engine_batches.empty()) {
     // Last: the engine takes the model.
-    out["engine_decode"] = BenchEngineDecode(std::move(loaded->model), engine_batches,
-                                             f.decode_tokens, f.repeats, 4321);
+    out["engine_decode"] =
+        BenchEngineDecode(std::move(model), engine_batches, f.decode_tokens, f.repeats, 4321);
   }
   WriteLine(out.dump(2));
   return 0;

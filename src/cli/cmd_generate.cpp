@@ -1,5 +1,7 @@
 // kestrel generate: streams the completion of a prompt (raw or chat) to stdout; prefill and
-// decode token counts and speeds go to stderr.
+// decode token counts and speeds go to stderr. The request runs on the same Engine the server
+// uses (one sequence, synchronous scheduling), so validation, stop strings, EOS and text deltas
+// are the server's.
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -9,7 +11,7 @@
 #include "cli/model_setup.h"
 #include "cli/verbs.h"
 #include "core/mapped_file.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
 #include "tokenizer/chat_template.h"
 
 namespace kestrel::cli {
@@ -27,6 +29,9 @@ struct GenerateFlags {
   std::optional<uint64_t> seed;
   bool ignore_eos = false;
 };
+
+// Tokens per prefill step (one chunk of the engine's token budget).
+constexpr int32_t kPrefillChunkTokens = 512;
 
 int RunGenerate(const GenerateFlags& f) {
   std::string prompt = f.prompt;
@@ -55,7 +60,7 @@ int RunGenerate(const GenerateFlags& f) {
     ids = m.tokenizer->Encode(prompt, /*add_special_tokens=*/true);
   }
 
-  GenerationRequest req;
+  EngineRequest req;
   req.prompt_ids = std::move(ids);
   req.sampling = DefaultSampling(m.defaults);
   if (f.temperature) req.sampling.temperature = *f.temperature;
@@ -66,29 +71,51 @@ int RunGenerate(const GenerateFlags& f) {
   if (Status s = ValidateSamplingParams(req.sampling); !s.ok()) return Fail(s);
   req.max_new_tokens = f.max_tokens;
   req.ignore_eos = f.ignore_eos;
-  req.eos_ids = m.eos_ids;
+  const int32_t n_prompt = static_cast<int32_t>(req.prompt_ids.size());
 
-  Generator gen(m.model.get(), &*m.tokenizer);
+  EngineConfig config;
+  config.max_num_seqs = 1;
+  config.max_batched_tokens = kPrefillChunkTokens;
+  config.async_scheduling = false;  // one sequence: nothing to overlap
+  Engine engine(std::move(m.model), &*m.tokenizer, m.eos_ids, config);
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<std::shared_ptr<RequestHandle>> handle = engine.Submit(std::move(req));
+  if (!handle.ok()) return Fail(handle.status());
+  engine.Start();
+
   auto first_token_time = std::chrono::steady_clock::time_point{};
   int32_t n_generated = 0;
-  Result<GenerationResult> r = gen.Run(req, [&](const GenerationEvent& e) {
-    if (n_generated++ == 0) first_token_time = std::chrono::steady_clock::now();
-    std::fwrite(e.text_delta.data(), 1, e.text_delta.size(), stdout);
+  RequestOutput event;
+  FinishReason finish = FinishReason::kLength;
+  for (;;) {
+    if (!(*handle)->Next(&event, std::chrono::milliseconds(1000))) continue;
+    if (!event.token_ids.empty() && n_generated == 0) {
+      first_token_time = std::chrono::steady_clock::now();
+    }
+    n_generated += static_cast<int32_t>(event.token_ids.size());
+    std::fwrite(event.text.data(), 1, event.text.size(), stdout);
     std::fflush(stdout);
-    return true;
-  });
-  if (!r.ok()) return Fail(r.status());
-  double decode_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - first_token_time).count();
+    if (event.finished) {
+      finish = event.finish_reason;
+      if (!event.error.ok()) return Fail(event.error);
+      break;
+    }
+  }
+  engine.Shutdown(/*cancel_running=*/false);
+  const auto t1 = std::chrono::steady_clock::now();
+  const double prefill_s = std::chrono::duration<double>(first_token_time - t0).count();
+  const double decode_s = std::chrono::duration<double>(t1 - first_token_time).count();
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  int32_t n_decode_forwards = n_generated - 1;  // the first token comes from the prefill logits
+  // The first token comes from the prefill's logits.
+  const int32_t n_decode_forwards = n_generated - 1;
   std::fprintf(stderr,
-               "prefill: %d tokens in %.3f s (%.1f tok/s)\n"
+               "prefill: %d tokens in %.3f s (%.1f tok/s), %d cached\n"
                "decode: %d tokens in %.3f s (%.1f tok/s), finish: %s\n",
-               r->n_prompt_tokens, r->prefill_seconds, r->n_prompt_tokens / r->prefill_seconds,
-               n_generated, decode_s, n_decode_forwards > 0 ? n_decode_forwards / decode_s : 0.0,
-               FinishReasonName(r->finish));
+               n_prompt, prefill_s, prefill_s > 0 ? n_prompt / prefill_s : 0.0,
+               event.usage.cached_tokens, n_generated, decode_s,
+               n_decode_forwards > 0 && decode_s > 0 ? n_decode_forwards / decode_s : 0.0,
+               FinishReasonName(finish));
   return 0;
 }
 

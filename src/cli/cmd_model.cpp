@@ -7,8 +7,11 @@
 #include "cli/common.h"
 #include "cli/model_setup.h"
 #include "cli/verbs.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
+#include "models/cache_spec.h"
 #include "models/safetensors.h"
+#include "models/score.h"
+#include "models/weights.h"
 
 namespace kestrel::cli {
 namespace {
@@ -54,10 +57,8 @@ int RunLogits(LogitsFlags f) {
   f.load.kv_cache_tokens = static_cast<int64_t>(ids->size()) + f.greedy;
   Result<LoadedModel> loaded = LoadModelForCli(f.load);
   if (!loaded.ok()) return Fail(loaded.status());
-  Model& model = *loaded->model;
-  const int64_t vocab = model.config().vocab_size;
-  Generator gen(&model, nullptr);
-  Result<std::vector<float>> logits = gen.AllLogits(*ids);
+  const int64_t vocab = loaded->model->config().vocab_size;
+  Result<std::vector<float>> logits = ScorePrompt(*loaded->model, *ids);
   if (!logits.ok()) return Fail(logits.status());
   json argmax = json::array();
   for (size_t i = 0; i < ids->size(); ++i) argmax.push_back(ArgMax(&(*logits)[i * vocab], vocab));
@@ -67,18 +68,34 @@ int RunLogits(LogitsFlags f) {
   out["argmax"] = argmax;
   json greedy = json::array();
   if (f.greedy > 0) {
-    GenerationRequest req;
+    // The continuation runs on the Engine, like every generation.
+    EngineRequest req;
     req.prompt_ids = *ids;
     req.sampling.temperature = 0.0f;
     req.max_new_tokens = f.greedy;
     req.ignore_eos = true;
-    Result<GenerationResult> r = gen.Run(req, [](const GenerationEvent&) { return true; });
-    if (!r.ok()) return Fail(r.status());
-    greedy = r->tokens;
+    EngineConfig config;
+    config.max_num_seqs = 1;
+    config.async_scheduling = false;
+    Engine engine(std::move(loaded->model), nullptr, {}, config);
+    Result<std::shared_ptr<RequestHandle>> handle = engine.Submit(std::move(req));
+    if (!handle.ok()) return Fail(handle.status());
+    engine.Start();
+    RequestOutput event;
+    do {
+      while (!(*handle)->Next(&event, std::chrono::milliseconds(1000))) {
+      }
+      for (int32_t t : event.token_ids) greedy.push_back(t);
+      if (event.finished && !event.error.ok()) return Fail(event.error);
+    } while (!event.finished);
   }
   out["greedy"] = greedy;
   WriteLine(DumpJson(out));
   return 0;
+}
+
+const char* LayerTypeName(LayerType t) {
+  return t == LayerType::kAttention ? "full_attention" : "linear_attention";
 }
 
 int RunInfo(const std::string& model_flag) {
@@ -94,12 +111,16 @@ int RunInfo(const std::string& model_flag) {
     n_params += t.numel();
     dtypes[std::string(DTypeName(t.dtype))] += t.numel();
   }
-  // f32 K and V per layer on the CPU path.
-  int64_t kv_bytes_per_token = 2 * cfg->n_layers * cfg->n_kv_heads * cfg->head_dim * 4;
+  // Binding checks every tensor (and refuses unknown ones) without reading the weights.
+  Result<DecoderWeights> bound = BindDecoderWeights(*cfg, *weights);
+  if (!bound.ok()) return Fail(bound.status());
+  // f32 K and V of the attention layers, and f32 recurrent state, on the CPU path.
+  const CacheSpec spec = MakeCacheSpec(*cfg, sizeof(float));
   json out;
   out["model_dir"] = dir;
-  out["architecture"] = ArchitectureName(cfg->arch);
+  out["architecture"] = cfg->architecture_class;
   out["parameters"] = n_params;
+  out["decoder_parameters"] = bound->n_parameters;
   out["dtypes"] = dtypes;
   out["weight_bytes"] = weights->total_bytes();
   out["files"] = weights->files();
@@ -111,9 +132,43 @@ int RunInfo(const std::string& model_flag) {
   out["kv_heads"] = cfg->n_kv_heads;
   out["head_dim"] = cfg->head_dim;
   out["tied_embeddings"] = cfg->tie_word_embeddings;
-  out["kv_bytes_per_token_f32"] = kv_bytes_per_token;
-  out["memory_bytes_full_context"] =
-      weights->total_bytes() + kv_bytes_per_token * cfg->max_position_embeddings;
+  json types = json::array();
+  for (LayerType t : cfg->layer_types) types.push_back(LayerTypeName(t));
+  out["layer_types"] = types;
+  out["attention_layers"] = spec.n_attention_layers;
+  out["recurrent_layers"] = spec.n_recurrent_layers;
+  if (spec.has_recurrent_state()) {
+    const LinearAttentionConfig& l = cfg->linear;
+    out["linear_attention"] = {{"key_heads", l.n_key_heads},
+                               {"value_heads", l.n_value_heads},
+                               {"key_head_dim", l.key_head_dim},
+                               {"value_head_dim", l.value_head_dim},
+                               {"conv_kernel", l.conv_kernel}};
+  }
+  if (cfg->has_moe()) {
+    int64_t n_moe = 0;
+    for (bool b : cfg->layer_moe) n_moe += b ? 1 : 0;
+    out["moe"] = {{"layers", n_moe},
+                  {"experts", cfg->moe.n_experts},
+                  {"experts_per_token", cfg->moe.top_k},
+                  {"expert_intermediate_size", cfg->moe.expert_intermediate},
+                  {"shared_expert_intermediate_size", cfg->moe.shared_expert_intermediate},
+                  {"norm_topk_prob", cfg->moe.norm_topk_prob}};
+  }
+  out["partial_rotary_factor"] = cfg->rope.partial_rotary_factor;
+  out["kv_bytes_per_token_f32"] = spec.kv_bytes_per_token();
+  out["state_bytes_per_sequence_f32"] = spec.state_bytes_per_slot();
+  // Default prefix-cache snapshot budget of `serve` (--state-cache) and what it holds.
+  if (spec.has_recurrent_state()) {
+    out["state_snapshot_budget_bytes"] = kDefaultStateSnapshotBytes;
+    out["state_snapshots_in_budget"] =
+        std::min(kDefaultStateSnapshotBytes / spec.state_bytes_per_slot(), kMaxStateSnapshots);
+  }
+  out["memory_bytes_full_context"] = static_cast<int64_t>(weights->total_bytes()) +
+                                     spec.kv_bytes_per_token() * cfg->max_position_embeddings +
+                                     spec.state_bytes_per_slot();
+  out["mtp_layers"] = bound->mtp ? static_cast<int64_t>(bound->mtp->layers.size()) : 0;
+  out["notes"] = bound->notes;
   WriteLine(out.dump(2));
   return 0;
 }

@@ -34,6 +34,7 @@ struct ServeFlags {
   int32_t max_batched_tokens = 2048;
   int32_t max_waiting = 128;
   std::optional<double> kv_memory_gib;
+  double state_cache_gib = 1.0;
   int32_t block_size = 16;
   std::string api_key;
   bool no_prefix_cache = false;
@@ -80,14 +81,17 @@ Status CheckFlags(const ServeFlags& f) {
     return InvalidArgument("--kv-memory must be a positive number of GiB");
   }
   if (f.shutdown_grace_s < 0) return InvalidArgument("--shutdown-grace must be >= 0");
+  if (!(f.state_cache_gib >= 0.0 && std::isfinite(f.state_cache_gib))) {
+    return InvalidArgument("--state-cache must be a number of GiB >= 0");
+  }
   return Status::Ok();
 }
 
 // KV pool capacity in tokens (whole blocks) for the --kv-memory budget. Without the flag, the
 // default budget is also capped at what max_num_seqs full contexts could use.
 Result<int64_t> KvCacheTokens(const ServeFlags& f, const ModelConfig& cfg) {
-  // The CPU backend stores K and V in f32 (docs/architecture.md).
-  const int64_t bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4;
+  // The CPU backend stores K and V in f32 (docs/architecture.md), for attention layers only.
+  const int64_t bytes_per_token = MakeCacheSpec(cfg, sizeof(float)).kv_bytes_per_token();
   const double budget_bytes =
       f.kv_memory_gib.value_or(kDefaultKvGiB) * static_cast<double>(int64_t{1} << 30);
   double tokens =
@@ -150,6 +154,9 @@ int RunServe(ServeFlags f) {
   options.kernels = f.reference_kernels ? CpuKernels::kReference : CpuKernels::kAuto;
   options.block_size_tokens = f.block_size;
   options.n_threads = f.n_threads;
+  options.max_num_seqs = f.max_num_seqs;
+  options.state_snapshot_bytes =
+      f.no_prefix_cache ? 0 : static_cast<int64_t>(f.state_cache_gib * double(int64_t{1} << 30));
   if (*device == Device::kCuda) {
     // One step's logits rows stay on the GPU for sampling; the model holds up to 1024 of them.
     if (f.max_num_seqs > kMaxCudaSequences && f.max_batched_tokens > kMaxCudaSequences) {
@@ -166,7 +173,7 @@ int RunServe(ServeFlags f) {
     if (!kv_tokens.ok()) return Fail(kv_tokens.status());
     options.kv_cache_tokens = *kv_tokens;
   }
-  Log(std::string("kestrel: [2/4] loading the weights (") + ArchitectureName(cfg->arch) + ") on " +
+  Log("kestrel: [2/4] loading the weights (" + cfg->architecture_class + ") on " +
       DeviceName(*device));
   Result<std::unique_ptr<Model>> model = Model::Load(dir, options);
   if (!model.ok()) return Fail(model.status());
@@ -176,6 +183,16 @@ int RunServe(ServeFlags f) {
       std::to_string((*model)->n_kv_blocks()) + " blocks of " + std::to_string(f.block_size) +
       ", " + HumanBytes(static_cast<double>(capacity * (*model)->kv_bytes_per_token())) + "), " +
       (*model)->kernels_name() + " kernels");
+  if (const CacheSpec& spec = (*model)->cache_spec(); spec.has_recurrent_state()) {
+    const int32_t n_snapshots = (*model)->n_state_slots() - f.max_num_seqs;
+    Log("kestrel:       recurrent state: " +
+        HumanBytes(static_cast<double>(spec.state_bytes_per_slot())) + " per sequence (" +
+        std::to_string(spec.n_recurrent_layers) + " Gated DeltaNet layers), " +
+        std::to_string(f.max_num_seqs) + " live slots + " + std::to_string(n_snapshots) +
+        " prefix-cache snapshots (" +
+        HumanBytes(static_cast<double>(n_snapshots * spec.state_bytes_per_slot())) + ")");
+  }
+  for (const std::string& note : (*model)->load_notes()) Log("kestrel:       note: " + note);
 
   server::ServedModel served;
   served.id = f.served_model_name.empty() ? Basename(dir) : f.served_model_name;
@@ -245,6 +262,9 @@ void RegisterServe(CLI::App& app, int& exit_code) {
                   "KV cache budget in GiB (cpu default 2, capped at max-num-seqs full contexts; "
                   "cuda default 90% of the GPU memory left after the weights)");
   cmd->add_option("--block-size", f.block_size, "KV cache block size in tokens")
+      ->capture_default_str();
+  cmd->add_option("--state-cache", f.state_cache_gib,
+                  "Hybrid models: GiB of recurrent-state snapshots for prefix caching")
       ->capture_default_str();
   cmd->add_option("--api-key", f.api_key,
                   "Require 'Authorization: Bearer KEY' on /v1/* (default: $KESTREL_API_KEY)");

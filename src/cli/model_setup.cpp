@@ -38,6 +38,8 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags) {
     options.kv_cache_tokens = std::min(options.kv_cache_tokens, cfg.max_position_embeddings);
   }
   options.n_threads = flags.n_threads;
+  options.max_num_seqs = flags.max_num_seqs;
+  options.state_snapshot_bytes = flags.state_snapshot_bytes;
   KASSIGN(m.model, Model::Load(m.dir, options));
 
   auto add_eos = [&m](int32_t id) {

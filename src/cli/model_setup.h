@@ -29,6 +29,8 @@ struct LoadFlags {
   bool reference_kernels = false;
   int64_t kv_cache_tokens = 8192;  // KV pool capacity (capped at the context length)
   int n_threads = 0;
+  int32_t max_num_seqs = 1;          // recurrent-state models: live state slots
+  int64_t state_snapshot_bytes = 0;  // recurrent-state models: prefix-cache snapshots
 };
 
 Result<LoadedModel> LoadModelForCli(const LoadFlags& flags);

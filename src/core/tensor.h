@@ -11,7 +11,8 @@
 
 namespace kestrel {
 
-inline constexpr int kMaxDims = 4;
+// 8: vision towers of multimodal checkpoints hold rank-5 conv weights.
+inline constexpr int kMaxDims = 8;
 
 struct TensorView {
   const void* data = nullptr;

@@ -42,6 +42,18 @@ void RequestHandle::Push(RequestOutput out) {
 
 // ---------------------------------------------------------------- Engine
 
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -105,10 +117,22 @@ std::string ModelFingerprint(const Model& m) {
   return key + '/' + m.kernels_name();
 }
 
+KvCacheConfig MakeKvCacheConfig(const Model& m, const EngineConfig& cfg) {
+  KvCacheConfig kv{m.n_kv_blocks(), m.block_size_tokens(), cfg.prefix_caching, ModelFingerprint(m)};
+  if (m.cache_spec().has_recurrent_state()) {
+    KCHECK_MSG(m.n_state_slots() >= cfg.max_num_seqs,
+               "the model has fewer state slots than EngineConfig::max_num_seqs: load it with "
+               "ModelLoadOptions::max_num_seqs >= that");
+    kv.n_live_state_slots = cfg.max_num_seqs;
+    kv.n_snapshot_slots = m.n_state_slots() - cfg.max_num_seqs;
+  }
+  return kv;
+}
+
 }  // namespace
 
 struct Engine::Impl {
-  Impl(std::unique_ptr<Model> m, const Tokenizer* tok, std::vector<int32_t> eos,
+  Impl(std::shared_ptr<Model> m, const Tokenizer* tok, std::vector<int32_t> eos,
        const EngineConfig& cfg);
 
   Status Validate(const EngineRequest& request) const;
@@ -128,7 +152,7 @@ struct Engine::Impl {
   void CancelAll(const Status& why);
   void PublishMetrics();
 
-  std::unique_ptr<Model> model;
+  std::shared_ptr<Model> model;
   const Tokenizer* tokenizer;
   std::vector<int32_t> eos_ids;
   EngineConfig config;
@@ -158,7 +182,10 @@ struct Engine::Impl {
   // Engine-thread state. Batch vectors keep their capacity from step to step.
   std::vector<std::shared_ptr<EngineSequence>> active;
   std::vector<int32_t> token_ids, positions, slots, seq_starts, context_lens, block_tables,
-      logits_indices, sampled_rows;
+      logits_indices, sampled_rows, state_slots;
+  std::vector<StateCopy> state_copies;
+  std::vector<StateSnapshot> state_snapshots;
+  std::vector<PlannedSnapshot> planned;
   // The step being built: its scheduled sequences, held until the step is committed and its
   // sampling launched (FinishSampling may retire some of them in between).
   std::vector<std::shared_ptr<EngineSequence>> step_refs;
@@ -172,7 +199,7 @@ struct Engine::Impl {
   std::vector<EngineSequence*> finished_this_step;
 };
 
-Engine::Impl::Impl(std::unique_ptr<Model> m, const Tokenizer* tok, std::vector<int32_t> eos,
+Engine::Impl::Impl(std::shared_ptr<Model> m, const Tokenizer* tok, std::vector<int32_t> eos,
                    const EngineConfig& cfg)
     : model(std::move(m)),
       tokenizer(tok),
@@ -180,15 +207,19 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, const Tokenizer* tok, std::vector<i
       config(cfg),
       async_scheduling(cfg.async_scheduling),
       vocab(static_cast<int32_t>(model->config().vocab_size)),
-      kv(KvCacheConfig{model->n_kv_blocks(), model->block_size_tokens(), cfg.prefix_caching,
-                       ModelFingerprint(*model)}),
+      kv(MakeKvCacheConfig(*model, cfg)),
       scheduler(SchedulerConfig{cfg.max_num_seqs, cfg.max_batched_tokens}, &kv),
       scratch_sampler(GreedyParams(), vocab) {
   KCHECK(config.max_num_seqs >= 1 && config.max_batched_tokens >= 1 && config.max_waiting >= 0);
   const size_t max_tokens = static_cast<size_t>(config.max_batched_tokens);
   const size_t max_seqs = static_cast<size_t>(config.max_num_seqs);
   for (auto* v : {&token_ids, &positions, &slots, &sampled_rows}) v->reserve(max_tokens);
-  for (auto* v : {&seq_starts, &context_lens, &logits_indices}) v->reserve(max_seqs + 1);
+  for (auto* v : {&seq_starts, &context_lens, &logits_indices, &state_slots}) {
+    v->reserve(max_seqs + 1);
+  }
+  state_copies.reserve(max_seqs);
+  state_snapshots.reserve(max_tokens);
+  planned.reserve(max_tokens);
   step_refs.reserve(max_seqs);
   sampled_seqs.reserve(max_seqs);
   sampled_samplers.reserve(max_seqs);
@@ -199,6 +230,7 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, const Tokenizer* tok, std::vector<i
   finished_this_step.reserve(max_seqs);
   active.reserve(max_seqs + static_cast<size_t>(std::min(config.max_waiting, 4096)));
   published.kv_blocks_total = live.kv_blocks_total = kv.n_blocks();
+  published.state_snapshot_slots = live.state_snapshot_slots = kv.state_slots().n_snapshots();
 }
 
 Status Engine::Impl::Validate(const EngineRequest& r) const {
@@ -302,6 +334,9 @@ void Engine::Impl::Step() {
   batch.max_blocks_per_seq = static_cast<int32_t>(block_tables.size() / out.scheduled.size());
   batch.logits_indices = logits_indices;
   batch.sampled_rows = sampled_rows;
+  batch.state_slots = state_slots;
+  batch.state_copies = state_copies;
+  batch.state_snapshots = state_snapshots;
   // The logits stay with the model (on the GPU for CUDA); only token ids (and logprobs) return.
   model->Forward(batch, nullptr);
   FinishSampling();  // step N-1's tokens, while step N runs
@@ -320,6 +355,9 @@ void Engine::Impl::BuildBatch(const SchedulerOutput& out) {
   context_lens.clear();
   logits_indices.clear();
   sampled_rows.clear();
+  state_slots.clear();
+  state_copies.clear();
+  state_snapshots.clear();
   int32_t max_blocks = 1;
   bool any_pending = false;
   for (const ScheduledSequence& s : out.scheduled) {
@@ -333,6 +371,7 @@ void Engine::Impl::BuildBatch(const SchedulerOutput& out) {
     const auto& seq = *static_cast<const EngineSequence*>(s.seq);
     const int32_t begin = seq.n_computed_tokens;
     const int32_t end = begin + s.n_new_tokens;
+    const int32_t first_row = static_cast<int32_t>(token_ids.size());
     for (int32_t t = begin; t < end; ++t) {
       // A pending token is the last one: the device takes it from the sampling in flight.
       const bool pending = seq.last_token_pending() && t == seq.n_tokens() - 1;
@@ -340,6 +379,22 @@ void Engine::Impl::BuildBatch(const SchedulerOutput& out) {
       if (any_pending) sampled_rows.push_back(pending ? seq.pending_row : -1);
       positions.push_back(t);
       slots.push_back(kv.SlotFor(seq.kv, t));
+    }
+    if (kv.has_state()) {
+      // Its live state slot, the snapshot to restore into it after a prefix-cache hit, and the
+      // block boundaries inside this chunk whose state the prefix cache keeps.
+      SeqBlocks& blocks = s.seq->kv;
+      state_slots.push_back(blocks.state_slot());
+      if (const int32_t src = kv.TakeStateRestore(blocks); src >= 0) {
+        state_copies.push_back(StateCopy{src, blocks.state_slot()});
+      }
+      const size_t n_known = seq.tokens().size() - (seq.last_token_pending() ? 1 : 0);
+      planned.clear();
+      kv.PlanStateSnapshots(blocks, seq.tokens().first(n_known), begin, end, &planned);
+      for (const PlannedSnapshot& p : planned) {
+        state_snapshots.push_back(
+            StateSnapshot{first_row + static_cast<int32_t>(p.position - begin), p.slot});
+      }
     }
     seq_starts.push_back(static_cast<int32_t>(token_ids.size()));
     context_lens.push_back(end);
@@ -408,7 +463,8 @@ void Engine::Impl::ProcessSample(EngineSequence* seq, SampleResult sample) {
   seq->last_token = now;
   ++live.generation_tokens;
 
-  // EOS, stop strings and text deltas exactly as Generator::Run does.
+  // EOS (unless ignored), then stop strings on the text; text deltas hold back what could still
+  // become a stop string.
   const bool is_eos =
       !seq->ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
   bool stopped = false;
@@ -482,12 +538,15 @@ void Engine::Impl::PublishMetrics() {
   live.running = scheduler.n_running();
   live.kv_blocks_used = kv.n_used_blocks();
   live.kv_blocks_cached_free = kv.n_cached_free_blocks();
+  live.state_snapshots = kv.n_state_snapshots();
+  live.state_snapshot_bytes = live.state_snapshots * model->cache_spec().state_bytes_per_slot();
+  live.state_snapshot_evictions = kv.state_slots().n_evictions();
   n_waiting_published.store(scheduler.n_waiting(), std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(metrics_mu);
   published = live;
 }
 
-Engine::Engine(std::unique_ptr<Model> model, const Tokenizer* tokenizer,
+Engine::Engine(std::shared_ptr<Model> model, const Tokenizer* tokenizer,
                std::vector<int32_t> eos_ids, const EngineConfig& config)
     : impl_(std::make_unique<Impl>(std::move(model), tokenizer, std::move(eos_ids), config)) {}
 

@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/generator.h"  // FinishReason
 #include "engine/metrics.h"
 #include "models/model.h"
 #include "sampling/sampler.h"
@@ -35,6 +34,9 @@ struct EngineConfig {
   // scheduling, staging) overlaps the device's. Same tokens either way.
   bool async_scheduling = true;
 };
+
+enum class FinishReason { kStop, kLength, kCancelled };
+const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled"
 
 struct EngineRequest {
   std::vector<int32_t> prompt_ids;
@@ -91,7 +93,10 @@ class RequestHandle {
 class Engine {
  public:
   // tokenizer: detokenizing for text deltas and stop strings. eos_ids: stop tokens.
-  Engine(std::unique_ptr<Model> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
+  // Recurrent-state models must have been loaded with at least config.max_num_seqs live state
+  // slots (ModelLoadOptions::max_num_seqs); the slots beyond hold prefix-cache snapshots. The
+  // engine thread is the only user of the model while the engine runs.
+  Engine(std::shared_ptr<Model> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
          const EngineConfig& config);
   ~Engine();  // Shutdown(/*cancel_running=*/true) if still running
   Engine(const Engine&) = delete;

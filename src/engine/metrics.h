@@ -41,6 +41,12 @@ struct EngineMetrics {
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_used = 0;           // referenced by a running sequence
   int64_t kv_blocks_cached_free = 0;    // free but still holding a reusable prefix
+  // Hybrid models: prefix-cache state snapshots (and the bytes they hold), of the slots kept
+  // for them; snapshots evicted to make room.
+  int64_t state_snapshots = 0;
+  int64_t state_snapshot_bytes = 0;
+  int64_t state_snapshot_slots = 0;
+  uint64_t state_snapshot_evictions = 0;
   Histogram time_to_first_token;
   Histogram inter_token_latency;
   Histogram e2e_latency;

@@ -68,32 +68,4 @@ class BlockPool {
   int32_t n_free_ = 0;
 };
 
-// Per-sequence block table plus allocation against a pool.
-class BlockTable {
- public:
-  BlockTable(BlockPool* pool, int32_t block_size_tokens)
-      : pool_(pool), block_size_(block_size_tokens) {}
-  ~BlockTable() { Clear(); }
-  BlockTable(const BlockTable&) = delete;
-  BlockTable& operator=(const BlockTable&) = delete;
-  BlockTable(BlockTable&& other) noexcept;
-  BlockTable& operator=(BlockTable&& other) noexcept;
-
-  // Grows the table so it can hold n_tokens; fails (allocating nothing) when the pool is short.
-  Status EnsureCapacity(int64_t n_tokens);
-  int32_t BlocksNeeded(int64_t n_tokens) const {
-    return static_cast<int32_t>((n_tokens + block_size_ - 1) / block_size_);
-  }
-  // Global slot (block * block_size + offset) of token position pos.
-  int32_t SlotFor(int64_t pos) const;
-  const std::vector<int32_t>& blocks() const { return blocks_; }
-  int32_t block_size_tokens() const { return block_size_; }
-  void Clear();  // releases every block
-
- private:
-  BlockPool* pool_;
-  int32_t block_size_;
-  std::vector<int32_t> blocks_;
-};
-
 }  // namespace kestrel

@@ -41,7 +41,8 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config)
       caching_(config.enable_prefix_caching),
       root_(HashExtraKey(config.extra_key)),
       block_hash_(static_cast<size_t>(std::max(config.n_blocks, 0))),
-      registered_(static_cast<size_t>(std::max(config.n_blocks, 0)), 0) {
+      registered_(static_cast<size_t>(std::max(config.n_blocks, 0)), 0),
+      state_(config.n_live_state_slots, config.n_snapshot_slots) {
   KCHECK(block_size_ > 0);
   index_.reserve(static_cast<size_t>(std::max(config.n_blocks, 0)));
 }
@@ -77,7 +78,12 @@ int32_t KvCacheManager::FindCachedPrefix(SeqBlocks& seq, std::span<const int32_t
   // At most n - 1 tokens, so the last one is computed and gives the logits to sample from.
   const int32_t max_blocks = static_cast<int32_t>((tokens.size() - 1) / block_size_);
   EnsureHashes(seq, tokens, max_blocks);
-  return CountHits(seq, max_blocks) * block_size_;
+  int32_t n_hits = CountHits(seq, max_blocks);
+  // Hybrid models: only as far as the last cached block whose prefix has a state snapshot.
+  if (state_.enabled()) {
+    while (n_hits > 0 && !state_.Contains(seq.hashes_[static_cast<size_t>(n_hits - 1)])) --n_hits;
+  }
+  return n_hits * block_size_;
 }
 
 bool KvCacheManager::CanAllocate(const SeqBlocks& seq, int32_t n_cached_tokens,
@@ -95,6 +101,7 @@ bool KvCacheManager::CanAllocate(const SeqBlocks& seq, int32_t n_cached_tokens,
   }
   const int64_t n_fresh = std::max<int64_t>(
       0, (n_total_tokens + block_size_ - 1) / block_size_ - seq.n_blocks() - n_hits);
+  if (state_.enabled() && seq.state_slot_ < 0 && state_.n_free_live() == 0) return false;
   return n_fresh + n_hits_free <= pool_.n_free();
 }
 
@@ -104,6 +111,7 @@ int32_t KvCacheManager::AllocateFresh() {
   if (registered_[*b]) {  // evict: its content is about to be overwritten
     auto it = index_.find(block_hash_[*b]);
     KCHECK(it != index_.end() && it->second == *b);
+    state_.Drop(block_hash_[*b]);  // a snapshot goes with its block
     index_.erase(it);
     registered_[*b] = 0;
     --n_cached_free_;
@@ -122,6 +130,15 @@ bool KvCacheManager::Allocate(SeqBlocks& seq, int32_t n_cached_tokens, int64_t n
     seq.blocks_.push_back(b);
   }
   if (n_hits > 0) seq.n_registered_ = n_hits;
+  if (state_.enabled() && seq.state_slot_ < 0) {
+    seq.state_slot_ = state_.AcquireLive();
+    if (n_hits > 0) {
+      const std::optional<int32_t> snapshot =
+          state_.Find(seq.hashes_[static_cast<size_t>(n_hits - 1)]);
+      KCHECK_MSG(snapshot.has_value(), "a hybrid prefix hit without its state snapshot");
+      seq.restore_from_ = *snapshot;
+    }
+  }
   const int32_t n_needed = BlocksFor(n_total_tokens);
   while (seq.n_blocks() < n_needed) seq.blocks_.push_back(AllocateFresh());
   return true;
@@ -133,18 +150,74 @@ void KvCacheManager::CacheFullBlocks(SeqBlocks& seq, std::span<const int32_t> to
   KCHECK(n_computed_tokens <= static_cast<int64_t>(tokens.size()));
   const int32_t n_full =
       std::min(static_cast<int32_t>(n_computed_tokens / block_size_), seq.n_blocks());
-  if (n_full <= seq.n_registered_) return;
-  EnsureHashes(seq, tokens, n_full);
-  for (int32_t i = seq.n_registered_; i < n_full; ++i) {
-    const int32_t b = seq.blocks_[static_cast<size_t>(i)];
-    KCHECK(!registered_[b]);  // fresh blocks leave the index when allocated
-    const BlockHash& h = seq.hashes_[static_cast<size_t>(i)];
-    if (index_.try_emplace(h, b).second) {
-      block_hash_[b] = h;
-      registered_[b] = 1;
+  if (n_full > seq.n_registered_) {
+    EnsureHashes(seq, tokens, n_full);
+    for (int32_t i = seq.n_registered_; i < n_full; ++i) {
+      const int32_t b = seq.blocks_[static_cast<size_t>(i)];
+      KCHECK(!registered_[b]);  // fresh blocks leave the index when allocated
+      const BlockHash& h = seq.hashes_[static_cast<size_t>(i)];
+      if (index_.try_emplace(h, b).second) {
+        block_hash_[b] = h;
+        registered_[b] = 1;
+      }
     }
+    seq.n_registered_ = n_full;
   }
-  seq.n_registered_ = n_full;
+  RegisterSnapshots(seq);
+}
+
+void KvCacheManager::RegisterSnapshots(SeqBlocks& seq) {
+  auto& pending = seq.pending_snapshots_;
+  size_t kept = 0;
+  for (const SeqBlocks::PendingSnapshot& p : pending) {
+    if (p.block >= seq.n_registered_) {  // its block is not computed yet
+      pending[kept++] = p;
+      continue;
+    }
+    const BlockHash& h = seq.hashes_[static_cast<size_t>(p.block)];
+    if (p.decode) {
+      // A sequence keeps only its latest decode-time snapshot: the one a follow-up turn that
+      // extends this conversation can hit.
+      if (seq.decode_snapshot_block_ >= 0 && seq.decode_snapshot_block_ != p.block) {
+        state_.Drop(seq.hashes_[static_cast<size_t>(seq.decode_snapshot_block_)]);
+      }
+      seq.decode_snapshot_block_ = p.block;
+    }
+    state_.Register(p.slot, h);
+  }
+  pending.resize(kept);
+}
+
+int32_t KvCacheManager::TakeStateRestore(SeqBlocks& seq) {
+  const int32_t slot = seq.restore_from_;
+  seq.restore_from_ = -1;
+  return slot;
+}
+
+void KvCacheManager::PlanStateSnapshots(SeqBlocks& seq, std::span<const int32_t> known_tokens,
+                                        int64_t begin, int64_t end,
+                                        std::vector<PlannedSnapshot>* out) {
+  if (!caching_ || !state_.enabled() || state_.n_snapshots() == 0 || end <= begin) return;
+  // Boundaries p = (j + 1) * block_size with begin < p <= end.
+  int64_t j_first = begin / block_size_;
+  const int64_t j_last = end / block_size_ - 1;
+  if (j_last < j_first) return;
+  const bool decode = end - begin == 1;
+  // A long prefill chunk keeps only its last boundaries: the pool would evict earlier ones
+  // before they could be used.
+  const int64_t limit = decode ? 1 : std::max<int64_t>(1, state_.n_snapshots() / 4);
+  j_first = std::max(j_first, j_last - limit + 1);
+  for (int64_t j = j_first; j <= j_last; ++j) {
+    const int64_t boundary = (j + 1) * block_size_;
+    if (boundary <= static_cast<int64_t>(known_tokens.size())) {
+      EnsureHashes(seq, known_tokens, static_cast<int32_t>(j + 1));
+      if (state_.Contains(seq.hashes_[static_cast<size_t>(j)])) continue;
+    }
+    const std::optional<int32_t> slot = state_.AcquireSnapshot();
+    if (!slot) break;
+    seq.pending_snapshots_.push_back({static_cast<int32_t>(j), *slot, decode});
+    out->push_back({boundary - 1, *slot});
+  }
 }
 
 void KvCacheManager::Free(SeqBlocks& seq) {
@@ -156,6 +229,11 @@ void KvCacheManager::Free(SeqBlocks& seq) {
   }
   seq.blocks_.clear();
   seq.n_registered_ = 0;
+  if (seq.state_slot_ >= 0) state_.ReleaseLive(seq.state_slot_);
+  seq.state_slot_ = -1;
+  seq.restore_from_ = -1;
+  for (const SeqBlocks::PendingSnapshot& p : seq.pending_snapshots_) state_.ReleaseSnapshot(p.slot);
+  seq.pending_snapshots_.clear();
 }
 
 int32_t KvCacheManager::SlotFor(const SeqBlocks& seq, int64_t pos) const {

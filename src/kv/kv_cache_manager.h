@@ -19,6 +19,15 @@
 //   Free(seq)                              finished, cancelled or preempted
 // Blocks are registered only after their K/V are written, so a hit never reads a block that a
 // forward of the same step is still filling.
+//
+// Hybrid models (recurrent layers beside attention, KvCacheConfig::n_live_state_slots > 0): a
+// running sequence also holds a live state slot (StateSlots), and the prefix cache pairs block
+// hashes with state snapshots taken at block boundaries. A hit is the longest run of cached
+// leading blocks whose last block has a snapshot (a KV-only hit without the state of that exact
+// prefix is never used); Allocate then records that the snapshot must be copied into the
+// sequence's live slot before its next step (TakeStateRestore). PlanStateSnapshots names the
+// boundaries a chunk crosses whose state should be kept and the slots to copy it to; they are
+// registered with the blocks in CacheFullBlocks, and dropped when their block is evicted.
 #pragma once
 
 #include <cstddef>
@@ -29,24 +38,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kv/block_hash.h"
 #include "kv/block_pool.h"
+#include "kv/state_slots.h"
 
 namespace kestrel {
-
-struct BlockHash {
-  uint64_t lo = 0;
-  uint64_t hi = 0;
-  friend bool operator==(const BlockHash&, const BlockHash&) = default;
-};
-
-struct BlockHashHasher {
-  size_t operator()(const BlockHash& h) const { return static_cast<size_t>(h.lo); }
-};
-
-// The root of every chain for one model (and later one LoRA, one KV dtype...).
-BlockHash HashExtraKey(std::string_view extra_key);
-// XXH3-128 over the 16 bytes of parent then the token ids (little-endian int32).
-BlockHash HashBlock(const BlockHash& parent, std::span<const int32_t> tokens);
 
 // The KV blocks of one sequence; changed only by KvCacheManager. The owner must hand it to
 // KvCacheManager::Free before destroying it (checked).
@@ -64,12 +60,29 @@ class SeqBlocks {
   // Chained hashes of the sequence's full blocks computed so far; they depend only on the
   // tokens, so they survive a preemption.
   const std::vector<BlockHash>& block_hashes() const { return hashes_; }
+  // Hybrid models: the live state slot while the sequence holds blocks (-1 otherwise).
+  int32_t state_slot() const { return state_slot_; }
 
  private:
   friend class KvCacheManager;
+  struct PendingSnapshot {
+    int32_t block;  // the state after the sequence's first (block + 1) * block_size tokens
+    int32_t slot;
+    bool decode;  // taken by a decode step (the sequence keeps only its latest such one)
+  };
   std::vector<int32_t> blocks_;
   std::vector<BlockHash> hashes_;
   int32_t n_registered_ = 0;
+  int32_t state_slot_ = -1;
+  int32_t restore_from_ = -1;  // snapshot slot to copy into state_slot_ before the next step
+  std::vector<PendingSnapshot> pending_snapshots_;
+  int32_t decode_snapshot_block_ = -1;  // block of the latest registered decode snapshot
+};
+
+// A state snapshot a chunk should take: after the token at `position` of the sequence.
+struct PlannedSnapshot {
+  int64_t position;
+  int32_t slot;
 };
 
 struct KvCacheConfig {
@@ -77,6 +90,10 @@ struct KvCacheConfig {
   int32_t block_size_tokens = 16;
   bool enable_prefix_caching = true;
   std::string extra_key;  // e.g. the model fingerprint
+  // Hybrid models: state slots [0, n_live_state_slots) for running sequences, then
+  // n_snapshot_slots for prefix-cache snapshots. 0 live slots: a model without recurrent state.
+  int32_t n_live_state_slots = 0;
+  int32_t n_snapshot_slots = 0;
 };
 
 class KvCacheManager {
@@ -98,6 +115,9 @@ class KvCacheManager {
   // Takes no reference; pass the result to Allocate before any other call changes the pool.
   int32_t FindCachedPrefix(SeqBlocks& seq, std::span<const int32_t> tokens);
 
+  bool has_state() const { return state_.enabled(); }
+  const StateSlots& state_slots() const { return state_; }
+
   // Whether Allocate(seq, n_cached_tokens, n_total_tokens) would succeed now.
   bool CanAllocate(const SeqBlocks& seq, int32_t n_cached_tokens, int64_t n_total_tokens) const;
   // Makes seq hold slots for its first n_total_tokens tokens: first the cached blocks found by
@@ -110,8 +130,20 @@ class KvCacheManager {
   // unregistered (it is freed like any uncached block).
   void CacheFullBlocks(SeqBlocks& seq, std::span<const int32_t> tokens, int64_t n_computed_tokens);
 
-  // Releases every block of seq (its hashes are kept for a re-admission).
+  // Releases every block of seq (its hashes are kept for a re-admission), its live state slot
+  // and the snapshots it has not registered yet.
   void Free(SeqBlocks& seq);
+
+  // Hybrid models. The snapshot slot whose state must be copied into seq.state_slot() before
+  // the sequence's next step (after a prefix-cache hit), or -1; cleared by the call.
+  int32_t TakeStateRestore(SeqBlocks& seq);
+  // For a step that computes positions [begin, end) of seq (known_tokens: its tokens whose ids
+  // are known, a prefix of its tokens): the block boundaries inside (begin, end] whose state is
+  // worth a snapshot, with the slot each goes to, appended to *out in position order. Skips
+  // boundaries whose prefix already has a snapshot, keeps at most max_snapshots_per_chunk of a
+  // prefill chunk (the last ones), and none without prefix caching.
+  void PlanStateSnapshots(SeqBlocks& seq, std::span<const int32_t> known_tokens, int64_t begin,
+                          int64_t end, std::vector<PlannedSnapshot>* out);
 
   // Global slot (block * block_size + offset) of token position pos of seq.
   int32_t SlotFor(const SeqBlocks& seq, int64_t pos) const;
@@ -119,6 +151,7 @@ class KvCacheManager {
   int32_t n_free_blocks() const { return pool_.n_free(); }  // allocatable, cached ones included
   int32_t n_used_blocks() const { return pool_.n_used(); }  // referenced by some sequence
   int32_t n_cached_free_blocks() const { return n_cached_free_; }  // free, still findable
+  int32_t n_state_snapshots() const { return state_.n_registered(); }
   int32_t n_indexed_blocks() const { return static_cast<int32_t>(index_.size()); }
   const BlockPool& pool() const { return pool_; }
   // The hash a block is registered under, or nullptr.
@@ -130,6 +163,7 @@ class KvCacheManager {
   // Leading blocks of seq.hashes_ present in the index, at most max_blocks.
   int32_t CountHits(const SeqBlocks& seq, int32_t max_blocks) const;
   int32_t AllocateFresh();  // a block from the pool head, evicted from the index if it was cached
+  void RegisterSnapshots(SeqBlocks& seq);  // pending snapshots whose blocks are now hashed
 
   BlockPool pool_;
   int32_t block_size_;
@@ -139,6 +173,7 @@ class KvCacheManager {
   std::vector<BlockHash> block_hash_;  // [n_blocks] valid where registered_[b]
   std::vector<uint8_t> registered_;    // [n_blocks] 1 if the block is in index_
   int32_t n_cached_free_ = 0;
+  StateSlots state_;
 };
 
 }  // namespace kestrel

@@ -7,6 +7,21 @@
 
 namespace kestrel {
 
+// Recurrent-state models: a copy of one state slot onto another, done before the batch's
+// tokens run (restores a prefix-cache snapshot into a sequence's live slot).
+struct StateCopy {
+  int32_t src_slot = -1;
+  int32_t dst_slot = -1;
+};
+
+// Recurrent-state models: after token row `row` of the batch has gone through every layer, its
+// sequence's state (conv window and delta-rule state of every recurrent layer) is copied to
+// `dst_slot` (a prefix-cache snapshot taken at a block boundary inside a chunk).
+struct StateSnapshot {
+  int32_t row = -1;
+  int32_t dst_slot = -1;
+};
+
 struct Batch {
   // Per token (n_tokens = token_ids.size()).
   std::span<const int32_t> token_ids;     // [n_tokens]
@@ -27,6 +42,13 @@ struct Batch {
   // sampled_rows[i] of the model's last LaunchSampling chose, and token_ids[i] is ignored: a
   // decode step can be enqueued before the previous step's tokens have reached the host.
   std::span<const int32_t> sampled_rows;
+
+  // Recurrent-state models (CacheSpec::has_recurrent_state), else empty.
+  // state_slots[s]: the slot holding sequence s's state; a sequence whose first token in the
+  // batch is at position 0 starts from a zero state (the slot's contents are ignored).
+  std::span<const int32_t> state_slots;            // [n_seqs]
+  std::span<const StateCopy> state_copies;         // applied first, in order
+  std::span<const StateSnapshot> state_snapshots;  // sorted by row
 
   int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t n_seqs() const { return static_cast<int32_t>(seq_starts.size()) - 1; }

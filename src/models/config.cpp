@@ -1,5 +1,6 @@
 #include "models/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -18,12 +19,29 @@ struct ArchInfo {
   const char* model_type;
 };
 
+// The first entry of an architecture names it; multimodal wrappers whose text part Kestrel runs
+// follow (their text fields live in "text_config", their tensors under model.language_model.).
 constexpr ArchInfo kArchs[] = {
     {Architecture::kLlama, "LlamaForCausalLM", "llama"},
     {Architecture::kMistral, "MistralForCausalLM", "mistral"},
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2"},
     {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3"},
+    {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
+    {Architecture::kQwen3Next, "Qwen3NextForCausalLM", "qwen3_next"},
+    {Architecture::kQwen3_5, "Qwen3_5ForCausalLM", "qwen3_5_text"},
+    {Architecture::kQwen3_5Moe, "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"},
+    {Architecture::kQwen3_5, "Qwen3_5ForConditionalGeneration", "qwen3_5"},
+    {Architecture::kQwen3_5Moe, "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"},
 };
+
+bool IsMultimodalWrapper(const std::string& class_name) {
+  return class_name.ends_with("ForConditionalGeneration");
+}
+
+bool IsHybrid(Architecture a) {
+  return a == Architecture::kQwen3Next || a == Architecture::kQwen3_5 ||
+         a == Architecture::kQwen3_5Moe;
+}
 
 // What transformers' config classes (v5) use when config.json leaves a key out.
 struct ArchDefaults {
@@ -45,6 +63,14 @@ ArchDefaults DefaultsFor(Architecture a) {
       return {32, std::nullopt, 32768, std::nullopt, std::nullopt, 4096};
     case Architecture::kQwen3:
       return {32, 128, 32768, std::nullopt, std::nullopt, 4096};
+    case Architecture::kQwen3Moe:
+      return {4, std::nullopt, 32768, std::nullopt, std::nullopt, 4096};
+    case Architecture::kQwen3Next:
+      return {2, 256, 32768, std::nullopt, std::nullopt, std::nullopt};
+    case Architecture::kQwen3_5:
+      return {4, 256, 32768, std::nullopt, std::nullopt, std::nullopt};
+    case Architecture::kQwen3_5Moe:
+      return {2, 256, 32768, std::nullopt, std::nullopt, std::nullopt};
   }
   return {};
 }
@@ -139,7 +165,8 @@ class Fields {
   std::string where_;
 };
 
-Result<Architecture> ParseArchitecture(const Fields& f) {
+// The architecture and the class name it was found under.
+Result<std::pair<Architecture, std::string>> ParseArchitecture(const Fields& f) {
   std::string name;
   if (const json* archs = f.Find("architectures")) {
     if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
@@ -147,7 +174,7 @@ Result<Architecture> ParseArchitecture(const Fields& f) {
     }
     name = (*archs)[0].get<std::string>();
     for (const ArchInfo& a : kArchs) {
-      if (name == a.class_name) return a.arch;
+      if (name == a.class_name) return std::make_pair(a.arch, name);
     }
     return Unsupported(f.where() + "architecture '" + name +
                        "' is not supported; supported: " + SupportedArchitecturesList());
@@ -157,7 +184,7 @@ Result<Architecture> ParseArchitecture(const Fields& f) {
     return f.Error("neither \"architectures\" nor \"model_type\" is set");
   }
   for (const ArchInfo& a : kArchs) {
-    if (*model_type == a.model_type) return a.arch;
+    if (*model_type == a.model_type) return std::make_pair(a.arch, std::string(a.class_name));
   }
   return Unsupported(f.where() + "model_type '" + *model_type +
                      "' is not supported; supported: " + SupportedArchitecturesList());
@@ -197,6 +224,8 @@ Status ParseRope(const Fields& top, ModelConfig* c) {
   }
   const json empty = json::object();
   const Fields p(params ? *params : empty, top.where() + (params ? params_key + ": " : ""));
+  // mrope_section / mrope_interleaved (Qwen3.5): multimodal RoPE gives text tokens the same
+  // position on all three axes, which is plain RoPE; nothing to read for text.
   for (const char* layer_type : {"full_attention", "sliding_attention"}) {
     if (p.Has(layer_type)) {
       return Unsupported(p.where() + "per-layer-type RoPE parameters are not supported");
@@ -215,10 +244,11 @@ Status ParseRope(const Fields& top, ModelConfig* c) {
   if (!partial) {
     KASSIGN(partial, top.Number("partial_rotary_factor"));
   }
-  r.partial_rotary_factor = partial.value_or(1.0);
-  if (r.partial_rotary_factor != 1.0) {
-    return Unsupported(top.where() + "partial_rotary_factor " +
-                       std::to_string(r.partial_rotary_factor) + " is not supported (only 1.0)");
+  // Qwen3-Next and Qwen3.5 default to 0.25 (transformers sets it when the file does not).
+  r.partial_rotary_factor = partial.value_or(IsHybrid(c->arch) ? 0.25 : 1.0);
+  if (!(r.partial_rotary_factor > 0.0 && r.partial_rotary_factor <= 1.0)) {
+    return top.Error("partial_rotary_factor must be in (0, 1], got " +
+                     std::to_string(r.partial_rotary_factor));
   }
 
   KASSIGN(std::optional<std::string> type, p.String("rope_type"));
@@ -367,6 +397,129 @@ Status ParseSlidingWindow(const Fields& f, const ArchDefaults& d, ModelConfig* c
   return Status::Ok();
 }
 
+// Reads an optional list of non-negative layer indices (mlp_only_layers).
+Result<std::vector<int64_t>> LayerIndexList(const Fields& f, const char* key, int64_t n_layers) {
+  std::vector<int64_t> out;
+  const json* v = f.Find(key);
+  if (v == nullptr) return out;
+  if (!v->is_array()) return f.TypeError(key, "a list of layer indices", *v);
+  for (const json& x : *v) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= n_layers) {
+      return f.TypeError(key, ("a list of layer indices below " + std::to_string(n_layers)).c_str(),
+                         *v);
+    }
+    out.push_back(x.get<int64_t>());
+  }
+  return out;
+}
+
+Result<int64_t> PositiveOr(const Fields& f, const char* key, int64_t fallback) {
+  KASSIGN(std::optional<int64_t> v, f.Int(key));
+  const int64_t value = v.value_or(fallback);
+  if (value <= 0) {
+    return f.Error("field \"" + std::string(key) + "\" must be positive, got " +
+                   std::to_string(value));
+  }
+  return value;
+}
+
+// layer_types (or full_attention_interval) and the Gated DeltaNet sizes of hybrid models; every
+// layer of the other architectures is softmax attention.
+Status ParseLayerTypes(const Fields& f, ModelConfig* c) {
+  c->layer_types.assign(static_cast<size_t>(c->n_layers), LayerType::kAttention);
+  if (!IsHybrid(c->arch)) return Status::Ok();
+  c->norm_weight_offset = true;
+  c->attention_output_gate = true;
+  KASSIGN(std::optional<bool> gate, f.Bool("attn_output_gate"));
+  if (gate && !*gate) {
+    return Unsupported(f.where() + "attn_output_gate false is not supported (" +
+                       c->architecture_class + " always gates its attention output)");
+  }
+  if (const json* types = f.Find("layer_types")) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c->n_layers) {
+      return f.Error("field \"layer_types\" must be a list of " + std::to_string(c->n_layers) +
+                     " layer types");
+    }
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      // transformers also maps the legacy names "attention" and "mamba".
+      if (t == "full_attention" || t == "attention") {
+        c->layer_types[i] = LayerType::kAttention;
+      } else if (t == "linear_attention" || t == "mamba") {
+        c->layer_types[i] = LayerType::kLinearAttention;
+      } else {
+        return Unsupported(f.where() + "layer_types[" + std::to_string(i) + "] = " +
+                           JsonExcerpt(t) + " is not supported (full_attention, linear_attention)");
+      }
+    }
+  } else {
+    KASSIGN(int64_t interval, PositiveOr(f, "full_attention_interval", 4));
+    for (int64_t i = 0; i < c->n_layers; ++i) {
+      c->layer_types[static_cast<size_t>(i)] =
+          (i + 1) % interval == 0 ? LayerType::kAttention : LayerType::kLinearAttention;
+    }
+  }
+  LinearAttentionConfig& l = c->linear;
+  KASSIGN(l.n_key_heads, PositiveOr(f, "linear_num_key_heads", 16));
+  KASSIGN(l.n_value_heads, PositiveOr(f, "linear_num_value_heads", 32));
+  KASSIGN(l.key_head_dim, PositiveOr(f, "linear_key_head_dim", 128));
+  KASSIGN(l.value_head_dim, PositiveOr(f, "linear_value_head_dim", 128));
+  KASSIGN(l.conv_kernel, PositiveOr(f, "linear_conv_kernel_dim", 4));
+  l.fused_projections = c->arch == Architecture::kQwen3Next;
+  if (l.n_value_heads % l.n_key_heads != 0) {
+    return f.Error("linear_num_value_heads (" + std::to_string(l.n_value_heads) +
+                   ") must be a multiple of linear_num_key_heads (" +
+                   std::to_string(l.n_key_heads) + ")");
+  }
+  if (l.conv_kernel < 2) return f.Error("linear_conv_kernel_dim must be at least 2");
+  KASSIGN(std::optional<int64_t> mtp, f.Int("mtp_num_hidden_layers"));
+  c->n_mtp_layers = std::max<int64_t>(mtp.value_or(0), 0);
+  return Status::Ok();
+}
+
+// Which layers are MoE and the router/expert sizes (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE).
+Status ParseMoe(const Fields& f, ModelConfig* c) {
+  c->layer_moe.assign(static_cast<size_t>(c->n_layers), false);
+  const bool moe_arch = c->arch == Architecture::kQwen3Moe || c->arch == Architecture::kQwen3Next ||
+                        c->arch == Architecture::kQwen3_5Moe;
+  if (!moe_arch) return Status::Ok();
+  MoeConfig& m = c->moe;
+  // transformers 5 writes Qwen3-MoE's expert count as num_local_experts.
+  KASSIGN(std::optional<int64_t> n_experts, f.Int("num_experts"));
+  if (!n_experts) {
+    KASSIGN(n_experts, f.Int("num_local_experts"));
+  }
+  m.n_experts = n_experts.value_or(c->arch == Architecture::kQwen3Moe    ? 128
+                                   : c->arch == Architecture::kQwen3Next ? 512
+                                                                         : 256);
+  if (m.n_experts < 0) return f.Error("num_experts must be >= 0");
+  KASSIGN(m.top_k, PositiveOr(f, "num_experts_per_tok", 8));
+  KASSIGN(m.expert_intermediate, PositiveOr(f, "moe_intermediate_size", 512));
+  if (c->arch != Architecture::kQwen3Moe) {
+    KASSIGN(m.shared_expert_intermediate, PositiveOr(f, "shared_expert_intermediate_size", 512));
+  }
+  if (m.n_experts > 0 && m.top_k > m.n_experts) {
+    return f.Error("num_experts_per_tok (" + std::to_string(m.top_k) + ") exceeds num_experts (" +
+                   std::to_string(m.n_experts) + ")");
+  }
+  // Qwen3.5-MoE always renormalises the top-k probabilities; the others follow norm_topk_prob.
+  KASSIGN(std::optional<bool> norm, f.Bool("norm_topk_prob"));
+  m.norm_topk_prob =
+      c->arch == Architecture::kQwen3_5Moe || norm.value_or(c->arch == Architecture::kQwen3Next);
+  if (c->arch == Architecture::kQwen3_5Moe) {
+    if (m.n_experts == 0) return f.Error("num_experts must be positive");
+    c->layer_moe.assign(static_cast<size_t>(c->n_layers), true);
+    return Status::Ok();
+  }
+  KASSIGN(int64_t step, PositiveOr(f, "decoder_sparse_step", 1));
+  KASSIGN(std::vector<int64_t> dense_layers, LayerIndexList(f, "mlp_only_layers", c->n_layers));
+  for (int64_t i = 0; i < c->n_layers; ++i) {
+    const bool dense = std::find(dense_layers.begin(), dense_layers.end(), i) != dense_layers.end();
+    c->layer_moe[static_cast<size_t>(i)] = m.n_experts > 0 && !dense && (i + 1) % step == 0;
+  }
+  return Status::Ok();
+}
+
 Result<DType> ParseTorchDtype(const Fields& f) {
   // transformers >= 5 writes "dtype"; older files "torch_dtype".
   const char* key = f.HasValue("dtype") ? "dtype" : "torch_dtype";
@@ -380,6 +533,14 @@ Result<DType> ParseTorchDtype(const Fields& f) {
 }
 
 }  // namespace
+
+int64_t ModelConfig::n_layers_of(LayerType t) const {
+  return std::count(layer_types.begin(), layer_types.end(), t);
+}
+
+bool ModelConfig::has_moe() const {
+  return std::find(layer_moe.begin(), layer_moe.end(), true) != layer_moe.end();
+}
 
 std::string ArchitectureName(Architecture a) {
   for (const ArchInfo& info : kArchs) {
@@ -412,15 +573,29 @@ std::string RopeTypeName(RopeType t) {
 }
 
 Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
-  const Fields f(j, path + ": ");
-  if (!j.is_object()) return f.Error("must be a JSON object, got " + JsonTypeName(j));
+  const Fields top(j, path + ": ");
+  if (!j.is_object()) return top.Error("must be a JSON object, got " + JsonTypeName(j));
   ModelConfig c;
-  KASSIGN(c.arch, ParseArchitecture(f));
+  KASSIGN(auto arch, ParseArchitecture(top));
+  c.arch = arch.first;
+  c.architecture_class = arch.second;
+  // A multimodal wrapper keeps the language model's fields in "text_config".
+  const bool wrapper = IsMultimodalWrapper(c.architecture_class);
+  const json* text = wrapper ? top.Find("text_config") : &j;
+  if (text == nullptr || !text->is_object()) {
+    return top.Error("field \"text_config\" (an object) is required for " + c.architecture_class);
+  }
+  const Fields f(*text, wrapper ? path + ": text_config: " : path + ": ");
   const ArchDefaults d = DefaultsFor(c.arch);
+  if (wrapper) c.weight_prefix = "model.language_model.";
 
   KASSIGN(c.vocab_size, RequiredPositive(f, "vocab_size"));
   KASSIGN(c.hidden_size, RequiredPositive(f, "hidden_size"));
-  KASSIGN(c.intermediate_size, RequiredPositive(f, "intermediate_size"));
+  if (c.arch == Architecture::kQwen3_5Moe && !f.HasValue("intermediate_size")) {
+    c.intermediate_size = 0;  // every layer is MoE
+  } else {
+    KASSIGN(c.intermediate_size, RequiredPositive(f, "intermediate_size"));
+  }
   KASSIGN(c.n_layers, RequiredPositive(f, "num_hidden_layers"));
   KASSIGN(c.n_heads, RequiredPositive(f, "num_attention_heads"));
   if (c.vocab_size > std::numeric_limits<int32_t>::max()) {
@@ -466,7 +641,7 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
 
   KASSIGN(std::optional<std::string> act, f.String("hidden_act"));
   if (act && *act != "silu") {
-    return Unsupported(path + ": hidden_act '" + *act + "' is not supported (silu)");
+    return Unsupported(f.where() + "hidden_act '" + *act + "' is not supported (silu)");
   }
 
   KASSIGN(std::optional<bool> attention_bias, f.Bool("attention_bias"));
@@ -482,14 +657,24 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
       c.attention_bias = true;
       break;
     case Architecture::kQwen3:
+    case Architecture::kQwen3Moe:
+    case Architecture::kQwen3Next:
+    case Architecture::kQwen3_5:
+    case Architecture::kQwen3_5Moe:
       c.attention_bias = c.attention_out_bias = attention_bias.value_or(false);
       c.qk_norm = true;
       break;
   }
 
-  KASSIGN(std::optional<bool> tie, f.Bool("tie_word_embeddings"));
+  // Top level first: a wrapper's own tie_word_embeddings is the one transformers applies.
+  KASSIGN(std::optional<bool> tie, top.Bool("tie_word_embeddings"));
+  if (!tie) {
+    KASSIGN(tie, f.Bool("tie_word_embeddings"));
+  }
   c.tie_word_embeddings = tie.value_or(false);
-  KASSIGN(c.torch_dtype, ParseTorchDtype(f));
+  KASSIGN(
+      c.torch_dtype,
+      ParseTorchDtype(wrapper && !top.HasValue("dtype") && !top.HasValue("torch_dtype") ? f : top));
 
   KASSIGN(std::vector<int32_t> bos, f.TokenIds("bos_token_id"));
   if (bos.size() > 1) return f.Error("field \"bos_token_id\" must be one token id");
@@ -501,7 +686,13 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
   KASSIGN(c.eos_token_ids, f.TokenIds("eos_token_id"));
   if (!f.Has("eos_token_id") && d.eos_token_id) c.eos_token_ids = {*d.eos_token_id};
 
-  KTRY(ParseSlidingWindow(f, d, &c));
+  if (IsHybrid(c.arch)) {
+    c.layer_sliding.assign(static_cast<size_t>(c.n_layers), false);
+  } else {
+    KTRY(ParseSlidingWindow(f, d, &c));
+  }
+  KTRY(ParseLayerTypes(f, &c));
+  KTRY(ParseMoe(f, &c));
   KTRY(ParseRope(f, &c));
   return c;
 }

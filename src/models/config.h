@@ -15,7 +15,16 @@
 
 namespace kestrel {
 
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3 };
+enum class Architecture {
+  kLlama,
+  kMistral,
+  kQwen2,
+  kQwen3,
+  kQwen3Moe,    // Qwen3 attention with mixture-of-experts MLPs
+  kQwen3Next,   // hybrid Gated DeltaNet / gated attention, MoE with a shared expert
+  kQwen3_5,     // hybrid, dense MLPs (also the text part of Qwen3_5ForConditionalGeneration)
+  kQwen3_5Moe,  // hybrid, MoE with a shared expert
+};
 
 std::string ArchitectureName(Architecture a);  // the HF class name, e.g. "Qwen3ForCausalLM"
 std::string SupportedArchitecturesList();      // "LlamaForCausalLM, MistralForCausalLM, ..."
@@ -38,14 +47,50 @@ struct RopeConfig {
   std::optional<double> mscale_all_dim;    // yarn (as given; already folded into attention_factor)
   std::optional<double> attention_factor;  // yarn: always set after parsing (given or derived)
   bool truncate = true;                    // yarn: floor/ceil the correction range
-  double partial_rotary_factor = 1.0;      // only 1.0 is accepted
+  double partial_rotary_factor = 1.0;      // rotary_dim = int(head_dim * factor), in (0, 1]
+};
+
+// How a layer mixes tokens.
+enum class LayerType : uint8_t {
+  kAttention,        // softmax attention over the paged KV cache ("full_attention")
+  kLinearAttention,  // Gated DeltaNet: causal conv1d + gated delta rule over a recurrent state
+};
+
+// Gated DeltaNet sizes (Qwen3-Next / Qwen3.5 "linear_*" fields).
+struct LinearAttentionConfig {
+  int64_t n_key_heads = 0;    // query/key heads
+  int64_t n_value_heads = 0;  // value heads, a multiple of n_key_heads: value head h reads key
+                              // head h / (n_value_heads / n_key_heads)
+  int64_t key_head_dim = 0;
+  int64_t value_head_dim = 0;
+  int64_t conv_kernel = 0;  // causal depthwise conv1d width
+  // Weights fused per key head (Qwen3-Next in_proj_qkvz / in_proj_ba) instead of separate
+  // in_proj_qkv / in_proj_z / in_proj_b / in_proj_a (Qwen3.5).
+  bool fused_projections = false;
+
+  int64_t key_dim() const { return n_key_heads * key_head_dim; }
+  int64_t value_dim() const { return n_value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels of q|k|v
+  // Recurrent state of one sequence in one layer, f32 elements.
+  int64_t conv_state_floats() const { return (conv_kernel - 1) * conv_dim(); }
+  int64_t ssm_state_floats() const { return n_value_heads * key_head_dim * value_head_dim; }
+};
+
+// Mixture-of-experts MLP (top-k softmax router, optional shared expert).
+struct MoeConfig {
+  int64_t n_experts = 0;  // 0: no MoE layer
+  int64_t top_k = 0;
+  int64_t expert_intermediate = 0;         // moe_intermediate_size
+  int64_t shared_expert_intermediate = 0;  // 0: no shared expert
+  bool norm_topk_prob = false;             // renormalise the top-k probabilities to sum 1
 };
 
 struct ModelConfig {
   Architecture arch = Architecture::kLlama;
+  std::string architecture_class;  // the class named in config.json (e.g. a multimodal wrapper)
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;        // d_model
-  int64_t intermediate_size = 0;  // SwiGLU width
+  int64_t intermediate_size = 0;  // SwiGLU width of the dense MLPs (0: every layer is MoE)
   int64_t n_layers = 0;
   int64_t n_heads = 0;     // query heads
   int64_t n_kv_heads = 0;  // key/value heads (GQA)
@@ -67,6 +112,25 @@ struct ModelConfig {
   RopeConfig rope;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // from config.json; generation_config may add more
+
+  // Hybrid and MoE models (Qwen3-Next, Qwen3.5, Qwen3-MoE). Dense models: every layer is
+  // kAttention with a dense MLP.
+  std::vector<LayerType> layer_types;  // [n_layers]
+  std::vector<bool> layer_moe;         // [n_layers] the MLP of this layer is MoE
+  LinearAttentionConfig linear;        // when any layer is kLinearAttention
+  MoeConfig moe;                       // when any layer is MoE
+  // Qwen3-Next / Qwen3.5 conventions: RMSNorm weights are stored zero-centred (the norm
+  // multiplies by 1 + w), and q_proj also emits a per-head output gate (attention output *
+  // sigmoid(gate) before o_proj).
+  bool norm_weight_offset = false;
+  bool attention_output_gate = false;
+  // Where the decoder's tensors live: "model." or, for multimodal wrappers,
+  // "model.language_model." (lm_head.weight stays at the top level).
+  std::string weight_prefix = "model.";
+  int64_t n_mtp_layers = 0;  // multi-token-prediction layers declared (mtp_num_hidden_layers)
+
+  int64_t n_layers_of(LayerType t) const;
+  bool has_moe() const;
 };
 
 // Parses config.json text; `path` only names the file in errors. Keys the file leaves out take

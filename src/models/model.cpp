@@ -1,11 +1,11 @@
 // Model::Load: config.json + safetensors -> the forward implementation of the architecture.
 #include "models/model.h"
 
-#include "models/llama.h"
+#include "models/cpu_runner.h"
 #include "models/safetensors.h"
 #ifdef KESTREL_HAS_CUDA
 #include "backends/cuda/device.h"
-#include "models/llama_cuda.h"
+#include "models/cuda_runner.h"
 #endif
 
 namespace kestrel {
@@ -34,23 +34,20 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
                                            const ModelLoadOptions& options) {
   KASSIGN(ModelConfig config, LoadModelConfig(model_dir));
   KASSIGN(WeightStore store, WeightStore::Open(model_dir));
-  switch (config.arch) {
-    case Architecture::kLlama:
-    case Architecture::kMistral:
-    case Architecture::kQwen2:
-    case Architecture::kQwen3:
-      if (options.device == Device::kCuda) {
+  if (options.device == Device::kCuda) {
 #ifdef KESTREL_HAS_CUDA
-        return LoadCudaDenseDecoder(std::move(config), std::move(store), options);
+    if (config.n_layers_of(LayerType::kLinearAttention) > 0 || config.has_moe()) {
+      return Unsupported(model_dir + ": " + config.architecture_class +
+                         " (Gated DeltaNet / mixture-of-experts layers) runs on the CPU only in "
+                         "this version; use --device cpu");
+    }
+    return LoadCudaModel(std::move(config), std::move(store), options);
 #else
-        return Unsupported("this build of Kestrel has no CUDA backend (configure with "
-                           "-DKESTREL_CUDA=ON where nvcc is installed); use --device cpu");
+    return Unsupported("this build of Kestrel has no CUDA backend (configure with "
+                       "-DKESTREL_CUDA=ON where nvcc is installed); use --device cpu");
 #endif
-      }
-      return LoadDenseDecoder(std::move(config), std::move(store), options);
   }
-  return Unsupported(model_dir + ": architecture " + ArchitectureName(config.arch) +
-                     " has no forward implementation");
+  return LoadCpuModel(std::move(config), std::move(store), options);
 }
 
 }  // namespace kestrel

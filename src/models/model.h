@@ -1,17 +1,23 @@
-// A loaded causal LM and its forward pass over a flattened Batch (models/batch.h).
-// One implementation per architecture family; Llama, Mistral, Qwen2 and Qwen3 share the
-// dense decoder in llama.cpp (RMSNorm, RoPE, GQA, SwiGLU; Qwen2 adds q/k/v bias, Qwen3 QK-norm).
+// A loaded causal LM as the engine drives it: a forward pass over a flattened Batch
+// (models/batch.h), sampling where the logits are, and the caches its layers keep.
+// One implementation per backend, the *runner* (cpu_runner.h, cuda_runner.h): weight binding
+// or upload, activation buffers, batch staging, graphs, sampling, KV and state allocation,
+// profiling. What the layers compute lives in the backend's decoder (cpu_decoder.h,
+// cuda_decoder.h) over the architecture-neutral weights of models/weights.h, which each
+// architecture file (arch_*.cpp) binds from its checkpoint.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "models/batch.h"
+#include "models/cache_spec.h"
 #include "models/config.h"
 #include "sampling/sampler.h"
 
@@ -52,7 +58,16 @@ struct ModelLoadOptions {
   // kDefaultKvBudgetBytes; pass an explicit value for more.
   int64_t kv_cache_tokens = 0;
   int n_threads = 0;            // 0 = all cores (KESTREL_THREADS overrides)
+  // Recurrent-state models: slots for live sequences (at least the engine's max_num_seqs), and
+  // bytes for prefix-cache state snapshots beside them (< 0: kDefaultStateSnapshotBytes; 0: no
+  // snapshots, so no prefix caching of such models).
+  int32_t max_num_seqs = 64;
+  int64_t state_snapshot_bytes = -1;
 };
+
+inline constexpr int64_t kDefaultStateSnapshotBytes = int64_t{1} << 30;
+// Snapshot slots at least (when the budget allows one), at most.
+inline constexpr int64_t kMaxStateSnapshots = 4096;
 
 inline constexpr int64_t kDefaultKvCacheTokensCap = 32768;
 inline constexpr int64_t kDefaultKvBudgetBytes = int64_t{4} << 30;
@@ -60,9 +75,12 @@ inline constexpr int64_t kDefaultKvBudgetBytes = int64_t{4} << 30;
 // Where the time of Forward goes, accumulated over calls until ResetStats(); for `kestrel bench`.
 struct ForwardStats {
   double attention_s = 0;         // K/V writes + paged attention
-  double matmul_s = 0;            // linear layers, LM head included
-  double other_s = 0;             // embedding, norms, RoPE, SiLU, residual adds, gathers
+  double recurrent_s = 0;         // Gated DeltaNet: conv, gates, delta rule, gated norm
+  double matmul_s = 0;            // linear layers (experts included), LM head included
+  double other_s = 0;             // embedding, norms, RoPE, SiLU, residual adds, gathers, routing
   int64_t weight_bytes_read = 0;  // weight bytes the linear layers and the embedding gather read
+                                  // (MoE layers: only the experts the tokens were routed to)
+  int64_t state_bytes = 0;        // recurrent state read + written (decode roofline)
   int64_t n_forwards = 0;
   int64_t n_tokens = 0;
 };
@@ -79,10 +97,23 @@ class Model {
   virtual int64_t weight_bytes() const = 0;
   virtual int32_t block_size_tokens() const = 0;
   virtual int32_t n_kv_blocks() const = 0;      // physical blocks in the KV pool
-  virtual int64_t kv_bytes_per_token() const = 0;
+  // The caches the layers keep (attention: paged KV; recurrent: per-slot state).
+  virtual const CacheSpec& cache_spec() const = 0;
+  int64_t kv_bytes_per_token() const { return cache_spec().kv_bytes_per_token(); }
+  // State slots (recurrent-state models; 0 otherwise): Batch::state_slots and the slots of
+  // StateCopy / StateSnapshot index them. The engine gives the first max_num_seqs to live
+  // sequences and uses the rest for prefix-cache snapshots.
+  virtual int32_t n_state_slots() const { return 0; }
+  // What the checkpoint holds that the model does not run (vision tower, MTP head), one line
+  // each, for `info` and the load log.
+  virtual const std::vector<std::string>& load_notes() const {
+    static const std::vector<std::string> kNone;
+    return kNone;
+  }
 
-  // Runs the batch: writes K/V of every token at its slot and computes the logits of the rows in
-  // batch.logits_indices. With `logits`, copies them out as f32 [n_logits, vocab_size] row-major
+  // Runs the batch: applies its state copies, writes K/V of every token at its slot (attention
+  // layers) and advances each sequence's recurrent state in its slot (recurrent layers), takes
+  // its state snapshots, and computes the logits of the rows in batch.logits_indices. With `logits`, copies them out as f32 [n_logits, vocab_size] row-major
   // and returns when they are there. With nullptr they stay with the model (on the GPU for CUDA)
   // for LaunchSampling, and Forward may return before the device is done: every later call on
   // the model is ordered after it.

@@ -132,6 +132,18 @@ std::string FormatPrometheus(const EngineMetrics& m,
   Scalar(&out, "kestrel_kv_blocks_cached_free", "gauge",
          "Free KV cache blocks that still hold a reusable prefix.",
          static_cast<double>(m.kv_blocks_cached_free));
+  Scalar(&out, "kestrel_state_snapshots", "gauge",
+         "Recurrent-state snapshots held by the prefix cache (hybrid models).",
+         static_cast<double>(m.state_snapshots));
+  Scalar(&out, "kestrel_state_snapshot_bytes", "gauge",
+         "Bytes of the recurrent-state snapshots held by the prefix cache.",
+         static_cast<double>(m.state_snapshot_bytes));
+  Scalar(&out, "kestrel_state_snapshot_slots", "gauge",
+         "Recurrent-state snapshot slots (the snapshot pool's capacity).",
+         static_cast<double>(m.state_snapshot_slots));
+  Scalar(&out, "kestrel_state_snapshot_evictions_total", "counter",
+         "Recurrent-state snapshots evicted to make room for newer ones.",
+         static_cast<double>(m.state_snapshot_evictions));
   Scalar(&out, "kestrel_kv_cache_usage_ratio", "gauge",
          "Fraction of the KV cache blocks held by running sequences.",
          m.kv_blocks_total > 0

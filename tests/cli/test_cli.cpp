@@ -230,6 +230,34 @@ TEST(Cli, InfoDescribesTheModel) {
   EXPECT_GT(out["parameters"].get<int64_t>(), 0);
 }
 
+TEST(Cli, InfoDescribesAHybridModel) {
+  ProcessResult r = RunKestrel({"info", "--model", kSource + "/tests/data/models/qwen3_5_vl"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  EXPECT_EQ(out["architecture"], "Qwen3_5ForConditionalGeneration");
+  EXPECT_EQ(out["layer_types"],
+            json({"linear_attention", "linear_attention", "linear_attention", "full_attention"}));
+  EXPECT_EQ(out["attention_layers"], 1);
+  EXPECT_EQ(out["recurrent_layers"], 3);
+  const json& l = out["linear_attention"];
+  const int64_t conv_dim = 2 * l["key_heads"].get<int64_t>() * l["key_head_dim"].get<int64_t>() +
+                           l["value_heads"].get<int64_t>() * l["value_head_dim"].get<int64_t>();
+  const int64_t per_layer =
+      (l["conv_kernel"].get<int64_t>() - 1) * conv_dim + l["value_heads"].get<int64_t>() *
+                                                            l["key_head_dim"].get<int64_t>() *
+                                                            l["value_head_dim"].get<int64_t>();
+  EXPECT_EQ(out["state_bytes_per_sequence_f32"], 3 * per_layer * 4);
+  EXPECT_LE(out["state_snapshots_in_budget"].get<int64_t>(), 4096);
+  // Weights + the KV of one full context + one sequence's state.
+  EXPECT_EQ(out["memory_bytes_full_context"].get<int64_t>(),
+            out["weight_bytes"].get<int64_t>() +
+                out["context_length"].get<int64_t>() * out["kv_bytes_per_token_f32"].get<int64_t>() +
+                out["state_bytes_per_sequence_f32"].get<int64_t>());
+  bool vision_note = false;
+  for (const json& n : out["notes"]) vision_note |= n.get<std::string>().find("vision") != std::string::npos;
+  EXPECT_TRUE(vision_note) << r.out;
+}
+
 TEST(Cli, TruncatedWeightsAreAOneLineError) {
   fs::path dir = TempDir("trunc");
   for (const char* f : {"config.json", "model.safetensors"}) {

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "backends/cpu/ops.h"
-#include "engine/generator.h"
 #include "engine_test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -249,23 +248,6 @@ TEST_F(TinyModelEngineTest, GreedyTokensAreTheSameAloneBatchedCachedAndPreempted
   Engine solo(LoadModel(dir, 2048), tokenizer_, EosIds(), Config(1, 2048, false));
   solo.Start();
   const std::vector<Collected> want = RunOneByOne(solo, reqs);
-
-  // The single-sequence Generator (the CLI's path) agrees with the engine.
-  {
-    std::unique_ptr<Model> model = LoadModel(dir, 2048);
-    Generator generator(model.get(), tokenizer_);
-    for (size_t i : {0u, 7u, 31u}) {
-      GenerationRequest g;
-      g.prompt_ids = reqs[i].prompt_ids;
-      g.sampling = reqs[i].sampling;
-      g.max_new_tokens = reqs[i].max_new_tokens;
-      g.ignore_eos = true;
-      Result<GenerationResult> r = generator.Run(g, [](const GenerationEvent&) { return true; });
-      ASSERT_TRUE(r.ok());
-      EXPECT_EQ(r->tokens, want[i].tokens) << i;
-      EXPECT_EQ(r->text, want[i].text) << i;
-    }
-  }
 
   Engine batched(LoadModel(dir, 2048), tokenizer_, EosIds(), Config(32, 256, true));
   ExpectSame(RunConcurrently(batched, reqs, /*start_after_submit=*/true), want, 1e-4f, "batched");

@@ -365,5 +365,145 @@ TEST(KvCacheManagerTest, RandomOperationsLeakNothing) {
   EXPECT_EQ(kv.n_used_blocks(), 0);
 }
 
+// ---- hybrid models: live state slots and state snapshots ------------------------------------
+
+KvCacheConfig HybridConfig(int32_t n_blocks, int32_t n_live, int32_t n_snapshots) {
+  KvCacheConfig c = Config(n_blocks);
+  c.n_live_state_slots = n_live;
+  c.n_snapshot_slots = n_snapshots;
+  return c;
+}
+
+// Prefill of `tokens` in chunks, taking the planned snapshots; returns the snapshot positions.
+std::vector<int64_t> PrefillWithSnapshots(KvCacheManager& kv, SeqBlocks& seq,
+                                          const std::vector<int32_t>& tokens, int64_t begin,
+                                          int64_t chunk) {
+  std::vector<int64_t> positions;
+  for (int64_t at = begin; at < static_cast<int64_t>(tokens.size()); at += chunk) {
+    const int64_t end = std::min<int64_t>(at + chunk, static_cast<int64_t>(tokens.size()));
+    EXPECT_TRUE(kv.Allocate(seq, 0, end));
+    std::vector<PlannedSnapshot> planned;
+    kv.PlanStateSnapshots(seq, tokens, at, end, &planned);
+    for (const PlannedSnapshot& p : planned) {
+      EXPECT_GE(p.position, at);
+      EXPECT_LT(p.position, end);
+      EXPECT_EQ((p.position + 1) % kBs, 0);
+      EXPECT_GE(p.slot, kv.state_slots().n_live());
+      positions.push_back(p.position);
+    }
+    kv.CacheFullBlocks(seq, tokens, end);
+  }
+  return positions;
+}
+
+TEST(KvCacheManagerHybridTest, HitsOnlyWhereTheStateOfThatPrefixWasKept) {
+  KvCacheManager kv(HybridConfig(32, 2, 8));
+  ASSERT_TRUE(kv.has_state());
+  const std::vector<int32_t> tokens = Range(100, 22);  // 5 full blocks + 2
+  SeqBlocks a;
+  EXPECT_EQ(kv.FindCachedPrefix(a, tokens), 0);
+  ASSERT_TRUE(kv.Allocate(a, 0, 6));
+  EXPECT_GE(a.state_slot(), 0);
+  EXPECT_LT(a.state_slot(), 2);
+  EXPECT_EQ(kv.TakeStateRestore(a), -1);  // nothing to restore for a cold start
+  // Chunks of 6 tokens: boundaries 4, 8, 12, 16, 20 fall inside chunks.
+  kv.CacheFullBlocks(a, tokens, 0);
+  std::vector<PlannedSnapshot> planned;
+  kv.PlanStateSnapshots(a, tokens, 0, 6, &planned);
+  ASSERT_EQ(planned.size(), 1u);
+  EXPECT_EQ(planned[0].position, 3);
+  kv.CacheFullBlocks(a, tokens, 6);
+  const std::vector<int64_t> later = PrefillWithSnapshots(kv, a, tokens, 6, 6);
+  EXPECT_EQ(later, (std::vector<int64_t>{7, 11, 15, 19}));
+  EXPECT_EQ(kv.n_state_snapshots(), 5);
+
+  // Another sequence with the same 18 leading tokens: a hit of 4 blocks (the 5th differs).
+  std::vector<int32_t> other = tokens;
+  other[18] = 7;
+  SeqBlocks b;
+  EXPECT_EQ(kv.FindCachedPrefix(b, other), 16);
+  ASSERT_TRUE(kv.Allocate(b, 16, 22));
+  EXPECT_NE(b.state_slot(), a.state_slot());
+  const int32_t restore = kv.TakeStateRestore(b);
+  EXPECT_GE(restore, kv.state_slots().n_live());
+  EXPECT_EQ(kv.TakeStateRestore(b), -1);  // taken once
+  kv.Free(b);
+  kv.Free(a);
+  EXPECT_EQ(kv.state_slots().n_free_live(), 2);
+}
+
+TEST(KvCacheManagerHybridTest, KvWithoutItsStateIsNeverAHit) {
+  // No snapshot slots: blocks are cached, but a hybrid model cannot use them.
+  KvCacheManager kv(HybridConfig(32, 1, 0));
+  const std::vector<int32_t> tokens = Range(0, 20);
+  SeqBlocks a;
+  AdmitAndCompute(kv, a, tokens);
+  kv.Free(a);
+  EXPECT_GT(kv.n_cached_free_blocks(), 0);
+  SeqBlocks b;
+  EXPECT_EQ(kv.FindCachedPrefix(b, tokens), 0);
+  ASSERT_TRUE(kv.Allocate(b, 0, 20));
+  kv.Free(b);
+
+  // Snapshots at the boundaries 8 and 16 only (chunks [6, 8) and [14, 16)).
+  KvCacheManager kv2(HybridConfig(32, 1, 8));
+  SeqBlocks c;
+  ASSERT_TRUE(kv2.Allocate(c, 0, 20));
+  std::vector<PlannedSnapshot> planned;
+  kv2.PlanStateSnapshots(c, tokens, 6, 8, &planned);
+  kv2.PlanStateSnapshots(c, tokens, 14, 16, &planned);
+  ASSERT_EQ(planned.size(), 2u);
+  EXPECT_EQ(planned[0].position, 7);
+  EXPECT_EQ(planned[1].position, 15);
+  kv2.CacheFullBlocks(c, tokens, 20);
+  kv2.Free(c);
+  EXPECT_EQ(kv2.n_state_snapshots(), 2);
+  SeqBlocks d;  // all 20 tokens again: 4 blocks findable, the 4th has a snapshot
+  EXPECT_EQ(kv2.FindCachedPrefix(d, tokens), 16);
+  std::vector<int32_t> shorter(tokens.begin(), tokens.begin() + 14);
+  shorter.push_back(99);
+  SeqBlocks e;  // 3 blocks findable, the 3rd (boundary 12) without a snapshot: back to 8
+  EXPECT_EQ(kv2.FindCachedPrefix(e, shorter), 8);
+}
+
+TEST(KvCacheManagerHybridTest, EvictingABlockDropsItsSnapshotAndSlotsAreBounded) {
+  // 6 blocks, 4 snapshot slots.
+  KvCacheManager kv(HybridConfig(6, 1, 4));
+  const std::vector<int32_t> a_tokens = Range(0, 24);  // all 6 blocks
+  SeqBlocks a;
+  ASSERT_TRUE(kv.Allocate(a, 0, 24));
+  std::vector<PlannedSnapshot> planned;
+  kv.PlanStateSnapshots(a, a_tokens, 0, 24, &planned);
+  // A chunk keeps at most n_snapshots / 4 = 1 of its boundaries: the last.
+  ASSERT_EQ(planned.size(), 1u);
+  EXPECT_EQ(planned[0].position, 23);
+  kv.CacheFullBlocks(a, a_tokens, 24);
+  EXPECT_EQ(kv.n_state_snapshots(), 1);
+  kv.Free(a);
+  // A sequence with other tokens takes every block: all evicted, and the snapshot with them.
+  SeqBlocks b;
+  const std::vector<int32_t> b_tokens = Range(1000, 24);
+  EXPECT_EQ(kv.FindCachedPrefix(b, b_tokens), 0);
+  ASSERT_TRUE(kv.Allocate(b, 0, 24));
+  EXPECT_EQ(kv.n_state_snapshots(), 0);
+  SeqBlocks probe;
+  EXPECT_EQ(kv.FindCachedPrefix(probe, a_tokens), 0);
+  kv.Free(b);
+
+  // The snapshot pool is LRU: more boundaries than slots evict the oldest.
+  KvCacheManager small(HybridConfig(64, 1, 4));
+  const std::vector<int32_t> long_tokens = Range(0, 100);
+  SeqBlocks c;
+  ASSERT_TRUE(small.Allocate(c, 0, 100));
+  for (int64_t at = 0; at < 100; ++at) {  // decode-like steps: every boundary is planned
+    std::vector<PlannedSnapshot> p;
+    small.PlanStateSnapshots(c, long_tokens, at, at + 1, &p);
+    small.CacheFullBlocks(c, long_tokens, at + 1);
+  }
+  // Decode keeps only the sequence's latest snapshot.
+  EXPECT_EQ(small.n_state_snapshots(), 1);
+  small.Free(c);
+}
+
 }  // namespace
 }  // namespace kestrel

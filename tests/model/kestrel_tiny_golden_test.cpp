@@ -3,13 +3,16 @@
 // prompt position, and the greedy continuation token for token.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
 #include "models/model.h"
+#include "models/score.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -39,11 +42,14 @@ TEST_P(KestrelTinyGolden, GreedyContinuationsMatchTransformers) {
   options.kv_cache_tokens = 512;
   Result<std::unique_ptr<Model>> model = Model::Load(kDir, options);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  Generator gen(model->get(), &*tok);
-  const int64_t vocab = (*model)->config().vocab_size;
+  std::shared_ptr<Model> shared = std::move(*model);
+  const int64_t vocab = shared->config().vocab_size;
   std::vector<int32_t> eos = golden["eos_token_ids"];
 
+  // First the prompts' logits (ScorePrompt drives the model directly, so it runs before the
+  // engine owns the model), then the generations.
   ASSERT_GE(golden["cases"].size(), 6u);
+  std::vector<std::vector<int32_t>> prompts;
   for (const json& c : golden["cases"]) {
     SCOPED_TRACE(c["text"].get<std::string>());
     std::string text = c["text"];
@@ -56,7 +62,7 @@ TEST_P(KestrelTinyGolden, GreedyContinuationsMatchTransformers) {
     std::vector<int32_t> prompt = tok->Encode(text, /*add_special_tokens=*/false);
     ASSERT_EQ(prompt, c["prompt_ids"].get<std::vector<int32_t>>());
 
-    Result<std::vector<float>> logits = gen.AllLogits(prompt);
+    Result<std::vector<float>> logits = ScorePrompt(*shared, prompt);
     ASSERT_TRUE(logits.ok());
     std::vector<int32_t> argmax;
     for (size_t i = 0; i < prompt.size(); ++i) {
@@ -64,17 +70,35 @@ TEST_P(KestrelTinyGolden, GreedyContinuationsMatchTransformers) {
       argmax.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
     }
     EXPECT_EQ(argmax, c["prompt_argmax"].get<std::vector<int32_t>>());
+    prompts.push_back(prompt);
+  }
 
-    GenerationRequest req;
-    req.prompt_ids = prompt;
+  // Generation runs on the Engine, as `kestrel generate` and the server do.
+  EngineConfig config;
+  config.max_num_seqs = 1;
+  Engine engine(shared, &*tok, eos, config);
+  engine.Start();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const json& c = golden["cases"][i];
+    SCOPED_TRACE(c["text"].get<std::string>());
+    EngineRequest req;
+    req.prompt_ids = prompts[i];
     req.sampling.temperature = 0;
     req.max_new_tokens = golden["max_new_tokens"];
-    req.eos_ids = eos;
-    Result<GenerationResult> r = gen.Run(req, [](const GenerationEvent&) { return true; });
-    ASSERT_TRUE(r.ok()) << r.status().message();
-    EXPECT_EQ(r->tokens, c["output_ids"].get<std::vector<int32_t>>());
-    EXPECT_EQ(FinishReasonName(r->finish), c["finish_reason"].get<std::string>());
-    EXPECT_EQ(tok->Decode(r->tokens), c["output_text"].get<std::string>());
+    Result<std::shared_ptr<RequestHandle>> handle = engine.Submit(req);
+    ASSERT_TRUE(handle.ok()) << handle.status().message();
+    std::vector<int32_t> tokens;
+    RequestOutput ev;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!ev.finished && std::chrono::steady_clock::now() < deadline) {
+      if (!(*handle)->Next(&ev, std::chrono::milliseconds(100))) continue;
+      tokens.insert(tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+    }
+    ASSERT_TRUE(ev.finished);
+    ASSERT_TRUE(ev.error.ok()) << ev.error.message();
+    EXPECT_EQ(tokens, c["output_ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(FinishReasonName(ev.finish_reason), c["finish_reason"].get<std::string>());
+    EXPECT_EQ(tok->Decode(tokens), c["output_text"].get<std::string>());
   }
 }
 

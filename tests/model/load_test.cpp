@@ -1,10 +1,14 @@
 // Model::Load: weight validation errors, KV pool sizing, parameter counts, forward statistics.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
-#include "models/llama.h"
+#include <nlohmann/json.hpp>
+
+#include "models/cpu_runner.h"
+#include "models/weights.h"
 #include "tiny_model.h"
 
 namespace kestrel {
@@ -44,6 +48,70 @@ TEST(ModelLoad, MissingBiasOfQwen2IsAnError) {
   Result<std::unique_ptr<Model>> m = Model::Load(dir, {});
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("v_proj.bias"), std::string::npos);
+}
+
+TEST(ModelLoad, TensorTheArchitectureDoesNotKnowIsAnError) {
+  // Qwen3 weights (with QK-norm tensors) under a Llama config: the norms would be ignored and
+  // the logits silently wrong, so loading refuses and names them.
+  testing::TinyModelSpec spec;
+  spec.architecture = "Qwen3ForCausalLM";
+  const std::string dir = testing::MakeTempDir("unexpected");
+  testing::WriteTinyModel(dir, spec);
+  std::ifstream in(dir + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  in.close();
+  config["architectures"] = {"LlamaForCausalLM"};
+  config["model_type"] = "llama";
+  std::ofstream(dir + "/config.json") << config.dump();
+  Result<std::unique_ptr<Model>> m = Model::Load(dir, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  const std::string& msg = m.status().message();
+  EXPECT_NE(msg.find("LlamaForCausalLM"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("self_attn.q_norm.weight"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, HybridCheckpointsReportWhatTheyHoldAndSizeTheirCaches) {
+  const std::string root = std::string(KESTREL_SOURCE_DIR) + "/tests/data/models/";
+  ModelLoadOptions options;
+  options.max_num_seqs = 3;
+  options.state_snapshot_bytes = 0;
+  Result<std::unique_ptr<Model>> m = Model::Load(root + "qwen3_5", options);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  const CacheSpec& spec = (*m)->cache_spec();
+  EXPECT_EQ(spec.n_attention_layers, 1);
+  EXPECT_EQ(spec.n_recurrent_layers, 3);
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(spec.state_bytes_per_slot(),
+            3 * (c.linear.conv_state_floats() + c.linear.ssm_state_floats()) * 4);
+  EXPECT_EQ((*m)->kv_bytes_per_token(), 2 * 1 * c.n_kv_heads * c.head_dim * 4);
+  EXPECT_EQ((*m)->n_state_slots(), 3);  // live slots only: no snapshot budget
+  auto has_note = [](const Model& model, const std::string& what) {
+    for (const std::string& n : model.load_notes()) {
+      if (n.find(what) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has_note(**m, "mtp")) << "the MTP head is loaded and reported";
+
+  options.state_snapshot_bytes = 10 * spec.state_bytes_per_slot() + 1;
+  m = Model::Load(root + "qwen3_5_vl", options);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ((*m)->n_state_slots(), 3 + 10);
+  EXPECT_TRUE(has_note(**m, "vision")) << "the vision tower is skipped with a note";
+
+  // A dense model keeps no state.
+  m = Model::Load(root + "qwen3", {});
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ((*m)->n_state_slots(), 0);
+  EXPECT_FALSE((*m)->cache_spec().has_recurrent_state());
+#ifdef KESTREL_HAS_CUDA
+  // The CUDA backend says it does not run these layers yet (before touching any GPU).
+  options.device = Device::kCuda;
+  m = Model::Load(root + "qwen3_next", options);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("--device cpu"), std::string::npos) << m.status().message();
+#endif
 }
 
 TEST(ModelLoad, TiedModelNeedsNoLmHead) {
@@ -89,10 +157,12 @@ TEST(ModelLoad, DefaultKvCapacityIsCapped) {
   c.n_kv_heads = 8;
   c.head_dim = 128;  // 256 KiB per token in f32
   c.max_position_embeddings = 131072;
+  c.layer_types.assign(32, LayerType::kAttention);
   ModelLoadOptions opts;
   // min(131072, 32768, 4 GiB / 256 KiB = 16384)
   EXPECT_EQ(ResolveKvCacheTokens(c, opts), 16384);
   c.n_layers = 2;
+  c.layer_types.assign(2, LayerType::kAttention);
   EXPECT_EQ(ResolveKvCacheTokens(c, opts), kDefaultKvCacheTokensCap);
   c.max_position_embeddings = 4096;
   EXPECT_EQ(ResolveKvCacheTokens(c, opts), 4096);

@@ -299,6 +299,14 @@ std::vector<std::vector<std::vector<float>>> SeqRunner::Step(const std::vector<W
     starts.push_back(static_cast<int32_t>(ids.size()));
     ctx_lens.push_back(static_cast<int32_t>(end));
   }
+  // Recurrent-state models: sequence i keeps its state in slot i.
+  std::vector<int32_t> state_slots;
+  if (model_->n_state_slots() > 0) {
+    for (const Work& w : work) {
+      KCHECK(w.seq < model_->n_state_slots());
+      state_slots.push_back(w.seq);
+    }
+  }
   std::vector<int32_t> tables(work.size() * max_blocks, -1);
   for (size_t i = 0; i < work.size(); ++i) {
     const Seq& s = seqs_[static_cast<size_t>(work[i].seq)];
@@ -313,6 +321,7 @@ std::vector<std::vector<std::vector<float>>> SeqRunner::Step(const std::vector<W
   batch.block_tables = tables;
   batch.max_blocks_per_seq = static_cast<int32_t>(max_blocks);
   batch.logits_indices = rows;
+  batch.state_slots = state_slots;
   const int64_t vocab = model_->config().vocab_size;
   std::vector<float> logits(rows.size() * static_cast<size_t>(vocab));
   model_->Forward(batch, logits.data());

@@ -4,7 +4,8 @@
 //  * NaiveForward: an independent dense implementation (plain loops in double, no paging, no
 //    kernels of the engine) giving the logits of every position of one sequence;
 //  * SeqRunner: a minimal scheduler that drives Model::Forward with flattened multi-sequence
-//    batches through its own block allocator (block ids in any order).
+//    batches through its own block allocator (block ids in any order); on recurrent-state
+//    models sequence i keeps its state in slot i.
 #pragma once
 
 #include <cstdint>

@@ -303,13 +303,22 @@ TEST_F(WeightStoreTest, TruncatedFile) {
   EXPECT_ERROR(tiny, StatusCode::kInvalidArgument, "model.safetensors", "too small");
 }
 
-TEST_F(WeightStoreTest, RankAboveFourIsUnsupported) {
+TEST_F(WeightStoreTest, RankFiveLoadsRankNineIsUnsupported) {
+  // Rank 5: the Conv3d patch embedding of a multimodal checkpoint's vision tower.
   Write(
       "model.safetensors",
       SafetensorsBytes(
           R"({"w": {"dtype": "F32", "shape": [1, 1, 1, 1, 2], "data_offsets": [0, 8]}})", Iota(8)));
+  auto five = WeightStore::Open(dir_);
+  ASSERT_TRUE(five.ok()) << five.status().message();
+  EXPECT_EQ(five->tensors().at("w").n_dims, 5);
+  Write(
+      "model.safetensors",
+      SafetensorsBytes(
+          R"({"w": {"dtype": "F32", "shape": [1, 1, 1, 1, 1, 1, 1, 1, 2], "data_offsets": [0, 8]}})",
+          Iota(8)));
   auto store = WeightStore::Open(dir_);
-  EXPECT_ERROR(store, StatusCode::kUnsupported, "'w'", "rank 5");
+  EXPECT_ERROR(store, StatusCode::kUnsupported, "'w'", "rank 9");
 }
 
 TEST_F(WeightStoreTest, NoWeights) {

@@ -101,8 +101,8 @@ void EmbeddingGather(const TensorView& table, std::span<const int32_t> ids, floa
   });
 }
 
-void RmsNorm(const float* x, int64_t n_rows, int64_t d, const TensorView& w, float eps,
-             float* y) {
+void RmsNorm(const float* x, int64_t n_rows, int64_t d, const TensorView& w, float eps, float* y,
+             float weight_offset) {
   KCHECK(w.n_dims == 1 && w.shape[0] == d);
   DispatchWeightDType(w.dtype, [&]<DType T>() {
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -112,7 +112,9 @@ void RmsNorm(const float* x, int64_t n_rows, int64_t d, const TensorView& w, flo
       for (int64_t j = 0; j < d; ++j) sum_sq += xr[j] * xr[j];
       // torch.rsqrt(variance + eps) in f32; 1/sqrt is correctly rounded, rsqrt within 1 ulp.
       const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(d) + eps);
-      for (int64_t j = 0; j < d; ++j) yr[j] = LoadWeight<T>(w.data, j) * (xr[j] * inv_rms);
+      for (int64_t j = 0; j < d; ++j) {
+        yr[j] = (weight_offset + LoadWeight<T>(w.data, j)) * (xr[j] * inv_rms);
+      }
     }
   });
 }

@@ -70,10 +70,12 @@ inline constexpr int64_t kDirectMaxRows = 16;
 //   table [vocab, d] F32/F16/BF16;  out [ids.size(), d]
 void EmbeddingGather(const TensorView& table, std::span<const int32_t> ids, float* out);
 
-// y[r, :] = w * (x[r, :] * 1/sqrt(mean(x[r, :]^2) + eps)), as transformers' LlamaRMSNorm in f32:
-// the weight multiplies the normalised value. y may alias x.
+// y[r, :] = (weight_offset + w) * (x[r, :] * 1/sqrt(mean(x[r, :]^2) + eps)), as transformers'
+// LlamaRMSNorm in f32 (offset 0: the weight multiplies the normalised value) or the zero-centred
+// Qwen3-Next / Qwen3.5 norm (offset 1: 1 + w). y may alias x.
 //   x, y [n_rows, d];  w [d] F32/F16/BF16
-void RmsNorm(const float* x, int64_t n_rows, int64_t d, const TensorView& w, float eps, float* y);
+void RmsNorm(const float* x, int64_t n_rows, int64_t d, const TensorView& w, float eps, float* y,
+             float weight_offset = 0.0f);
 
 // RoPE tables for the tokens of a batch, computed as transformers does in f32:
 // freq = f32(position) * inv_freq[i]; cos = cos(freq) * attention_scaling; same for sin.

@@ -1,7 +1,7 @@
-// Loading and forward of the dense decoder on CUDA (see llama_cuda.h for the outline).
+// The CUDA runner (see cuda_runner.h).
 #ifdef KESTREL_HAS_CUDA
 
-#include "models/llama_cuda.h"
+#include "models/cuda_runner.h"
 
 #include <unistd.h>
 
@@ -15,25 +15,21 @@
 #include <optional>
 #include <string>
 
-#include "backends/cuda/activation.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/embedding.h"
-#include "backends/cuda/norm.h"
 #include "backends/cuda/pdl.cuh"
-#include "backends/cuda/rope.h"
 #include "core/check.h"
+#include "models/batch_check.h"
 #include "models/gpu_sampling_rows.h"
-#include "models/rope.h"
 
 namespace kestrel {
 namespace {
 
-constexpr size_t kAlign = 256;
+constexpr size_t kAlign = CudaWeightPlan::kAlign;
 constexpr int32_t kMaxGraphRows = 256;     // decode batches above this run eagerly
 constexpr int32_t kMinGraphContext = 256;  // smallest context bucket of a decode graph
 constexpr int32_t kMinLogitsRows = kMaxGraphRows;
 constexpr int32_t kMaxLogitsRows = 1024;  // logits rows one step keeps on the device
-constexpr int32_t kMaxDecodeAttentionRows = kMaxGraphRows;
 
 size_t AlignUp(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
@@ -121,17 +117,12 @@ class WeightUploader {
   std::chrono::steady_clock::time_point t0_;
 };
 
-Status RequireBf16(const TensorView& t, const char* what) {
-  if (t.empty() || t.dtype == DType::kBF16) return Status::Ok();
-  return Unsupported(std::string("--device cuda runs BF16 weights; ") + what + " is " +
-                     std::string(DTypeName(t.dtype)) + " (use --device cpu for F32/F16 files)");
-}
-
 }  // namespace
 
-CudaDenseDecoder::CudaDenseDecoder(ModelConfig config) : config_(std::move(config)) {}
+CudaRunner::CudaRunner(ModelConfig config, WeightStore store, DecoderWeights weights)
+    : config_(std::move(config)), store_(std::move(store)), weights_host_(std::move(weights)) {}
 
-CudaDenseDecoder::~CudaDenseDecoder() {
+CudaRunner::~CudaRunner() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   DropGraphs();
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
@@ -141,196 +132,55 @@ CudaDenseDecoder::~CudaDenseDecoder() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
-void CudaDenseDecoder::DropGraphs() {
+void CudaRunner::DropGraphs() {
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   graphs_.clear();
 }
 
-int64_t CudaDenseDecoder::kv_bytes_per_token() const {
-  return 2 * config_.n_layers * kv_dim_ * static_cast<int64_t>(sizeof(__nv_bfloat16));
-}
-
-int64_t CudaDenseDecoder::decode_weight_bytes() const {
+int64_t CudaRunner::decode_weight_bytes() const {
   // Every weight is read once per step except the embedding table, of which one row is.
   const int64_t row = config_.hidden_size * 2;
   const int64_t embed = config_.vocab_size * row;
   return config_.tie_word_embeddings ? weight_bytes_ + row : weight_bytes_ - embed + row;
 }
 
-__nv_bfloat16* CudaDenseDecoder::k_cache(int64_t layer) const {
-  const int64_t per = (int64_t{n_blocks_} + 1) * block_size_ * kv_dim_;
-  return kv_.as<__nv_bfloat16>() + (2 * layer) * per;
-}
-
-__nv_bfloat16* CudaDenseDecoder::v_cache(int64_t layer) const {
-  const int64_t per = (int64_t{n_blocks_} + 1) * block_size_ * kv_dim_;
-  return kv_.as<__nv_bfloat16>() + (2 * layer + 1) * per;
-}
-
-Status CudaDenseDecoder::Upload(const detail::DenseDecoderWeights& w, bool show_progress) {
-  const ModelConfig& c = config_;
-  KTRY(RequireBf16(w.embed, "model.embed_tokens.weight"));
-  KTRY(RequireBf16(w.final_norm, "model.norm.weight"));
-  KTRY(RequireBf16(w.lm_head, "lm_head.weight"));
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const detail::DecoderLayerWeights& l = w.layers[i];
-    for (const TensorView* t :
-         {&l.input_norm, &l.q_proj, &l.q_bias, &l.k_proj, &l.k_bias, &l.v_proj, &l.v_bias,
-          &l.q_norm, &l.k_norm, &l.o_proj, &l.o_bias, &l.post_norm, &l.gate_proj, &l.gate_bias,
-          &l.up_proj, &l.up_bias, &l.down_proj, &l.down_bias}) {
-      KTRY(RequireBf16(*t, ("a tensor of layer " + std::to_string(i)).c_str()));
-    }
-  }
-
-  // Layout: pieces 256-byte aligned; fused tensors (q|k|v, gate|up and their biases) are
-  // consecutive copies of row-major blocks, so each fused matrix is one row-major matrix.
-  size_t total = 0;
-  auto reserve = [&](size_t bytes) {
-    const size_t off = total;
-    total += AlignUp(bytes);
-    return off;
-  };
-  struct Piece {
-    const TensorView* src;
-    size_t offset;
-  };
-  std::vector<Piece> pieces;
-  auto place = [&](std::initializer_list<const TensorView*> parts) -> size_t {
-    size_t bytes = 0;
-    for (const TensorView* t : parts) bytes += t->size_bytes();
-    const size_t off = reserve(bytes);
-    size_t at = off;
-    for (const TensorView* t : parts) {
-      pieces.push_back({t, at});
-      at += t->size_bytes();
-    }
-    return off;
-  };
-  const size_t embed_off = place({&w.embed});
-  const size_t norm_off = place({&w.final_norm});
-  const size_t head_off = c.tie_word_embeddings ? embed_off : place({&w.lm_head});
-  struct LayerOffsets {
-    size_t input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, gate_bias,
-        up_bias, down, down_bias;
-  };
-  constexpr size_t kNone = std::numeric_limits<size_t>::max();
-  std::vector<LayerOffsets> offs(w.layers.size());
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const detail::DecoderLayerWeights& l = w.layers[i];
-    LayerOffsets& o = offs[i];
-    o.input_norm = place({&l.input_norm});
-    o.qkv = place({&l.q_proj, &l.k_proj, &l.v_proj});
-    o.qkv_bias = l.q_bias.empty() ? kNone : place({&l.q_bias, &l.k_bias, &l.v_bias});
-    o.q_norm = l.q_norm.empty() ? kNone : place({&l.q_norm});
-    o.k_norm = l.k_norm.empty() ? kNone : place({&l.k_norm});
-    o.o_proj = place({&l.o_proj});
-    o.o_bias = l.o_bias.empty() ? kNone : place({&l.o_bias});
-    o.post_norm = place({&l.post_norm});
-    o.gate_up = place({&l.gate_proj, &l.up_proj});
-    o.gate_bias = l.gate_bias.empty() ? kNone : place({&l.gate_bias});
-    o.up_bias = l.up_bias.empty() ? kNone : place({&l.up_bias});
-    o.down = place({&l.down_proj});
-    o.down_bias = l.down_bias.empty() ? kNone : place({&l.down_bias});
-    if (l.q_bias.empty() != l.k_bias.empty() || l.q_bias.empty() != l.v_bias.empty()) {
-      return Unsupported("layer " + std::to_string(i) +
-                         ": q/k/v projections must all have biases or none");
-    }
-  }
-
-  KASSIGN(weights_, cuda::DeviceBuffer::Allocate(total, "the model weights"));
-  WeightUploader up(stream_, static_cast<int64_t>(total), show_progress);
+Status CudaRunner::Upload(bool show_progress) {
+  CudaWeightPlan plan;
+  decoder_->PlanWeights(&plan);
+  KASSIGN(weights_, cuda::DeviceBuffer::Allocate(plan.total_bytes(), "the model weights"));
+  WeightUploader up(stream_, static_cast<int64_t>(plan.total_bytes()), show_progress);
   KTRY(up.Init());
   auto* base = weights_.as<uint8_t>();
-  for (const Piece& p : pieces) up.Copy(p.src->data, p.src->size_bytes(), base + p.offset);
-  up.Finish();
-
-  auto at = [&](size_t off) -> const __nv_bfloat16* {
-    return off == kNone ? nullptr : reinterpret_cast<const __nv_bfloat16*>(base + off);
-  };
-  embed_ = at(embed_off);
-  final_norm_ = at(norm_off);
-  lm_head_ = at(head_off);
-  layers_.resize(w.layers.size());
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerOffsets& o = offs[i];
-    detail::CudaLayerWeights& l = layers_[i];
-    l.input_norm = at(o.input_norm);
-    l.qkv = at(o.qkv);
-    l.qkv_bias = at(o.qkv_bias);
-    l.q_norm = at(o.q_norm);
-    l.k_norm = at(o.k_norm);
-    l.o_proj = at(o.o_proj);
-    l.o_bias = at(o.o_bias);
-    l.post_norm = at(o.post_norm);
-    l.gate_up = at(o.gate_up);
-    l.gate_bias = at(o.gate_bias);
-    l.up_bias = at(o.up_bias);
-    l.down = at(o.down);
-    l.down_bias = at(o.down_bias);
-    l.sliding_window = static_cast<int32_t>(w.layers[i].sliding_window);
+  for (const CudaWeightPlan::Piece& p : plan.pieces()) {
+    up.Copy(p.src->data, p.src->size_bytes(), base + p.offset);
   }
-  n_parameters_ = w.n_parameters;
-  weight_bytes_ = w.n_bytes;
-  return Status::Ok();
+  up.Finish();
+  decoder_->BindWeights(base);
+  n_parameters_ = weights_host_.n_parameters;
+  weight_bytes_ = weights_host_.n_bytes;
+  return decoder_->UploadConstants();
 }
 
-Status CudaDenseDecoder::EnsureActivations(int32_t n_tokens) {
+Status CudaRunner::EnsureActivations(int32_t n_tokens) {
   if (n_tokens <= capacity_tokens_) return Status::Ok();
-  const ModelConfig& c = config_;
-  const int64_t n = n_tokens;
-  const int64_t q_dim = c.n_heads * c.head_dim;
-  const int64_t qkv_dim = q_dim + 2 * kv_dim_;
-  const int64_t hidden = c.hidden_size;
-  const int64_t inter = c.intermediate_size;
-  const int64_t n_logits = std::max<int64_t>(kMinLogitsRows, std::min<int64_t>(n, kMaxLogitsRows));
-  size_t total = 0;
-  auto reserve = [&](int64_t bytes) {
-    const size_t off = total;
-    total += AlignUp(static_cast<size_t>(bytes));
-    return off;
-  };
-  const size_t x = reserve(n * hidden * 4);
-  const size_t xn = reserve(n * hidden * 2);
-  const size_t qkv = reserve(n * qkv_dim * 4);
-  const size_t q = reserve(n * q_dim * 2);
-  const size_t attn = reserve(n * q_dim * 2);
-  const size_t tmp = reserve(n * hidden * 4);
-  const size_t gu = reserve(n * 2 * inter * 4);
-  const size_t act = reserve(n * inter * 2);
-  const size_t xf = reserve(n_logits * hidden * 2);
-  const size_t lg = reserve(n_logits * c.vocab_size * 4);
+  const int32_t n_logits = std::max(kMinLogitsRows, std::min(n_tokens, kMaxLogitsRows));
+  const size_t bytes = decoder_->ActivationBytes(n_tokens, n_logits, attention_workspace_context_);
   // Queued work may still use the old buffers (Forward returns before the device is done).
   KCUDA_CHECK(cudaStreamSynchronize(stream_));
   DropGraphs();  // graphs hold the old addresses
   activations_.Reset();
-  attention_workspace_.Reset();
-  // Split-K partials of the decode path for up to kMaxDecodeAttentionRows sequences (2.7 MB a
-  // row at 32 heads x 128 dims and a 40k context); larger pure-decode batches take the prefill
-  // kernel, which needs no workspace.
-  const size_t ws = cuda::PagedAttentionWorkspaceBytes(
-      std::min(n_tokens, kMaxDecodeAttentionRows), static_cast<int32_t>(c.n_heads),
-      static_cast<int32_t>(c.head_dim), attention_workspace_context_);
-  KASSIGN(attention_workspace_, cuda::DeviceBuffer::Allocate(ws, "the attention workspace"));
   KASSIGN(activations_,
           cuda::DeviceBuffer::Allocate(
-              total, "activation buffers for " + std::to_string(n_tokens) + " tokens per step"));
-  auto* b = activations_.as<uint8_t>();
-  x_ = reinterpret_cast<float*>(b + x);
-  xn_ = reinterpret_cast<__nv_bfloat16*>(b + xn);
-  qkv_ = reinterpret_cast<float*>(b + qkv);
-  q_ = reinterpret_cast<__nv_bfloat16*>(b + q);
-  attn_ = reinterpret_cast<__nv_bfloat16*>(b + attn);
-  tmp_ = reinterpret_cast<float*>(b + tmp);
-  gate_up_ = reinterpret_cast<float*>(b + gu);
-  act_ = reinterpret_cast<__nv_bfloat16*>(b + act);
-  x_final_ = reinterpret_cast<__nv_bfloat16*>(b + xf);
-  logits_ = reinterpret_cast<float*>(b + lg);
+              bytes, "activation buffers for " + std::to_string(n_tokens) + " tokens per step"));
+  decoder_->BindActivations(activations_.as<uint8_t>(), n_tokens, n_logits,
+                            attention_workspace_context_);
+  logits_ = decoder_->logits();
   capacity_tokens_ = n_tokens;
-  logits_capacity_ = static_cast<int32_t>(n_logits);
+  logits_capacity_ = n_logits;
   return Status::Ok();
 }
 
-Status CudaDenseDecoder::EnsureMetadata(size_t n_ints) {
+Status CudaRunner::EnsureMetadata(size_t n_ints) {
   if (n_ints <= meta_capacity_ints_) return Status::Ok();
   const size_t cap = std::max(n_ints, meta_capacity_ints_ * 2);
   KCUDA_CHECK(cudaStreamSynchronize(stream_));  // queued uploads may still read the old ones
@@ -345,14 +195,13 @@ Status CudaDenseDecoder::EnsureMetadata(size_t n_ints) {
   return Status::Ok();
 }
 
-Status CudaDenseDecoder::AllocateKv(const ModelLoadOptions& options, bool show_progress) {
+Status CudaRunner::AllocateKv(const ModelLoadOptions& options, bool show_progress) {
   const ModelConfig& c = config_;
   block_size_ = options.block_size_tokens;
   if (block_size_ % 16 != 0) {
     return InvalidArgument("--device cuda needs a KV block size that is a multiple of 16, got " +
                            std::to_string(block_size_));
   }
-  KCHECK(kv_dim_ == c.n_kv_heads * c.head_dim);
   const int64_t per_token = kv_bytes_per_token();
   int64_t tokens = options.kv_cache_tokens;
   if (tokens <= 0) {
@@ -388,10 +237,15 @@ Status CudaDenseDecoder::AllocateKv(const ModelLoadOptions& options, bool show_p
   KASSIGN(kv_,
           cuda::DeviceBuffer::Allocate(static_cast<size_t>(bytes),
                                        "the KV cache (" + std::to_string(n_slots_) + " tokens)"));
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  kv_pool_.base = kv_.as<__nv_bfloat16>();
+  kv_pool_.elements_per_cache = (n_blocks + 1) * block_size_ * kv_dim;
+  kv_pool_.block_size = block_size_;
+  kv_pool_.n_blocks = n_blocks_;
   // The reserved block (past the pool) is what padding rows of decode graphs attend to.
-  const size_t block_bytes = size_t(block_size_) * kv_dim_ * sizeof(__nv_bfloat16);
-  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
-    for (__nv_bfloat16* cache : {k_cache(layer), v_cache(layer)}) {
+  const size_t block_bytes = size_t(block_size_) * kv_dim * sizeof(__nv_bfloat16);
+  for (int64_t i = 0; i < cache_spec_.n_attention_layers; ++i) {
+    for (__nv_bfloat16* cache : {kv_pool_.k(i), kv_pool_.v(i)}) {
       KCUDA_CHECK(
           cudaMemset(reinterpret_cast<uint8_t*>(cache) + n_blocks * block_bytes, 0, block_bytes));
     }
@@ -404,22 +258,10 @@ Status CudaDenseDecoder::AllocateKv(const ModelLoadOptions& options, bool show_p
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Model>> LoadCudaDenseDecoder(ModelConfig config, WeightStore store,
-                                                    const ModelLoadOptions& options) {
-  KTRY(detail::ValidateDenseDecoderConfig(config, options));
-  KASSIGN(cuda::DeviceInfo dev, cuda::OpenDevice(options.cuda_device));
-  if (config.head_dim != 16 && config.head_dim != 32 && config.head_dim != 64 &&
-      config.head_dim != 128 && config.head_dim != 256) {
-    return Unsupported("--device cuda supports head_dim 16, 32, 64, 128 and 256, not " +
-                       std::to_string(config.head_dim));
-  }
-  if (config.hidden_size % 8 != 0 || config.intermediate_size % 8 != 0 ||
-      (config.n_heads * config.head_dim) % 8 != 0) {
-    return Unsupported(
-        "--device cuda needs hidden, intermediate and attention sizes that are "
-        "multiples of 8");
-  }
-  KASSIGN(detail::DenseDecoderWeights w, detail::BindDenseDecoderWeights(config, store));
+Result<std::unique_ptr<Model>> LoadCudaModel(ModelConfig config, WeightStore store,
+                                             const ModelLoadOptions& options) {
+  KTRY(ValidateDecoderConfig(config, options));
+  KASSIGN(DecoderWeights w, BindDecoderWeights(config, store));
   // Kernel-variant overrides for tuning runs (names or indices; see attention.h / linear.h).
   if (const char* env = std::getenv("KESTREL_DECODE_ATTENTION_VARIANT"); env != nullptr) {
     for (int v = 0; v < cuda::DecodeAttentionVariantCount(); ++v) {
@@ -429,32 +271,27 @@ Result<std::unique_ptr<Model>> LoadCudaDenseDecoder(ModelConfig config, WeightSt
       }
     }
   }
-
-  std::unique_ptr<CudaDenseDecoder> m(new CudaDenseDecoder(std::move(config)));
-  m->device_ = dev;
-  m->kv_dim_ = m->config_.n_kv_heads * m->config_.head_dim;  // activations are sized by it
+  std::unique_ptr<CudaRunner> m(new CudaRunner(std::move(config), std::move(store), std::move(w)));
+  // Layers this backend cannot run are refused before the device is touched.
+  KASSIGN(m->decoder_, CudaDecoder::Create(m->config_, m->weights_host_));
+  KASSIGN(m->device_, cuda::OpenDevice(options.cuda_device));
+  const cuda::DeviceInfo& dev = m->device_;
+  m->cache_spec_ = MakeCacheSpec(m->config_, sizeof(__nv_bfloat16));
   KCUDA_CHECK(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking));
   if (options.show_progress) {
     std::fprintf(stderr, "kestrel: device %s\n", cuda::DescribeDevice(dev).c_str());
   }
-  const int64_t need = w.n_bytes;
+  const int64_t need = m->weights_host_.n_bytes;
   if (need > dev.free_bytes) {
     return ResourceExhausted("the model's weights need " + cuda::FormatBytes(need) +
                              " of GPU memory, " + cuda::FormatBytes(dev.free_bytes) + " free on " +
                              dev.name);
   }
-  KTRY(m->Upload(w, options.show_progress));
+  KTRY(m->Upload(options.show_progress));
   KASSIGN(m->linear_, cuda::LinearEngine::Create());
 
-  const ModelConfig& c = m->config_;
-  const std::vector<float> inv_freq = RopeInvFreq(c);
-  KASSIGN(m->inv_freq_, cuda::DeviceBuffer::Allocate(inv_freq.size() * 4, "RoPE tables"));
-  KCUDA_CHECK(
-      cudaMemcpy(m->inv_freq_.get(), inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice));
-  m->rope_attention_scale_ = RopeAttentionScale(c);
-  m->attention_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-
   // Activations before the KV pool, so the default KV budget is what is left after them.
+  const ModelConfig& c = m->config_;
   m->attention_workspace_context_ = static_cast<int32_t>(std::min<int64_t>(
       c.max_position_embeddings > 0 ? c.max_position_embeddings : 32768, 1 << 20));
   KTRY(m->EnsureActivations(std::max<int32_t>(options.max_batch_tokens, kMaxGraphRows)));
@@ -464,13 +301,13 @@ Result<std::unique_ptr<Model>> LoadCudaDenseDecoder(ModelConfig config, WeightSt
   for (cudaEvent_t& e : m->meta_uploaded_) {
     KCUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
-  KASSIGN(m->sampled_tokens_, cuda::DeviceBuffer::Allocate(kMaxLogitsRows * sizeof(int32_t),
-                                                           "the sampled tokens"));
+  KASSIGN(m->sampled_tokens_,
+          cuda::DeviceBuffer::Allocate(kMaxLogitsRows * sizeof(int32_t), "the sampled tokens"));
   return std::unique_ptr<Model>(std::move(m));
 }
 
-detail::DeviceBatchView CudaDenseDecoder::StageBatch(const Batch& b, int32_t n_rows, int32_t stride,
-                                                     int32_t max_context_len, bool graph) {
+DeviceBatchView CudaRunner::StageBatch(const Batch& b, int32_t n_rows, int32_t stride,
+                                       int32_t max_context_len, bool graph) {
   const int32_t n = b.n_tokens();
   const int32_t n_seqs = b.n_seqs();
   // A decode graph bucket: one token per (padded) sequence and logits for every row, device
@@ -529,7 +366,7 @@ detail::DeviceBatchView CudaDenseDecoder::StageBatch(const Batch& b, int32_t n_r
   KCUDA_CHECK(cudaMemcpyAsync(meta_device_.get(), h, total * 4, cudaMemcpyHostToDevice, stream_));
   KCUDA_CHECK(cudaEventRecord(meta_uploaded_[buf], stream_));
   const int32_t* d = meta_device_.as<int32_t>();
-  detail::DeviceBatchView v;
+  DeviceBatchView v;
   v.token_ids = d + o_tok;
   v.positions = d + o_pos;
   v.slot_mapping = d + o_slot;
@@ -547,7 +384,7 @@ detail::DeviceBatchView CudaDenseDecoder::StageBatch(const Batch& b, int32_t n_r
   return v;
 }
 
-void CudaDenseDecoder::LaunchSampling(std::span<Sampler* const> samplers) {
+void CudaRunner::LaunchSampling(std::span<Sampler* const> samplers) {
   const int32_t n = static_cast<int32_t>(samplers.size());
   KCHECK_MSG(!sampling_pending_, "LaunchSampling twice without FinishSampling");
   KCHECK_MSG(n == last_n_logits_,
@@ -635,8 +472,8 @@ void CudaDenseDecoder::LaunchSampling(std::span<Sampler* const> samplers) {
   b.greedy_only = std::all_of(rows.begin(), rows.end(), cuda::IsPlainGreedy);
   cuda::GpuSample(b, sampling_workspace_.get(), sampling_workspace_.size_bytes(), stream_);
   // Tokens into the first slot of the output area, so one copy brings everything back.
-  KCUDA_CHECK(cudaMemcpyAsync(d_out, b.out_tokens, size_t(n) * 4, cudaMemcpyDeviceToDevice,
-                              stream_));
+  KCUDA_CHECK(
+      cudaMemcpyAsync(d_out, b.out_tokens, size_t(n) * 4, cudaMemcpyDeviceToDevice, stream_));
   KCUDA_CHECK(cudaMemcpyAsync(h + in_bytes, d_out, out_bytes, cudaMemcpyDeviceToHost, stream_));
   KCUDA_CHECK(cudaEventRecord(sampling_done_, stream_));
   // Where FinishSampling finds each output on the host.
@@ -647,7 +484,7 @@ void CudaDenseDecoder::LaunchSampling(std::span<Sampler* const> samplers) {
   sampling_out_.top_logprobs = sampling_out_.logprob + n;
 }
 
-void CudaDenseDecoder::FinishSampling(std::span<SampleResult> results) {
+void CudaRunner::FinishSampling(std::span<SampleResult> results) {
   KCHECK_MSG(sampling_pending_, "FinishSampling without LaunchSampling");
   const int32_t n = static_cast<int32_t>(pending_samplers_.size());
   KCHECK(results.size() == pending_samplers_.size());
@@ -678,13 +515,14 @@ void CudaDenseDecoder::FinishSampling(std::span<SampleResult> results) {
   pending_samplers_.clear();
 }
 
-void CudaDenseDecoder::CopyKvBlocks(int32_t src_first, int32_t dst_first, int32_t n_blocks) {
+void CudaRunner::CopyKvBlocks(int32_t src_first, int32_t dst_first, int32_t n_blocks) {
   KCHECK(n_blocks >= 0 && src_first >= 0 && dst_first >= 0);
   KCHECK(src_first + n_blocks <= n_blocks_ && dst_first + n_blocks <= n_blocks_);
   KCHECK(src_first + n_blocks <= dst_first || dst_first + n_blocks <= src_first);
-  const size_t block_bytes = size_t(block_size_) * kv_dim_ * sizeof(__nv_bfloat16);
-  for (int64_t layer = 0; layer < config_.n_layers; ++layer) {
-    for (__nv_bfloat16* cache : {k_cache(layer), v_cache(layer)}) {
+  const size_t block_bytes =
+      size_t(block_size_) * config_.n_kv_heads * config_.head_dim * sizeof(__nv_bfloat16);
+  for (int64_t i = 0; i < cache_spec_.n_attention_layers; ++i) {
+    for (__nv_bfloat16* cache : {kv_pool_.k(i), kv_pool_.v(i)}) {
       auto* base = reinterpret_cast<uint8_t*>(cache);
       KCUDA_CHECK(cudaMemcpyAsync(base + dst_first * block_bytes, base + src_first * block_bytes,
                                   n_blocks * block_bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -693,7 +531,7 @@ void CudaDenseDecoder::CopyKvBlocks(int32_t src_first, int32_t dst_first, int32_
   KCUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaDenseDecoder::Mark(Stage s) {
+void CudaRunner::Mark(CudaStage s) {
   if (!profiling_) return;
   if (marks_.size() >= event_pool_.size()) {
     cudaEvent_t e;
@@ -705,7 +543,7 @@ void CudaDenseDecoder::Mark(Stage s) {
   marks_.push_back({s, e});
 }
 
-void CudaDenseDecoder::CollectProfile() {
+void CudaRunner::CollectProfile() {
   if (!profiling_) return;
   KCUDA_CHECK(cudaStreamSynchronize(stream_));
   cudaEvent_t prev = profile_start_;
@@ -714,13 +552,13 @@ void CudaDenseDecoder::CollectProfile() {
     KCUDA_CHECK(cudaEventElapsedTime(&ms, prev, e));
     const double s = ms * 1e-3;
     switch (stage) {
-      case Stage::kAttention:
+      case CudaStage::kAttention:
         stats_.attention_s += s;
         break;
-      case Stage::kMatmul:
+      case CudaStage::kMatmul:
         stats_.matmul_s += s;
         break;
-      case Stage::kOther:
+      case CudaStage::kOther:
         stats_.other_s += s;
         break;
     }
@@ -729,100 +567,15 @@ void CudaDenseDecoder::CollectProfile() {
   marks_.clear();
 }
 
-void CudaDenseDecoder::Linear(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
-                              int64_t n, float* y) {
-  linear_->Run(x, m, k, w, n, y, stream_);
-  Mark(Stage::kMatmul);
-}
-
-void CudaDenseDecoder::RunLayer(int64_t layer, const detail::DeviceBatchView& v) {
-  const ModelConfig& c = config_;
-  const detail::CudaLayerWeights& w = layers_[static_cast<size_t>(layer)];
-  const int64_t n = v.n_tokens;
-  const int64_t hidden = c.hidden_size;
-  const int64_t q_dim = c.n_heads * c.head_dim;
-  const int64_t qkv_dim = q_dim + 2 * kv_dim_;
-  const int64_t inter = c.intermediate_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-
-  // Residual of the previous layer's MLP (none before layer 0) + input norm.
-  const detail::CudaLayerWeights* prev =
-      layer > 0 ? &layers_[static_cast<size_t>(layer - 1)] : nullptr;
-  cuda::AddRmsNorm(x_, prev != nullptr ? tmp_ : nullptr,
-                   prev != nullptr ? prev->down_bias : nullptr, w.input_norm, eps, n, hidden, xn_,
-                   stream_);
-  Mark(Stage::kOther);
-  Linear(xn_, n, hidden, w.qkv, qkv_dim, qkv_);  // [n, q_dim + 2*kv_dim]
-
-  // Bias, QK-norm, RoPE, K/V into the pool; then attention through the block tables.
-  cuda::QkvRopeShape rs;
-  rs.n_heads = static_cast<int32_t>(c.n_heads);
-  rs.n_kv_heads = static_cast<int32_t>(c.n_kv_heads);
-  rs.head_dim = static_cast<int32_t>(c.head_dim);
-  rs.rotary_half = static_cast<int32_t>(RopeRotaryDim(c) / 2);
-  rs.block_size_tokens = block_size_;
-  rs.qk_norm_eps = eps;
-  rs.attention_scaling = rope_attention_scale_;
-  cuda::QkvRope(qkv_, w.qkv_bias, w.q_norm, w.k_norm, v.positions, inv_freq_.as<float>(),
-                v.slot_mapping, n, rs, q_, k_cache(layer), v_cache(layer), stream_);
-  cuda::PagedAttentionParams ap;
-  ap.q = q_;
-  ap.k_cache = k_cache(layer);
-  ap.v_cache = v_cache(layer);
-  ap.out = attn_;
-  ap.positions = v.positions;
-  ap.seq_starts = v.seq_starts;
-  ap.context_lens = v.context_lens;
-  ap.block_tables = v.block_tables;
-  ap.max_blocks_per_seq = v.max_blocks_per_seq;
-  ap.n_tokens = v.n_tokens;
-  ap.n_seqs = v.n_seqs;
-  ap.n_heads = static_cast<int32_t>(c.n_heads);
-  ap.n_kv_heads = static_cast<int32_t>(c.n_kv_heads);
-  ap.head_dim = static_cast<int32_t>(c.head_dim);
-  ap.block_size = block_size_;
-  ap.scale = attention_scale_;
-  ap.sliding_window = w.sliding_window;
-  // Pure decode beyond the decode workspace: the prefill kernel handles one-token rows too.
-  ap.max_query_len =
-      v.max_query_len == 1 && v.n_tokens > kMaxDecodeAttentionRows ? 2 : v.max_query_len;
-  ap.max_context_len = v.max_context_len;
-  cuda::PagedAttention(ap, attention_workspace_.get(), attention_workspace_.size_bytes(), stream_);
-  Mark(Stage::kAttention);
-
-  Linear(attn_, n, q_dim, w.o_proj, hidden, tmp_);  // [n, hidden]
-  cuda::AddRmsNorm(x_, tmp_, w.o_bias, w.post_norm, eps, n, hidden, xn_, stream_);
-  Mark(Stage::kOther);
-
-  Linear(xn_, n, hidden, w.gate_up, 2 * inter, gate_up_);  // [n, 2*intermediate]
-  cuda::SiluMul(gate_up_, w.gate_bias, w.up_bias, n, inter, act_, stream_);
-  Mark(Stage::kOther);
-  Linear(act_, n, inter, w.down, hidden, tmp_);  // [n, hidden]; added by the next norm
-}
-
-void CudaDenseDecoder::RunForward(const detail::DeviceBatchView& v) {
-  const ModelConfig& c = config_;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  cuda::EmbeddingGather(embed_, c.vocab_size, c.hidden_size, v.token_ids, v.n_tokens, x_,
-                        stream_);  // [n, hidden]
-  Mark(Stage::kOther);
-  for (int64_t layer = 0; layer < c.n_layers; ++layer) RunLayer(layer, v);
-  // Last residual, then the final norm of the rows whose logits are wanted.
-  const detail::CudaLayerWeights& last = layers_.back();
-  cuda::AddRmsNorm(x_, tmp_, last.down_bias, final_norm_, eps, v.n_tokens, c.hidden_size, xn_,
-                   stream_);
+void CudaRunner::RunForward(const DeviceBatchView& v) {
   // The first logits_capacity_ rows; Forward runs the LM head again for any further chunk.
-  const int32_t rows = std::min(v.n_logits, logits_capacity_);
-  if (rows > 0) {
-    cuda::GatherRmsNorm(x_, v.logits_rows, rows, c.hidden_size, final_norm_, eps, x_final_,
-                        stream_);
-    Mark(Stage::kOther);
-    Linear(x_final_, rows, c.hidden_size, lm_head_, c.vocab_size, logits_);  // [rows, vocab]
-  }
+  decoder_->Forward(v, std::min(v.n_logits, logits_capacity_), kv_pool_, stream_, linear_.get(),
+                    this);
 }
 
-void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
-  detail::CheckBatch(batch, config_.vocab_size, n_slots_, n_blocks_, block_size_, n_sampled_rows_);
+void CudaRunner::Forward(const Batch& batch, float* logits) {
+  CheckBatch(batch, BatchLimits{config_.vocab_size, n_slots_, n_blocks_, block_size_,
+                                n_sampled_rows_, /*n_state_slots=*/0});
   const ModelConfig& c = config_;
   const int32_t n = batch.n_tokens();
   const int32_t n_seqs = batch.n_seqs();
@@ -839,7 +592,7 @@ void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
   if (profiling_) KCUDA_CHECK(cudaEventRecord(profile_start_, stream_));
   // Tokens the last sampling left on the device, into this step's token ids (in place, before
   // the embedding reads them).
-  auto resolve_sampled = [&](const detail::DeviceBatchView& v) {
+  auto resolve_sampled = [&](const DeviceBatchView& v) {
     if (v.sampled_rows == nullptr) return;
     cuda::ResolveSampledTokens(meta_device_.as<int32_t>(), v.sampled_rows,
                                sampled_tokens_.as<int32_t>(), n, stream_);
@@ -860,7 +613,7 @@ void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
         std::min(std::max(NextPow2(max_ctx), kMinGraphContext), attention_workspace_context_);
     const int32_t stride = (ctx + block_size_ - 1) / block_size_;
     // The rows past n are padding: their logits are computed and ignored.
-    const detail::DeviceBatchView v = StageBatch(batch, rows, stride, ctx, /*graph=*/true);
+    const DeviceBatchView v = StageBatch(batch, rows, stride, ctx, /*graph=*/true);
     resolve_sampled(v);
     auto it = graphs_.find({rows, ctx});
     if (it == graphs_.end()) {
@@ -881,8 +634,7 @@ void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
     last_n_logits_ = n_logits;
   } else {
     const int32_t stride = batch.max_blocks_per_seq;
-    const detail::DeviceBatchView v =
-        StageBatch(batch, n, stride, std::max(max_ctx, 1), /*graph=*/false);
+    const DeviceBatchView v = StageBatch(batch, n, stride, std::max(max_ctx, 1), /*graph=*/false);
     resolve_sampled(v);
     RunForward(v);
     last_n_logits_ = std::min(n_logits, logits_capacity_);
@@ -893,9 +645,7 @@ void CudaDenseDecoder::Forward(const Batch& batch, float* logits) {
                                   cudaMemcpyDeviceToHost, stream_));
       for (int32_t r0 = logits_capacity_; r0 < n_logits; r0 += logits_capacity_) {
         const int32_t rows = std::min(logits_capacity_, n_logits - r0);
-        cuda::GatherRmsNorm(x_, v.logits_rows + r0, rows, c.hidden_size, final_norm_,
-                            static_cast<float>(c.rms_norm_eps), x_final_, stream_);
-        Linear(x_final_, rows, c.hidden_size, lm_head_, c.vocab_size, logits_);
+        decoder_->LmHead(v.logits_rows + r0, rows, stream_, linear_.get(), this);
         KCUDA_CHECK(cudaMemcpyAsync(logits + int64_t{r0} * c.vocab_size, logits_,
                                     size_t(rows) * c.vocab_size * 4, cudaMemcpyDeviceToHost,
                                     stream_));

@@ -1,0 +1,196 @@
+// The decoder's math on one CUDA GPU: what the layers compute, over device pointers the runner
+// (cuda_runner.h) hands it. The runner owns every allocation (weights, activations, KV pool,
+// batch metadata), the stream, graphs, sampling and profiling; this file only lays its tensors
+// out inside them and launches the kernels of one step.
+//
+// Numerics (DESIGN.md): bf16 weights and bf16 GEMM inputs with f32 accumulation; the residual
+// stream, norms, RoPE and softmax in f32; the KV cache in bf16. One step:
+//   embed -> n_layers x [add+RMSNorm -> fused q|k|v GEMM -> (+bias, QK-norm, RoPE, KV write)
+//   -> paged attention -> o_proj GEMM -> add+RMSNorm -> fused gate|up GEMM -> SiLU*up -> down GEMM]
+//   -> add -> gather+RMSNorm of the logits rows -> LM head GEMM.
+// Biases are added inside the kernel that consumes each GEMM's output, so every GEMM is plain.
+//
+// Layers supported here: softmax attention (GQA, q/k/v biases, QK-norm, sliding windows, partial
+// RoPE) with a dense SwiGLU MLP, i.e. Llama, Mistral, Qwen2 and Qwen3. Gated DeltaNet,
+// mixture-of-experts layers and the attention output gate run on the CPU in this version;
+// Create says so.
+#pragma once
+
+#ifdef KESTREL_HAS_CUDA
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/device_buffer.h"
+#include "backends/cuda/linear.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "models/config.h"
+#include "models/weights.h"
+
+namespace kestrel {
+
+// Batch metadata as the kernels read it, at fixed offsets of one int32 device array.
+struct DeviceBatchView {
+  const int32_t* token_ids = nullptr;     // [n_tokens]
+  const int32_t* positions = nullptr;     // [n_tokens]
+  const int32_t* slot_mapping = nullptr;  // [n_tokens]
+  const int32_t* seq_starts = nullptr;    // [n_seqs + 1]
+  const int32_t* context_lens = nullptr;  // [n_seqs]
+  const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
+  const int32_t* logits_rows = nullptr;   // [n_logits]
+  const int32_t* sampled_rows = nullptr;  // [n_tokens] (Batch::sampled_rows) or null
+  int32_t n_tokens = 0, n_seqs = 0, n_logits = 0;
+  int32_t max_blocks_per_seq = 0;
+  int32_t max_query_len = 0, max_context_len = 0;
+};
+
+// Where the decoder's weights go inside the runner's one weight allocation: pieces 256-byte
+// aligned, a fused group (q|k|v, gate|up) as consecutive copies of row-major blocks, so each
+// fused matrix is one row-major matrix.
+class CudaWeightPlan {
+ public:
+  static constexpr size_t kAlign = 256;
+  static constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  struct Piece {
+    const TensorView* src;
+    size_t offset;
+  };
+  // Offset of the group (its parts one after the other).
+  size_t Place(std::initializer_list<const TensorView*> parts);
+  // kNone when the first part is empty (an optional tensor the checkpoint lacks).
+  size_t PlaceOptional(std::initializer_list<const TensorView*> parts);
+  size_t total_bytes() const { return total_; }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+
+ private:
+  size_t total_ = 0;
+  std::vector<Piece> pieces_;
+};
+
+// Stage timing the runner collects into ForwardStats (CUDA events; no-op unless profiling).
+enum class CudaStage { kAttention, kMatmul, kOther };
+class CudaStageMarks {
+ public:
+  virtual ~CudaStageMarks() = default;
+  virtual void Mark(CudaStage s) = 0;
+};
+
+// The paged KV pool of the attention layers, bf16: per attention layer K then V, each
+// [n_blocks + 1, n_kv_heads, block_size, head_dim]. Block n_blocks is reserved for the padding
+// rows of graph buckets (never handed out).
+struct CudaKvPool {
+  __nv_bfloat16* base = nullptr;
+  int64_t elements_per_cache = 0;  // (n_blocks + 1) * block_size * n_kv_heads * head_dim
+  int32_t block_size = 16;
+  int32_t n_blocks = 0;
+  __nv_bfloat16* k(int64_t attention_index) const {
+    return base + 2 * attention_index * elements_per_cache;
+  }
+  __nv_bfloat16* v(int64_t attention_index) const {
+    return base + (2 * attention_index + 1) * elements_per_cache;
+  }
+};
+
+class CudaDecoder {
+ public:
+  // Decode rows the attention kernel's split-K workspace is sized for; larger pure-decode
+  // batches take the prefill kernel, which needs none.
+  static constexpr int32_t kMaxDecodeAttentionRows = 256;
+
+  // Unsupported (one line, naming the layer and what it lacks) for layers this file does not
+  // run, or weights other than BF16.
+  static Result<std::unique_ptr<CudaDecoder>> Create(const ModelConfig& config,
+                                                     const DecoderWeights& weights);
+
+  // Weights: the runner collects the placement of every tensor, uploads them, then hands the
+  // base address back.
+  void PlanWeights(CudaWeightPlan* plan);
+  void BindWeights(const uint8_t* base);
+  // RoPE tables and other small constants (after BindWeights).
+  Status UploadConstants();
+
+  // Activations for n_tokens rows, logits for n_logits rows, attention over contexts up to
+  // max_context tokens: bytes to allocate and their layout inside one allocation.
+  size_t ActivationBytes(int32_t n_tokens, int32_t n_logits, int32_t max_context) const;
+  void BindActivations(uint8_t* base, int32_t n_tokens, int32_t n_logits, int32_t max_context);
+  float* logits() const { return logits_; }  // [n_logits capacity, vocab] f32
+
+  // Everything from the embedding to the LM head logits of the first `lm_head_rows` of
+  // v.logits_rows (into logits()).
+  void Forward(const DeviceBatchView& v, int32_t lm_head_rows, const CudaKvPool& kv,
+               cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks);
+  // The final norm + LM head of `rows` further logits rows (after Forward, same batch).
+  void LmHead(const int32_t* logits_rows, int32_t rows, cudaStream_t stream,
+              cuda::LinearEngine* linear, CudaStageMarks* marks);
+
+  int64_t n_attention_layers() const { return n_attention_layers_; }
+
+ private:
+  // Device pointers of one layer's weights (bf16, inside the runner's weight allocation).
+  struct LayerWeights {
+    const __nv_bfloat16* input_norm = nullptr;  // (hidden)
+    const __nv_bfloat16* qkv = nullptr;         // (q_dim + 2*kv_dim, hidden): q|k|v
+    const __nv_bfloat16* qkv_bias = nullptr;    // (q_dim + 2*kv_dim) or null
+    const __nv_bfloat16* q_norm = nullptr;      // (head_dim) or null
+    const __nv_bfloat16* k_norm = nullptr;      // (head_dim) or null
+    const __nv_bfloat16* o_proj = nullptr;      // (hidden, q_dim)
+    const __nv_bfloat16* o_bias = nullptr;      // (hidden) or null
+    const __nv_bfloat16* post_norm = nullptr;   // (hidden)
+    const __nv_bfloat16* gate_up = nullptr;     // (2*intermediate, hidden): gate|up
+    const __nv_bfloat16* gate_bias = nullptr;   // (intermediate) or null
+    const __nv_bfloat16* up_bias = nullptr;     // (intermediate) or null
+    const __nv_bfloat16* down = nullptr;        // (hidden, intermediate)
+    const __nv_bfloat16* down_bias = nullptr;   // (hidden) or null
+    int32_t sliding_window = 0;
+    int64_t attention_index = 0;  // its K/V caches in the pool
+  };
+  struct LayerOffsets {
+    size_t input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, gate_bias,
+        up_bias, down, down_bias;
+  };
+
+  CudaDecoder(const ModelConfig& config, const DecoderWeights& weights);
+  void Layer(int64_t layer, const DeviceBatchView& v, const CudaKvPool& kv, cudaStream_t stream,
+             cuda::LinearEngine* linear, CudaStageMarks* marks);
+
+  const ModelConfig& c_;
+  const DecoderWeights& w_;  // host views (the runner keeps the checkpoint mapped)
+  int64_t q_dim_ = 0, kv_dim_ = 0;
+  int64_t n_attention_layers_ = 0;
+
+  size_t embed_off_ = 0, norm_off_ = 0, head_off_ = 0;
+  std::vector<LayerOffsets> offsets_;
+  const __nv_bfloat16* embed_ = nullptr;       // (vocab, hidden)
+  const __nv_bfloat16* final_norm_ = nullptr;  // (hidden)
+  const __nv_bfloat16* lm_head_ = nullptr;     // (vocab, hidden); the embedding when tied
+  std::vector<LayerWeights> layers_;
+  cuda::DeviceBuffer inv_freq_;  // [rotary_dim/2] f32
+  float rope_attention_scale_ = 1.0f;
+  float attention_scale_ = 1.0f;
+
+  // Activations (inside the runner's allocation).
+  float* x_ = nullptr;                // [n, hidden] residual stream
+  __nv_bfloat16* xn_ = nullptr;       // [n, hidden] normalised block input (GEMM input)
+  float* qkv_ = nullptr;              // [n, q_dim + 2*kv_dim] fused projection output
+  __nv_bfloat16* q_ = nullptr;        // [n, n_heads, head_dim] rotated queries
+  __nv_bfloat16* attn_ = nullptr;     // [n, n_heads, head_dim] attention output
+  float* tmp_ = nullptr;              // [n, hidden] o_proj / down_proj output
+  float* gate_up_ = nullptr;          // [n, 2*intermediate]
+  __nv_bfloat16* act_ = nullptr;      // [n, intermediate] silu(gate)*up
+  __nv_bfloat16* x_final_ = nullptr;  // [n_logits, hidden] final-normed logits rows
+  float* logits_ = nullptr;           // [n_logits, vocab]
+  void* attention_workspace_ = nullptr;
+  size_t attention_workspace_bytes_ = 0;
+};
+
+}  // namespace kestrel
+
+#endif  // KESTREL_HAS_CUDA

@@ -1,0 +1,215 @@
+#include "models/weights.h"
+
+#include <algorithm>
+
+#include "models/model.h"
+#include "models/rope.h"
+
+namespace kestrel {
+
+Status WeightBinder::Get(const std::string& name, std::vector<int64_t> shape, TensorView* out) {
+  Result<TensorView> t = store_.Get(name, std::move(shape));
+  if (!t.ok()) return t.status();
+  if (t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) {
+    return Unsupported(store_.file_of(name) + ": tensor '" + name + "' has dtype " +
+                       std::string(DTypeName(t->dtype)) + " (supported: F32, F16, BF16)");
+  }
+  *out = *t;
+  if (used_.insert(name).second) {
+    n_parameters_ += t->numel();
+    n_bytes_ += static_cast<int64_t>(t->size_bytes());
+  }
+  return Status::Ok();
+}
+
+Status WeightBinder::GetOptional(const std::string& name, std::vector<int64_t> shape,
+                                 TensorView* out) {
+  if (!store_.Has(name)) {
+    *out = TensorView{};
+    return Status::Ok();
+  }
+  return Get(name, std::move(shape), out);
+}
+
+void WeightBinder::Skip(const std::string& prefix, const std::string& note) {
+  skipped_prefixes_.push_back(prefix);
+  if (!note.empty()) notes_.push_back(note);
+}
+
+std::pair<int64_t, int64_t> WeightBinder::CountPrefix(const std::string& prefix) const {
+  int64_t n_tensors = 0, n_params = 0;
+  for (auto it = store_.tensors().lower_bound(prefix);
+       it != store_.tensors().end() && it->first.starts_with(prefix); ++it) {
+    ++n_tensors;
+    n_params += it->second.numel();
+  }
+  return {n_tensors, n_params};
+}
+
+Status WeightBinder::CheckAllUsed(const std::string& architecture) const {
+  std::vector<std::string> extra;
+  for (const auto& [name, view] : store_.tensors()) {
+    if (used_.count(name) != 0) continue;
+    const bool skipped = std::any_of(skipped_prefixes_.begin(), skipped_prefixes_.end(),
+                                     [&](const std::string& p) { return name.starts_with(p); });
+    // Old checkpoints carry the RoPE tables as buffers; they are recomputed from the config.
+    if (skipped || name.ends_with(".rotary_emb.inv_freq")) continue;
+    extra.push_back(name);
+  }
+  if (extra.empty()) return Status::Ok();
+  std::string list;
+  for (size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + extra[i];
+  if (extra.size() > 8) list += ", ... (" + std::to_string(extra.size() - 8) + " more)";
+  return InvalidArgument(store_.file_of(extra[0]) + ": " + std::to_string(extra.size()) +
+                         " tensor(s) that " + architecture +
+                         " does not use (is config.json's architecture right?): " + list);
+}
+
+TensorView SliceMatrixRows(const TensorView& t, int64_t index, int64_t row_begin, int64_t n_rows) {
+  KCHECK(t.n_dims == 3);
+  KCHECK(index >= 0 && index < t.shape[0]);
+  KCHECK(row_begin >= 0 && n_rows >= 0 && row_begin + n_rows <= t.shape[1]);
+  TensorView v;
+  v.dtype = t.dtype;
+  v.n_dims = 2;
+  v.shape[0] = n_rows;
+  v.shape[1] = t.shape[2];
+  const int64_t offset = (index * t.shape[1] + row_begin) * t.shape[2];
+  v.data = static_cast<const uint8_t*>(t.data) + offset * static_cast<int64_t>(DTypeSize(t.dtype));
+  return v;
+}
+
+namespace arch {
+
+Status BindMlp(WeightBinder& b, const std::string& p, int64_t hidden, int64_t inter, bool bias,
+               MlpWeights* out) {
+  KTRY(b.Get(p + "gate_proj.weight", {inter, hidden}, &out->gate_proj));
+  KTRY(b.Get(p + "up_proj.weight", {inter, hidden}, &out->up_proj));
+  KTRY(b.Get(p + "down_proj.weight", {hidden, inter}, &out->down_proj));
+  if (bias) {
+    KTRY(b.Get(p + "gate_proj.bias", {inter}, &out->gate_bias));
+    KTRY(b.Get(p + "up_proj.bias", {inter}, &out->up_bias));
+    KTRY(b.Get(p + "down_proj.bias", {hidden}, &out->down_bias));
+  }
+  return Status::Ok();
+}
+
+Status BindAttention(const ModelConfig& c, WeightBinder& b, const std::string& p,
+                     AttentionWeights* out) {
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = c.n_heads * c.head_dim;
+  const int64_t q_rows = c.attention_output_gate ? 2 * q_dim : q_dim;
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  KTRY(b.Get(p + "q_proj.weight", {q_rows, hidden}, &out->q_proj));
+  KTRY(b.Get(p + "k_proj.weight", {kv_dim, hidden}, &out->k_proj));
+  KTRY(b.Get(p + "v_proj.weight", {kv_dim, hidden}, &out->v_proj));
+  if (c.attention_bias) {
+    KTRY(b.Get(p + "q_proj.bias", {q_rows}, &out->q_bias));
+    KTRY(b.Get(p + "k_proj.bias", {kv_dim}, &out->k_bias));
+    KTRY(b.Get(p + "v_proj.bias", {kv_dim}, &out->v_bias));
+  }
+  if (c.qk_norm) {
+    KTRY(b.Get(p + "q_norm.weight", {c.head_dim}, &out->q_norm));
+    KTRY(b.Get(p + "k_norm.weight", {c.head_dim}, &out->k_norm));
+  }
+  KTRY(b.Get(p + "o_proj.weight", {hidden, q_dim}, &out->o_proj));
+  if (c.attention_out_bias) KTRY(b.Get(p + "o_proj.bias", {hidden}, &out->o_bias));
+  return Status::Ok();
+}
+
+// Experts are stored one tensor per expert and projection (published Qwen3-MoE / Qwen3-Next
+// checkpoints, transformers' save_pretrained) or fused per layer (experts.gate_up_proj
+// [E, 2*I, H] with the gate rows first, experts.down_proj [E, H, I]); both are views.
+Status BindMoe(const ModelConfig& c, WeightBinder& b, const std::string& p, MoeWeights* out) {
+  const int64_t hidden = c.hidden_size;
+  const int64_t n_e = c.moe.n_experts;
+  const int64_t inter = c.moe.expert_intermediate;
+  KTRY(b.Get(p + "gate.weight", {n_e, hidden}, &out->router));
+  out->experts.resize(static_cast<size_t>(n_e));
+  if (b.Has(p + "experts.gate_up_proj")) {
+    TensorView gate_up, down;
+    KTRY(b.Get(p + "experts.gate_up_proj", {n_e, 2 * inter, hidden}, &gate_up));
+    KTRY(b.Get(p + "experts.down_proj", {n_e, hidden, inter}, &down));
+    for (int64_t e = 0; e < n_e; ++e) {
+      MlpWeights& x = out->experts[static_cast<size_t>(e)];
+      x.gate_proj = SliceMatrixRows(gate_up, e, 0, inter);
+      x.up_proj = SliceMatrixRows(gate_up, e, inter, inter);
+      x.down_proj = SliceMatrixRows(down, e, 0, hidden);
+    }
+  } else {
+    for (int64_t e = 0; e < n_e; ++e) {
+      KTRY(BindMlp(b, p + "experts." + std::to_string(e) + ".", hidden, inter, false,
+                   &out->experts[static_cast<size_t>(e)]));
+    }
+  }
+  if (c.moe.shared_expert_intermediate > 0) {
+    KTRY(BindMlp(b, p + "shared_expert.", hidden, c.moe.shared_expert_intermediate, false,
+                 &out->shared_expert));
+    KTRY(b.Get(p + "shared_expert_gate.weight", {1, hidden}, &out->shared_expert_gate));
+  }
+  return Status::Ok();
+}
+
+}  // namespace arch
+
+Result<DecoderWeights> BindDecoderWeights(const ModelConfig& c, const WeightStore& store) {
+  WeightBinder b(store);
+  DecoderWeights w;
+  switch (c.arch) {
+    case Architecture::kLlama:
+    case Architecture::kMistral:
+    case Architecture::kQwen2:
+    case Architecture::kQwen3:
+    case Architecture::kQwen3Moe:
+      KTRY(arch::BindLlamaFamily(c, b, &w));
+      break;
+    case Architecture::kQwen3Next:
+    case Architecture::kQwen3_5:
+    case Architecture::kQwen3_5Moe:
+      KTRY(arch::BindQwen3NextFamily(c, b, &w));
+      break;
+  }
+  KTRY(b.CheckAllUsed(c.architecture_class.empty() ? ArchitectureName(c.arch)
+                                                   : c.architecture_class));
+  w.n_parameters = b.n_parameters() - (w.mtp ? w.mtp->n_parameters : 0);
+  w.n_bytes = b.n_bytes();
+  w.notes = b.notes();
+  return w;
+}
+
+Status ValidateDecoderConfig(const ModelConfig& config, const ModelLoadOptions& options) {
+  const bool any_attention = config.n_layers_of(LayerType::kAttention) > 0;
+  if (config.hidden_size <= 0 || config.n_layers <= 0 || config.vocab_size <= 0 ||
+      (any_attention && (config.n_heads <= 0 || config.n_kv_heads <= 0 || config.head_dim <= 0 ||
+                         config.n_heads % config.n_kv_heads != 0))) {
+    return InvalidArgument("model config has inconsistent sizes (heads " +
+                           std::to_string(config.n_heads) + ", kv heads " +
+                           std::to_string(config.n_kv_heads) + ")");
+  }
+  if (static_cast<int64_t>(config.layer_types.size()) != config.n_layers ||
+      static_cast<int64_t>(config.layer_moe.size()) != config.n_layers) {
+    return InvalidArgument("model config: layer types do not cover every layer");
+  }
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    if (!config.layer_moe[static_cast<size_t>(i)] && config.intermediate_size <= 0) {
+      return InvalidArgument("model config: layer " + std::to_string(i) +
+                             " has a dense MLP but intermediate_size is not set");
+    }
+  }
+  if (options.block_size_tokens <= 0) {
+    return InvalidArgument("KV block size must be positive, got " +
+                           std::to_string(options.block_size_tokens));
+  }
+  if (options.kv_cache_tokens < 0) {
+    return InvalidArgument("KV cache capacity must be >= 0 tokens, got " +
+                           std::to_string(options.kv_cache_tokens));
+  }
+  const int64_t rotary_dim = RopeRotaryDim(config);
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > config.head_dim) {
+    return Unsupported("rotary dimension " + std::to_string(rotary_dim) + " for head_dim " +
+                       std::to_string(config.head_dim));
+  }
+  return Status::Ok();
+}
+
+}  // namespace kestrel
