@@ -17,13 +17,7 @@ namespace kestrel::arch {
 Status BindLlamaFamily(const ModelConfig& c, WeightBinder& b, DecoderWeights* w) {
   const int64_t hidden = c.hidden_size;
   const std::string& root = c.weight_prefix;
-  KTRY(b.Get(root + "embed_tokens.weight", {c.vocab_size, hidden}, &w->embed));
-  KTRY(b.Get(root + "norm.weight", {hidden}, &w->final_norm));
-  if (c.tie_word_embeddings) {
-    w->lm_head = w->embed;
-  } else {
-    KTRY(b.Get("lm_head.weight", {c.vocab_size, hidden}, &w->lm_head));
-  }
+  KTRY(BindEmbeddingsAndHead(c, b, root, w));
   w->layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     DecoderLayerWeights& l = w->layers[static_cast<size_t>(i)];

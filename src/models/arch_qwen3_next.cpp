@@ -95,19 +95,12 @@ void BindMtp(const ModelConfig& c, WeightBinder& b, DecoderWeights* w) {
 }  // namespace
 
 Status BindQwen3NextFamily(const ModelConfig& c, WeightBinder& b, DecoderWeights* w) {
-  const int64_t hidden = c.hidden_size;
   // transformers also loads a multimodal checkpoint's language_model into the text-only class.
   std::string root = c.weight_prefix;
   if (!b.Has(root + "embed_tokens.weight") && b.Has("model.language_model.embed_tokens.weight")) {
     root = "model.language_model.";
   }
-  KTRY(b.Get(root + "embed_tokens.weight", {c.vocab_size, hidden}, &w->embed));
-  KTRY(b.Get(root + "norm.weight", {hidden}, &w->final_norm));
-  if (c.tie_word_embeddings) {
-    w->lm_head = w->embed;
-  } else {
-    KTRY(b.Get("lm_head.weight", {c.vocab_size, hidden}, &w->lm_head));
-  }
+  KTRY(BindEmbeddingsAndHead(c, b, root, w));
   w->layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     KTRY(BindLayer(c, b, root + "layers." + std::to_string(i) + ".",

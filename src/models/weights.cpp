@@ -81,6 +81,17 @@ TensorView SliceMatrixRows(const TensorView& t, int64_t index, int64_t row_begin
 
 namespace arch {
 
+Status BindEmbeddingsAndHead(const ModelConfig& c, WeightBinder& b, const std::string& root,
+                             DecoderWeights* w) {
+  KTRY(b.Get(root + "embed_tokens.weight", {c.vocab_size, c.hidden_size}, &w->embed));
+  KTRY(b.Get(root + "norm.weight", {c.hidden_size}, &w->final_norm));
+  if (c.tie_word_embeddings) {
+    w->lm_head = w->embed;
+    return Status::Ok();
+  }
+  return b.Get("lm_head.weight", {c.vocab_size, c.hidden_size}, &w->lm_head);
+}
+
 Status BindMlp(WeightBinder& b, const std::string& p, int64_t hidden, int64_t inter, bool bias,
                MlpWeights* out) {
   KTRY(b.Get(p + "gate_proj.weight", {inter, hidden}, &out->gate_proj));

@@ -162,6 +162,9 @@ namespace arch {
 Status BindLlamaFamily(const ModelConfig& c, WeightBinder& b, DecoderWeights* w);
 // Qwen3-Next, Qwen3.5, Qwen3.5-MoE (arch_qwen3_next.cpp).
 Status BindQwen3NextFamily(const ModelConfig& c, WeightBinder& b, DecoderWeights* w);
+// The embedding, final norm and LM head (the embedding when tied) under root ("model.", ...).
+Status BindEmbeddingsAndHead(const ModelConfig& c, WeightBinder& b, const std::string& root,
+                             DecoderWeights* w);
 // Pieces both use: SwiGLU MLP at prefix ("<p>gate_proj.weight", ...) and the MoE block.
 Status BindMlp(WeightBinder& b, const std::string& prefix, int64_t hidden, int64_t intermediate,
                bool bias, MlpWeights* out);
