@@ -13,6 +13,7 @@
 
 #include "server/api_error.h"
 #include "server/http_server.h"
+#include "server/http_transport.h"
 #include "server/openai_request.h"
 #include "server/prometheus.h"
 #include "server/response_json.h"
@@ -40,7 +41,7 @@ struct HttpServer::State {
   ServedModel model;
   ServerOptions options;
   ParseContext parse_context;
-  httplib::Server http;
+  HttpTransport http;  // httplib under Kestrel's connection layer
   HttpCounters counters;
   ActiveRequests active;
   std::atomic<bool> draining{false};
