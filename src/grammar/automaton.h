@@ -42,6 +42,15 @@ struct ByteSet {
   bool operator==(const ByteSet&) const = default;
 };
 
+// FNV-1a over a vector of ints: key hash for interning DFA state sets and state signatures.
+struct IntVectorHash {
+  size_t operator()(const std::vector<int32_t>& v) const {
+    size_t h = 1469598103934665603ull;
+    for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ull;
+    return h;
+  }
+};
+
 struct RuleEdge {
   int32_t rule;
   int32_t target;

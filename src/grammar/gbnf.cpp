@@ -264,9 +264,12 @@ class GbnfParser {
       case 'n': return uint32_t{'\n'};
       case 'r': return uint32_t{'\r'};
       case 't': return uint32_t{'\t'};
-      case 'x': KASSIGN(cp, ParseHex(2)); break;
-      case 'u': KASSIGN(cp, ParseHex(4)); break;
-      case 'U': KASSIGN(cp, ParseHex(8)); break;
+      case 'x':
+      case 'u':
+      case 'U': {
+        KASSIGN(cp, ParseHex(c == 'x' ? 2 : c == 'u' ? 4 : 8));
+        break;
+      }
       default:
         if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) {
           return Error(start, std::string("unknown escape '\\") + c + "'");

@@ -108,12 +108,15 @@ void PrintExpr(const Grammar& g, const Expr& e, int parent_precedence, std::stri
         *out += '*';
       } else if (e.min == 1 && e.max == kUnbounded) {
         *out += '+';
-      } else if (e.max == kUnbounded) {
-        *out += "{" + std::to_string(e.min) + ",}";
-      } else if (e.min == e.max) {
-        *out += "{" + std::to_string(e.min) + "}";
       } else {
-        *out += "{" + std::to_string(e.min) + "," + std::to_string(e.max) + "}";
+        // Appended piece by piece: GCC 12 reports a false -Wrestrict on "{" + std::to_string().
+        out->push_back('{');
+        out->append(std::to_string(e.min));
+        if (e.max != e.min) {
+          out->push_back(',');
+          if (e.max != kUnbounded) out->append(std::to_string(e.max));
+        }
+        out->push_back('}');
       }
       return;
     }
