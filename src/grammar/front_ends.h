@@ -58,9 +58,10 @@ struct JsonSchemaOptions {
 
 Result<Grammar> JsonSchemaToGrammar(std::string_view schema_json,
                                     const JsonSchemaOptions& options = {});
-// Property order is the order of `properties` in `schema`: parse it as ordered_json.
-Result<Grammar> JsonSchemaToGrammar(const nlohmann::ordered_json& schema,
-                                    const JsonSchemaOptions& options = {});
+// The same from a parsed schema. Property order is the order of `properties` in `schema`: parse it
+// as ordered_json (nlohmann::json sorts keys).
+Result<Grammar> JsonSchemaValueToGrammar(const nlohmann::ordered_json& schema,
+                                         const JsonSchemaOptions& options = {});
 // Any JSON object (nested values unrestricted), for `response_format: {type: json_object}`.
 Grammar JsonObjectGrammar(const JsonSchemaOptions& options = {});
 

@@ -299,6 +299,12 @@ std::string Grammar::ToGbnf() const {
   return out;
 }
 
+std::string Grammar::ExprToGbnf(const Expr& e) const {
+  std::string out;
+  PrintExpr(*this, e, 0, &out);
+  return out;
+}
+
 void AppendUtf8(uint32_t cp, std::string* out) {
   KCHECK(cp <= kMaxCodepoint);
   if (cp < 0x80) {

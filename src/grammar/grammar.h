@@ -100,6 +100,8 @@ class Grammar {
 
   // GBNF text of the grammar (root first); ParseGbnf(ToGbnf()) gives an equivalent grammar.
   std::string ToGbnf() const;
+  // GBNF text of one expression of this grammar (rule references by name).
+  std::string ExprToGbnf(const Expr& e) const;
 
  private:
   std::vector<Rule> rules_;
