@@ -43,7 +43,7 @@ Result<Expr> ParseRegex(std::string_view pattern, RegexAnchoring anchoring = Reg
 Result<Grammar> RegexToGrammar(std::string_view pattern);
 
 // ---- Choice ----
-// Exactly one of the strings (at least one, none empty... an empty string is allowed once).
+// Exactly one of the strings (UTF-8; at least one; "" is a valid choice).
 Result<Grammar> ChoiceGrammar(std::span<const std::string> choices);
 
 // ---- JSON ----
@@ -51,8 +51,15 @@ struct JsonSchemaOptions {
   // OpenAI strict semantics: an object without `additionalProperties` admits no other keys and an
   // array with `prefixItems` but no `items` no further items. false: JSON Schema defaults (true).
   bool strict = true;
-  // Whitespace between JSON tokens: at most this many bytes of [ \t\n\r] per gap (0: compact,
-  // no whitespace at all). Bounded so a weak model cannot loop on whitespace forever.
+  enum class Layout {
+    // Between JSON tokens, a run of at most max_whitespace_bytes bytes of [ \t\n\r] (0: none).
+    // Bounded so a weak model cannot loop on whitespace forever.
+    kBoundedWhitespace,
+    // Exactly Python json.dumps' default layout: ", " between members and items, ": " after keys,
+    // nothing else. Every separator is then forced (jump-forward can skip it).
+    kPythonSeparators,
+  };
+  Layout layout = Layout::kBoundedWhitespace;
   uint32_t max_whitespace_bytes = 16;
 };
 

@@ -103,12 +103,18 @@ class Converter {
   // ---- shared pieces ----
 
   Expr Ws() const {
-    if (options_.max_whitespace_bytes == 0) return Expr::Empty();
+    if (options_.layout == JsonSchemaOptions::Layout::kPythonSeparators ||
+        options_.max_whitespace_bytes == 0) {
+      return Expr::Empty();
+    }
     return Expr::Repeat(Expr::Class(CodepointSet::Of({{' ', ' '}, {'\t', '\n'}, {'\r', '\r'}})), 0,
                         options_.max_whitespace_bytes);
   }
-  // ws <punctuation> ws
+  // ws <punctuation> ws (or ", " / ": ").
   Expr Separator(std::string_view punctuation) const {
+    if (options_.layout == JsonSchemaOptions::Layout::kPythonSeparators) {
+      return Expr::Literal(std::string(punctuation) + " ");
+    }
     return Expr::Sequence({Ws(), Expr::Literal(punctuation), Ws()});
   }
 
@@ -582,8 +588,9 @@ Result<Grammar> JsonSchemaToGrammar(std::string_view schema_json, const JsonSche
 }
 
 Grammar JsonObjectGrammar(const JsonSchemaOptions& options) {
-  auto g = JsonSchemaValueToGrammar(json{{"type", "object"}},
-                                    JsonSchemaOptions{false, options.max_whitespace_bytes});
+  JsonSchemaOptions open = options;
+  open.strict = false;
+  auto g = JsonSchemaValueToGrammar(json{{"type", "object"}}, open);
   return std::move(g).value();
 }
 

@@ -21,6 +21,17 @@ std::shared_ptr<const CompiledGrammar> Schema(std::string_view schema,
   return g.ok() ? CompileOrDie(*g) : nullptr;
 }
 
+JsonSchemaOptions NonStrict() {
+  JsonSchemaOptions o;
+  o.strict = false;
+  return o;
+}
+JsonSchemaOptions Compact() {
+  JsonSchemaOptions o;
+  o.max_whitespace_bytes = 0;
+  return o;
+}
+
 struct Instances {
   std::vector<std::string> accept;
   std::vector<std::string> reject;
@@ -70,7 +81,7 @@ TEST(JsonSchema, AdditionalProperties) {
   // Strict (the default): absent additionalProperties admits no other key; non-strict: any.
   const char* open = R"({"type": "object", "properties": {"a": {"type": "integer"}}})";
   Check(open, {{R"({"a":1})"}, {R"({"a":1,"b":"x"})"}});
-  Check(open, {{R"({"a":1,"b":"x"})", R"({"b":{}})"}, {R"({"a":"x"})"}}, JsonSchemaOptions{false, 16});
+  Check(open, {{R"({"a":1,"b":"x"})", R"({"b":{}})"}, {R"({"a":"x"})"}}, NonStrict());
 }
 
 TEST(JsonSchema, RequiredWithoutSchemaTakesAnyValue) {
@@ -182,7 +193,14 @@ TEST(JsonSchema, RefsAndRecursion) {
 TEST(JsonSchema, WhitespaceIsBounded) {
   const char* schema = R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})";
   Check(schema, {{"{" + std::string(16, ' ') + "\"a\":1}", "{\"a\"\t:\r\n1}"}, {"{" + std::string(17, ' ') + "\"a\":1}"}});
-  Check(schema, {{R"({"a":1})"}, {R"({ "a":1})", R"({"a": 1})"}}, JsonSchemaOptions{true, 0});
+  Check(schema, {{R"({"a":1})"}, {R"({ "a":1})", R"({"a": 1})"}}, Compact());
+  JsonSchemaOptions python;
+  python.layout = JsonSchemaOptions::Layout::kPythonSeparators;
+  Check(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+            "b": {"type": "boolean"}}, "required": ["a", "b"]})",
+        {{R"({"a": [1, 2], "b": true})", R"({"a": [], "b": false})"},
+         {R"({"a":[1,2],"b":true})", R"({"a": [1,2], "b": true})", R"({ "a": [1, 2], "b": true})"}},
+        python);
 }
 
 TEST(JsonSchema, Utf8KeysAndValues) {

@@ -1,0 +1,25 @@
+// ChoiceGrammar: exactly one of a list of strings.
+#include <string>
+#include <vector>
+
+#include "grammar/front_ends.h"
+
+namespace kestrel::grammar {
+
+Result<Grammar> ChoiceGrammar(std::span<const std::string> choices) {
+  if (choices.empty()) return InvalidArgument("choice: the list of choices is empty");
+  std::vector<Expr> alternatives;
+  for (const std::string& c : choices) {
+    size_t pos = 0;
+    uint32_t cp = 0;
+    while (DecodeUtf8(c, &pos, &cp)) {
+    }
+    if (pos != c.size()) return InvalidArgument("choice: a choice is not valid UTF-8");
+    alternatives.push_back(Expr::Literal(c));
+  }
+  Grammar g;
+  g.set_root(g.AddRule("root", Expr::Choice(std::move(alternatives))));
+  return g;
+}
+
+}  // namespace kestrel::grammar
