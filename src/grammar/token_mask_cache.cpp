@@ -52,78 +52,154 @@ std::vector<int32_t> EquivalenceClasses(const Automaton& a, int32_t max_rounds) 
   return cls;
 }
 
-// Walks the trie from `state` (see token_mask_cache.h) and returns its entry.
-StateMask Classify(const Automaton& a, const Vocabulary& v, int32_t state, EarleyChart* chart) {
-  const int32_t rule = a.state_rule[state];
-  const ByteSet& follow = a.follow[rule];
-  const bool regular = a.rule_regular[rule] != 0;
-  const int32_t max_depth = v.max_token_bytes();
-  // Per depth of the current trie path.
-  std::vector<int32_t> dfa_state(max_depth + 1, -1);  // regular rules: the DFA state
-  std::vector<uint8_t> completed(max_depth + 1, 0);   // the rule can end after this byte
-  std::vector<uint8_t> may_return(max_depth + 1, 0);  // it could end earlier, at byte >= 1
-  // 0 rejected, 1 accepted, 2 uncertain, by position.
-  std::vector<uint8_t> verdict(v.n_text_tokens(), 0);
-  if (regular) {
-    dfa_state[0] = state;
-  } else {
-    chart->Start(state);
-  }
-  StateMask mask;
-  const int32_t n_nodes = v.n_nodes();
-  for (int32_t i = 1; i < n_nodes;) {
-    const int32_t d = v.node_depth(i);
-    const uint8_t byte = v.node_byte(i);
-    const bool returns = may_return[d - 1] || (d >= 2 && completed[d - 1] && follow.Has(byte));
-    bool alive = false;
-    if (regular) {
-      const int32_t t = a.Next(dfa_state[d - 1], byte);
-      alive = t >= 0;
-      if (alive) {
-        dfa_state[d] = t;
-        completed[d] = a.state_final[t];
-      }
+// Ascending positions as runs [begin, end): accepted tokens come in long runs (a string state
+// accepts most of the vocabulary), so this stays small where a list of positions would not.
+class PositionRuns {
+ public:
+  void Add(int32_t begin, int32_t end) {
+    if (begin >= end) return;
+    if (!runs_.empty() && runs_.back().second == begin) {
+      runs_.back().second = end;
     } else {
-      chart->Truncate(d);
-      alive = chart->Advance(byte);
-      if (alive) completed[d] = chart->BottomCompleted();
+      runs_.push_back({begin, end});
     }
-    if (!alive) {
-      if (returns) {
-        for (int32_t p = v.token_begin(i); p < v.token_begin(v.subtree_end(i)); ++p) {
-          verdict[p] = 2;
-          mask.uncertain.push_back(p);
-        }
-      }
-      i = v.subtree_end(i);
-      continue;
-    }
-    may_return[d] = returns;
-    for (int32_t p = v.token_begin(i); p < v.token_begin(i + 1); ++p) verdict[p] = 1;
-    ++i;
+    count_ += end - begin;
   }
+  int64_t count() const { return count_; }
+  const std::vector<std::pair<int32_t, int32_t>>& runs() const { return runs_; }
 
-  std::vector<int32_t> accepted;
-  std::vector<int32_t> rejected;
-  for (int32_t p = 0; p < v.n_text_tokens(); ++p) {
-    if (verdict[p] == 1) accepted.push_back(v.token_at(p));
-    if (verdict[p] == 0) rejected.push_back(v.token_at(p));
-  }
-  mask.n_accepted = static_cast<int32_t>(accepted.size());
+ private:
+  std::vector<std::pair<int32_t, int32_t>> runs_;
+  int64_t count_ = 0;
+};
+
+// Stores the smaller of the accepted and the rejected ids, or a bitmask when both are large.
+StateMask Finish(const Vocabulary& v, const PositionRuns& accepted, std::vector<int32_t> uncertain) {
+  StateMask mask;
+  mask.uncertain = std::move(uncertain);
+  mask.n_accepted = static_cast<int32_t>(accepted.count());
+  const size_t n_accepted = accepted.count();
+  const size_t n_rejected = v.n_text_tokens() - n_accepted - mask.uncertain.size();
   const size_t bitmask_words = v.bitmask_words();
-  if (accepted.size() <= rejected.size() && accepted.size() <= bitmask_words) {
+  if (n_accepted <= n_rejected && n_accepted <= bitmask_words) {
     mask.form = StateMask::Form::kAcceptedList;
-    mask.tokens = std::move(accepted);
-  } else if (rejected.size() <= bitmask_words) {
+    for (auto [begin, end] : accepted.runs()) {
+      for (int32_t p = begin; p < end; ++p) mask.tokens.push_back(v.token_at(p));
+    }
+  } else if (n_rejected <= bitmask_words) {
+    // Rejected: the gaps between accepted runs, less the uncertain positions.
     mask.form = StateMask::Form::kRejectedList;
-    mask.tokens = std::move(rejected);
+    size_t next_uncertain = 0;
+    auto add_gap = [&](int32_t begin, int32_t end) {
+      for (int32_t p = begin; p < end; ++p) {
+        while (next_uncertain < mask.uncertain.size() && mask.uncertain[next_uncertain] < p) {
+          ++next_uncertain;
+        }
+        if (next_uncertain < mask.uncertain.size() && mask.uncertain[next_uncertain] == p) continue;
+        mask.tokens.push_back(v.token_at(p));
+      }
+    };
+    int32_t previous_end = 0;
+    for (auto [begin, end] : accepted.runs()) {
+      add_gap(previous_end, begin);
+      previous_end = end;
+    }
+    add_gap(previous_end, v.n_text_tokens());
   } else {
     mask.form = StateMask::Form::kBitmask;
     mask.bits.assign(bitmask_words, 0);
-    for (int32_t id : accepted) mask.bits[id >> 5] |= uint32_t{1} << (id & 31);
+    for (auto [begin, end] : accepted.runs()) {
+      for (int32_t p = begin; p < end; ++p) {
+        const int32_t id = v.token_at(p);
+        mask.bits[id >> 5] |= uint32_t{1} << (id & 31);
+      }
+    }
   }
   std::sort(mask.tokens.begin(), mask.tokens.end());
   return mask;
+}
+
+// Appends the positions of every token in node i's subtree.
+void AppendSubtree(const Vocabulary& v, int32_t i, std::vector<int32_t>* out) {
+  for (int32_t p = v.token_begin(i); p < v.token_begin(v.subtree_end(i)); ++p) out->push_back(p);
+}
+
+// Walks the trie from `state` of a rule with references (see token_mask_cache.h), on an Earley
+// chart started at the state.
+StateMask ClassifyWithChart(const Automaton& a, const Vocabulary& v, int32_t state,
+                            EarleyChart* chart) {
+  const ByteSet& follow = a.follow[a.state_rule[state]];
+  const int32_t max_depth = v.max_token_bytes();
+  // Per depth of the current trie path.
+  std::vector<uint8_t> completed(max_depth + 1, 0);   // the rule can end after this byte
+  std::vector<uint8_t> may_return(max_depth + 1, 0);  // it could end earlier, at byte >= 1
+  PositionRuns accepted;
+  std::vector<int32_t> uncertain;                     // positions, ascending (preorder)
+  chart->Start(state);
+  for (int32_t i = 1; i < v.n_nodes();) {
+    const int32_t d = v.node_depth(i);
+    const uint8_t byte = v.node_byte(i);
+    const bool returns = may_return[d - 1] || (d >= 2 && completed[d - 1] && follow.Has(byte));
+    chart->Truncate(d);
+    if (!chart->Advance(byte)) {
+      if (returns) AppendSubtree(v, i, &uncertain);
+      i = v.subtree_end(i);
+      continue;
+    }
+    completed[d] = chart->BottomCompleted();
+    may_return[d] = returns;
+    accepted.Add(v.token_begin(i), v.token_begin(i + 1));
+    ++i;
+  }
+  return Finish(v, accepted, std::move(uncertain));
+}
+
+// The same for several states of one rule without references, in one walk: each state is a plain
+// DFA state, and the walk carries the list of states still alive on the current trie path.
+std::vector<StateMask> ClassifyRegular(const Automaton& a, const Vocabulary& v,
+                                       const std::vector<int32_t>& states) {
+  const ByteSet& follow = a.follow[a.state_rule[states[0]]];
+  struct Live {
+    int32_t entry;      // index into states
+    int32_t state;      // DFA state after this byte
+    uint8_t completed;  // the rule can end here
+    uint8_t returns;    // it could end earlier, at byte >= 1, with the next byte in FOLLOW
+  };
+  std::vector<std::vector<Live>> live(v.max_token_bytes() + 1);  // by depth
+  for (size_t e = 0; e < states.size(); ++e) {
+    live[0].push_back({static_cast<int32_t>(e), states[e], a.state_final[states[e]], 0});
+  }
+  std::vector<PositionRuns> accepted(states.size());
+  std::vector<std::vector<int32_t>> uncertain(states.size());
+  for (int32_t i = 1; i < v.n_nodes();) {
+    const int32_t d = v.node_depth(i);
+    const uint8_t byte = v.node_byte(i);
+    const bool follows = d >= 2 && follow.Has(byte);
+    std::vector<Live>& here = live[d];
+    here.clear();
+    for (const Live& parent : live[d - 1]) {
+      const bool returns = parent.returns || (follows && parent.completed);
+      const int32_t t = a.Next(parent.state, byte);
+      if (t < 0) {
+        if (returns) AppendSubtree(v, i, &uncertain[parent.entry]);
+        continue;
+      }
+      here.push_back({parent.entry, t, a.state_final[t], returns});
+    }
+    if (here.empty()) {
+      i = v.subtree_end(i);
+      continue;
+    }
+    if (v.token_begin(i) < v.token_begin(i + 1)) {
+      for (const Live& l : here) accepted[l.entry].Add(v.token_begin(i), v.token_begin(i + 1));
+    }
+    ++i;
+  }
+  std::vector<StateMask> masks;
+  for (size_t e = 0; e < states.size(); ++e) {
+    masks.push_back(Finish(v, accepted[e], std::move(uncertain[e])));
+  }
+  return masks;
 }
 
 }  // namespace
@@ -149,18 +225,35 @@ TokenMaskCache TokenMaskCache::Build(const Automaton& a, const Vocabulary& v) {
   const std::vector<int32_t> cls =
       EquivalenceClasses(a, nullable_reference ? -1 : std::max(v.max_token_bytes(), 1));
 
+  // One entry per class of kernel states, computed from its first state.
   TokenMaskCache cache;
   cache.entry_of_state_.assign(n, -1);
   std::unordered_map<int32_t, int32_t> entry_of_class;
-  EarleyChart chart(&a);
+  std::vector<int32_t> representative;
   for (int32_t s = 0; s < n; ++s) {
     if (!kernel[s]) continue;
-    auto it = entry_of_class.find(cls[s]);
-    if (it == entry_of_class.end()) {
-      it = entry_of_class.emplace(cls[s], static_cast<int32_t>(cache.entries_.size())).first;
-      cache.entries_.push_back(Classify(a, v, s, &chart));
-    }
+    auto [it, inserted] = entry_of_class.emplace(cls[s], static_cast<int32_t>(representative.size()));
+    if (inserted) representative.push_back(s);
     cache.entry_of_state_[s] = it->second;
+  }
+  cache.entries_.resize(representative.size());
+  // Rules without references: all their entries in one walk per rule.
+  std::vector<std::vector<int32_t>> regular_entries(a.rule_start.size());
+  EarleyChart chart(&a);
+  for (size_t e = 0; e < representative.size(); ++e) {
+    const int32_t s = representative[e];
+    if (a.rule_regular[a.state_rule[s]]) {
+      regular_entries[a.state_rule[s]].push_back(static_cast<int32_t>(e));
+    } else {
+      cache.entries_[e] = ClassifyWithChart(a, v, s, &chart);
+    }
+  }
+  for (const std::vector<int32_t>& entries : regular_entries) {
+    if (entries.empty()) continue;
+    std::vector<int32_t> states;
+    for (int32_t e : entries) states.push_back(representative[e]);
+    std::vector<StateMask> masks = ClassifyRegular(a, v, states);
+    for (size_t k = 0; k < entries.size(); ++k) cache.entries_[entries[k]] = std::move(masks[k]);
   }
   return cache;
 }
