@@ -93,9 +93,10 @@ struct Automaton {
   }
 };
 
+// Bounds on the work a grammar may cause (a request's schema must not exhaust the server).
 struct AutomatonLimits {
-  int64_t max_nfa_states = 4'000'000;
-  int64_t max_dfa_states = 400'000;
+  int64_t max_nfa_states = 1'000'000;  // per rule
+  int64_t max_dfa_states = 100'000;    // all rules together
 };
 
 // Builds the automaton of the rules reachable from grammar.root(). Errors: no root, a grammar that

@@ -11,6 +11,8 @@ namespace kestrel::grammar {
 namespace {
 
 constexpr uint32_t kMaxRepeatCount = 100000;
+// Deepest group nesting accepted (the parser recurses per group).
+constexpr int kMaxNesting = 200;
 
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
@@ -159,9 +161,13 @@ class GbnfParser {
       return Expr::Class(CodepointSet::All());
     }
     if (c == '(') {
+      if (++depth_ > kMaxNesting) {
+        return Unsupported(Error(pos_, "group nesting deeper than " + std::to_string(kMaxNesting)).message());
+      }
       ++pos_;
       SkipSpace();
       KASSIGN(Expr inner, ParseAlternatives(/*nested=*/true));
+      --depth_;
       if (Peek() != ')') return Error(pos_, "expected ')' to close the group opened at " +
                                                 LineCol(start));
       ++pos_;
@@ -312,6 +318,7 @@ class GbnfParser {
 
   std::string_view text_;
   size_t pos_ = 0;
+  int depth_ = 0;
   Grammar grammar_;
   std::vector<bool> defined_;
   std::map<int32_t, size_t> first_reference_;  // rule → where it was first used

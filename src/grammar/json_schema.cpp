@@ -188,7 +188,20 @@ class Converter {
     return keys;
   }
 
+  // Nesting deeper than this is refused (the conversion recurses per level).
+  static constexpr int kMaxDepth = 128;
+
   Result<Expr> Schema(const json& s, const std::string& path) {
+    if (depth_ >= kMaxDepth) {
+      return Refused(path, "schema nesting deeper than " + std::to_string(kMaxDepth));
+    }
+    ++depth_;
+    Result<Expr> e = SchemaAtDepth(s, path);
+    --depth_;
+    return e;
+  }
+
+  Result<Expr> SchemaAtDepth(const json& s, const std::string& path) {
     if (s.is_boolean()) {
       if (s.get<bool>()) return ValueRule();
       return Refused(path, "schema 'false' (matches nothing)");
@@ -572,6 +585,7 @@ class Converter {
   std::map<std::string, int32_t> ref_rules_;          // $ref string → rule
   int32_t value_rule_ = -1;
   int32_t object_rule_ = -1;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -12,6 +12,8 @@ namespace {
 // Largest repeat count accepted in {m,n}; larger ones are almost always mistakes and would build
 // huge automata.
 constexpr uint32_t kMaxRepeatCount = 100000;
+// Deepest group nesting accepted (the parser recurses per group).
+constexpr int kMaxNesting = 200;
 
 CodepointSet DigitSet() { return CodepointSet::Of({{'0', '9'}}); }
 CodepointSet WordSet() { return CodepointSet::Of({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}, {'_', '_'}}); }
@@ -186,6 +188,9 @@ class RegexParser {
   Result<Expr> ParseAtom() {
     const char c = Peek();
     if (c == '(') {
+      if (++depth_ > kMaxNesting) {
+        return Refuse("group nesting deeper than " + std::to_string(kMaxNesting));
+      }
       ++pos_;
       if (Peek() == '?') {
         ++pos_;
@@ -204,6 +209,7 @@ class RegexParser {
       KASSIGN(Expr inner, ParseAlternation());
       if (Peek() != ')') return Error("missing ')'");
       ++pos_;
+      --depth_;
       return inner;
     }
     if (c == '[') return ParseClass();
@@ -306,6 +312,7 @@ class RegexParser {
   }
 
   Result<Expr> ParseClass() {
+    const size_t start = pos_;
     ++pos_;  // '['
     bool negated = false;
     if (Peek() == '^') {
@@ -339,7 +346,10 @@ class RegexParser {
       }
     }
     if (negated) set = set.Complement();
-    if (set.empty()) return Error("character class matches nothing");
+    if (set.empty()) {
+      pos_ = start;
+      return Error("character class matches nothing");
+    }
     return Expr::Class(std::move(set));
   }
 
@@ -355,6 +365,7 @@ class RegexParser {
   std::string_view text_;
   RegexAnchoring anchoring_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
