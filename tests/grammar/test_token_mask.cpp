@@ -249,5 +249,36 @@ TEST(TokenMask, Qwen3RandomPrefixesMatchBruteForce) {
   }
 }
 
+// States of a long bounded string share mask entries while more characters remain than the
+// longest token has bytes; near the bound each has its own. Masks must match brute force at both.
+TEST(TokenMask, Qwen3LongBoundedStringNearItsLimit) {
+  const Tokenizer* tok = testing::Qwen3Tokenizer();
+  ASSERT_NE(tok, nullptr);
+  auto vocab = Vocabulary::FromTokenizer(*tok);
+  ASSERT_LT(vocab->max_token_bytes(), 150);
+  const int32_t eos = *tok->TokenToId("<|im_end|>");
+  auto compiled = CompileOrDie(FromSchema(R"({"type": "string", "maxLength": 300})"), vocab);
+  EXPECT_LT(compiled->stats().n_mask_entries, compiled->stats().n_states / 2)
+      << "bounded equivalence should share entries";
+  for (int n_chars : {0, 20, 150, 290, 299, 300}) {
+    GrammarMatcher m(compiled, {eos});
+    std::string text = "\"";
+    for (int i = 0; i < n_chars; ++i) text += (i % 7 == 3) ? "\xC3\xA9" : "x";
+    ASSERT_TRUE(m.AcceptBytes(text));
+    const std::vector<int32_t> allowed = CheckMask(m, *vocab, {eos}, "chars " + std::to_string(n_chars));
+    // Space for 300 - n_chars more characters and the closing quote.
+    for (int32_t id : allowed) {
+      if (id == eos) continue;
+      const std::string& b = vocab->token_bytes(id);
+      size_t chars = 0;  // JSON characters: an escape is one
+      for (size_t i = 0; i < b.size(); ++i) {
+        if (b[i] == '\\') i += (i + 1 < b.size() && b[i + 1] == 'u') ? 5 : 1;
+        chars += (static_cast<uint8_t>(b[i < b.size() ? i : b.size() - 1]) & 0xC0) != 0x80;
+      }
+      EXPECT_LE(chars, static_cast<size_t>(300 - n_chars + 1)) << b;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kestrel::grammar
