@@ -64,7 +64,8 @@ const char* kToolCallInstance =
     "{\"name\": \"search_flights\", \"arguments\": {\"origin\": \"SFO\", \"destination\": \"NRT\", "
     "\"departure_date\": \"2025-03-14\", \"return_date\": null, \"passengers\": {\"adults\": 2, "
     "\"children\": 1}, \"cabin\": \"premium_economy\", \"max_price\": 1850.5, \"airlines\": "
-    "[\"United Airlines\", \"ANA \xE5\x85\xA8\xE6\x97\xA5\xE7\xA9\xBA\"], \"notes\": \"Window seats "
+    "[\"United Airlines\", \"ANA \xE5\x85\xA8\xE6\x97\xA5\xE7\xA9\xBA\"], \"notes\": \"Window "
+    "seats "
     "if possible; traveling with a \\\"small\\\" dog \xF0\x9F\x90\x95.\"}}";
 
 const char* kJsonObjectInstance =
@@ -186,8 +187,9 @@ int main(int argc, char** argv) {
   report["vocabulary_build_ms"] = vocab_ms;
   report["repeats"] = repeats;
   report["scenarios"] = nlohmann::ordered_json::array();
-  report["scenarios"].push_back(RunScenario("tool_call_json_schema", JsonSchemaToGrammar(kToolCallSchema),
-                                            kToolCallInstance, *tok, vocab, eos, repeats));
+  report["scenarios"].push_back(RunScenario("tool_call_json_schema",
+                                            JsonSchemaToGrammar(kToolCallSchema), kToolCallInstance,
+                                            *tok, vocab, eos, repeats));
   JsonSchemaOptions python;
   python.layout = JsonSchemaOptions::Layout::kPythonSeparators;
   report["scenarios"].push_back(RunScenario("tool_call_json_schema_python_separators",
@@ -195,8 +197,8 @@ int main(int argc, char** argv) {
                                             kToolCallInstance, *tok, vocab, eos, repeats));
   report["scenarios"].push_back(RunScenario("json_object", JsonObjectGrammar(), kJsonObjectInstance,
                                             *tok, vocab, eos, repeats));
-  report["scenarios"].push_back(RunScenario("gbnf_calls", ParseGbnf(kGbnfGrammar), kGbnfInstance,
-                                            *tok, vocab, eos, repeats));
+  report["scenarios"].push_back(
+      RunScenario("gbnf_calls", ParseGbnf(kGbnfGrammar), kGbnfInstance, *tok, vocab, eos, repeats));
   std::printf("%s\n", report.dump(2).c_str());
   return 0;
 }

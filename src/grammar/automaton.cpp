@@ -105,7 +105,9 @@ class Nfa {
     head_[from] = static_cast<int32_t>(edges_.size());
     edges_.push_back(e);
   }
-  void Epsilon(int32_t from, int32_t to) { AddEdge(from, {NfaEdge::Kind::kEpsilon, 0, 0, -1, to, -1}); }
+  void Epsilon(int32_t from, int32_t to) {
+    AddEdge(from, {NfaEdge::Kind::kEpsilon, 0, 0, -1, to, -1});
+  }
   void Bytes(int32_t from, uint8_t lo, uint8_t hi, int32_t to) {
     AddEdge(from, {NfaEdge::Kind::kBytes, lo, hi, -1, to, -1});
   }
@@ -134,7 +136,8 @@ struct Fragment {
 Result<Fragment> BuildFragment(const Expr& e, Nfa* nfa) {
   KASSIGN(int32_t start, nfa->NewState());
   switch (e.kind) {
-    case Expr::Kind::kEmpty: return Fragment{start, start};
+    case Expr::Kind::kEmpty:
+      return Fragment{start, start};
     case Expr::Kind::kLiteral: {
       int32_t cur = start;
       for (char c : e.literal) {
@@ -387,7 +390,8 @@ Status TrimInto(const RawAutomaton& raw, int32_t n_rules, int32_t root, Automato
   for (int32_t s = 0; s < n; ++s) {
     for (int c = 0; c < n_classes; ++c) {
       const int32_t t = raw.transitions[static_cast<size_t>(s) * n_classes + c];
-      if (t >= 0 && (byte_preds[t].empty() || byte_preds[t].back() != s)) byte_preds[t].push_back(s);
+      if (t >= 0 && (byte_preds[t].empty() || byte_preds[t].back() != s))
+        byte_preds[t].push_back(s);
     }
     for (const RuleEdge& e : raw.rule_edges[s]) {
       rule_preds[e.target].push_back({s, e.rule});
@@ -468,7 +472,8 @@ Status TrimInto(const RawAutomaton& raw, int32_t n_rules, int32_t root, Automato
     out->rule_end[rule] = id + 1;
     for (int c = 0; c < n_classes; ++c) {
       const int32_t t = raw.transitions[static_cast<size_t>(s) * n_classes + c];
-      if (t >= 0 && new_id[t] >= 0) out->transitions[static_cast<size_t>(id) * n_classes + c] = new_id[t];
+      if (t >= 0 && new_id[t] >= 0)
+        out->transitions[static_cast<size_t>(id) * n_classes + c] = new_id[t];
     }
     for (const RuleEdge& e : raw.rule_edges[s]) {
       if (!productive[e.rule] || new_id[e.target] < 0) continue;

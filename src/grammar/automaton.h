@@ -62,21 +62,21 @@ struct Automaton {
   std::array<uint8_t, 256> byte_class{};  // byte → class; classes are contiguous byte intervals
 
   // ---- states (global numbering; a rule's states are contiguous, its start first) ----
-  std::vector<int32_t> state_rule;          // [n_states]
-  std::vector<uint8_t> state_final;         // [n_states] the rule may end here
-  std::vector<int32_t> transitions;         // [n_states * n_classes] target or -1
-  std::vector<uint32_t> rule_edge_begin;    // [n_states + 1] into rule_edges
-  std::vector<RuleEdge> rule_edges;         // outgoing rule references, by state
-  std::vector<ByteSet> next_bytes;          // [n_states] bytes with a transition
+  std::vector<int32_t> state_rule;        // [n_states]
+  std::vector<uint8_t> state_final;       // [n_states] the rule may end here
+  std::vector<int32_t> transitions;       // [n_states * n_classes] target or -1
+  std::vector<uint32_t> rule_edge_begin;  // [n_states + 1] into rule_edges
+  std::vector<RuleEdge> rule_edges;       // outgoing rule references, by state
+  std::vector<ByteSet> next_bytes;        // [n_states] bytes with a transition
 
   // ---- rules (indices of the source Grammar; unreachable rules have start -1) ----
-  std::vector<int32_t> rule_start;          // [n_rules]
-  std::vector<int32_t> rule_end;            // [n_rules] one past the rule's last state
-  std::vector<uint8_t> rule_nullable;       // [n_rules]
-  std::vector<uint8_t> rule_regular;        // [n_rules] no state has a rule edge
-  std::vector<uint32_t> prediction_begin;   // [n_rules + 1] into prediction_states
-  std::vector<int32_t> prediction_states;   // states added (origin = here) by predicting a rule
-  std::vector<ByteSet> follow;              // [n_rules]
+  std::vector<int32_t> rule_start;         // [n_rules]
+  std::vector<int32_t> rule_end;           // [n_rules] one past the rule's last state
+  std::vector<uint8_t> rule_nullable;      // [n_rules]
+  std::vector<uint8_t> rule_regular;       // [n_rules] no state has a rule edge
+  std::vector<uint32_t> prediction_begin;  // [n_rules + 1] into prediction_states
+  std::vector<int32_t> prediction_states;  // states added (origin = here) by predicting a rule
+  std::vector<ByteSet> follow;             // [n_rules]
   int32_t root_rule = -1;
 
   int32_t n_states() const { return static_cast<int32_t>(state_rule.size()); }

@@ -28,7 +28,8 @@ Result<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
     compiled->stats_.masks_ms = MillisecondsSince(start);
     compiled->stats_.n_mask_entries = compiled->masks_.n_entries();
     for (int32_t i = 0; i < compiled->masks_.n_entries(); ++i) {
-      compiled->stats_.n_uncertain += static_cast<int64_t>(compiled->masks_.entry(i).uncertain.size());
+      compiled->stats_.n_uncertain +=
+          static_cast<int64_t>(compiled->masks_.entry(i).uncertain.size());
     }
   }
   return std::shared_ptr<const CompiledGrammar>(std::move(compiled));

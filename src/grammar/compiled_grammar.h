@@ -15,11 +15,11 @@
 namespace kestrel::grammar {
 
 struct CompileStats {
-  int32_t n_states = 0;         // automaton states
-  int32_t n_mask_entries = 0;   // precomputed token-mask entries
-  int64_t n_uncertain = 0;      // sum over entries of tokens left to run time
-  double automaton_ms = 0;      // Grammar → Automaton
-  double masks_ms = 0;          // token mask precomputation
+  int32_t n_states = 0;        // automaton states
+  int32_t n_mask_entries = 0;  // precomputed token-mask entries
+  int64_t n_uncertain = 0;     // sum over entries of tokens left to run time
+  double automaton_ms = 0;     // Grammar → Automaton
+  double masks_ms = 0;         // token mask precomputation
 };
 
 class CompiledGrammar {

@@ -54,10 +54,10 @@ class EarleyChart {
   void Close(size_t begin, int32_t current);
 
   const Automaton* a_;
-  std::vector<EarleyItem> items_;       // all sets, back to back
-  std::vector<uint32_t> set_begin_;     // [n_sets] first item of each set
+  std::vector<EarleyItem> items_;          // all sets, back to back
+  std::vector<uint32_t> set_begin_;        // [n_sets] first item of each set
   std::vector<uint8_t> bottom_completed_;  // [n_sets]
-  size_t current_begin_ = 0;            // first item of the set being built (for de-duplication)
+  size_t current_begin_ = 0;               // first item of the set being built (for de-duplication)
 };
 
 }  // namespace kestrel::grammar

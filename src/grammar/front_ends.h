@@ -3,7 +3,8 @@
 //   ParseGbnf            llama.cpp GBNF text (`root ::= ...`); errors carry line:col
 //   RegexToGrammar       a regular expression, matched in full (anchors implicit)
 //   ChoiceGrammar        exactly one of a list of strings
-//   JsonSchemaToGrammar  OpenAI `response_format: {type: json_schema}` (see docs/structured-output.md
+//   JsonSchemaToGrammar  OpenAI `response_format: {type: json_schema}` (see
+//   docs/structured-output.md
 //                        for what each keyword enforces); errors name the keyword and JSON pointer
 //   JsonObjectGrammar    `response_format: {type: json_object}`: any JSON value that is an object
 //
@@ -39,7 +40,8 @@ enum class RegexAnchoring {
   kFullMatch,  // the whole text matches (anchors optional): response_format regex, GBNF
   kSearch,     // JSON Schema `pattern`: an alternative without ^ / $ may have any prefix / suffix
 };
-Result<Expr> ParseRegex(std::string_view pattern, RegexAnchoring anchoring = RegexAnchoring::kFullMatch);
+Result<Expr> ParseRegex(std::string_view pattern,
+                        RegexAnchoring anchoring = RegexAnchoring::kFullMatch);
 Result<Grammar> RegexToGrammar(std::string_view pattern);
 
 // ---- Choice ----

@@ -99,8 +99,8 @@ class GbnfParser {
     size_t p = pos_;
     while (p < text_.size() && IsNameChar(text_[p])) ++p;
     if (p == pos_) return false;
-    while (p < text_.size() && (text_[p] == ' ' || text_[p] == '\t' || text_[p] == '\n' ||
-                                text_[p] == '\r')) {
+    while (p < text_.size() &&
+           (text_[p] == ' ' || text_[p] == '\t' || text_[p] == '\n' || text_[p] == '\r')) {
       ++p;
     }
     return text_.substr(p, 3) == "::=";
@@ -162,14 +162,15 @@ class GbnfParser {
     }
     if (c == '(') {
       if (++depth_ > kMaxNesting) {
-        return Unsupported(Error(pos_, "group nesting deeper than " + std::to_string(kMaxNesting)).message());
+        return Unsupported(
+            Error(pos_, "group nesting deeper than " + std::to_string(kMaxNesting)).message());
       }
       ++pos_;
       SkipSpace();
       KASSIGN(Expr inner, ParseAlternatives(/*nested=*/true));
       --depth_;
-      if (Peek() != ')') return Error(pos_, "expected ')' to close the group opened at " +
-                                                LineCol(start));
+      if (Peek() != ')')
+        return Error(pos_, "expected ')' to close the group opened at " + LineCol(start));
       ++pos_;
       return inner;
     }
@@ -229,8 +230,8 @@ class GbnfParser {
     while (!AtEnd() && Peek() >= '0' && Peek() <= '9') {
       value = value * 10 + static_cast<uint64_t>(Peek() - '0');
       if (value > kMaxRepeatCount) {
-        return Unsupported(Error(start, "repeat count above " + std::to_string(kMaxRepeatCount))
-                               .message());
+        return Unsupported(
+            Error(start, "repeat count above " + std::to_string(kMaxRepeatCount)).message());
       }
       ++pos_;
     }
@@ -267,9 +268,12 @@ class GbnfParser {
     ++pos_;
     uint32_t cp = 0;
     switch (c) {
-      case 'n': return uint32_t{'\n'};
-      case 'r': return uint32_t{'\r'};
-      case 't': return uint32_t{'\t'};
+      case 'n':
+        return uint32_t{'\n'};
+      case 'r':
+        return uint32_t{'\r'};
+      case 't':
+        return uint32_t{'\t'};
       case 'x':
       case 'u':
       case 'U': {
@@ -326,6 +330,8 @@ class GbnfParser {
 
 }  // namespace
 
-Result<Grammar> ParseGbnf(std::string_view text) { return GbnfParser(text).Parse(); }
+Result<Grammar> ParseGbnf(std::string_view text) {
+  return GbnfParser(text).Parse();
+}
 
 }  // namespace kestrel::grammar

@@ -20,14 +20,23 @@ bool IsRuleNameChar(char c) {
 // Escape for a code point inside "..." or [...] in GBNF text.
 void AppendEscaped(uint32_t cp, bool in_class, std::string* out) {
   switch (cp) {
-    case '\n': *out += "\\n"; return;
-    case '\r': *out += "\\r"; return;
-    case '\t': *out += "\\t"; return;
-    case '\\': *out += "\\\\"; return;
+    case '\n':
+      *out += "\\n";
+      return;
+    case '\r':
+      *out += "\\r";
+      return;
+    case '\t':
+      *out += "\\t";
+      return;
+    case '\\':
+      *out += "\\\\";
+      return;
     case '"':
       *out += in_class ? "\"" : "\\\"";
       return;
-    default: break;
+    default:
+      break;
   }
   if (in_class && (cp == ']' || cp == '-' || cp == '^' || cp == '[')) {
     *out += '\\';
@@ -67,7 +76,9 @@ void PrintClass(const CodepointSet& set, std::string* out) {
 void PrintExpr(const Grammar& g, const Expr& e, int parent_precedence, std::string* out) {
   // Precedence: choice 0 < sequence 1 < repeat/atom 2.
   switch (e.kind) {
-    case Expr::Kind::kEmpty: *out += "\"\""; return;
+    case Expr::Kind::kEmpty:
+      *out += "\"\"";
+      return;
     case Expr::Kind::kLiteral: {
       *out += '"';
       size_t pos = 0;
@@ -86,8 +97,12 @@ void PrintExpr(const Grammar& g, const Expr& e, int parent_precedence, std::stri
       *out += '"';
       return;
     }
-    case Expr::Kind::kClass: PrintClass(e.chars, out); return;
-    case Expr::Kind::kRuleRef: *out += g.rule(e.rule).name; return;
+    case Expr::Kind::kClass:
+      PrintClass(e.chars, out);
+      return;
+    case Expr::Kind::kRuleRef:
+      *out += g.rule(e.rule).name;
+      return;
     case Expr::Kind::kSequence:
     case Expr::Kind::kChoice: {
       const bool choice = e.kind == Expr::Kind::kChoice;
@@ -147,8 +162,8 @@ CodepointSet CodepointSet::Of(std::vector<CodepointRange> ranges) {
     // equal sets have one representation).
     if (!set.ranges_.empty()) {
       CodepointRange& last = set.ranges_.back();
-      const bool adjacent = r.lo <= last.hi + 1 ||
-                            (last.hi == kSurrogateLo - 1 && r.lo == kSurrogateHi + 1);
+      const bool adjacent =
+          r.lo <= last.hi + 1 || (last.hi == kSurrogateLo - 1 && r.lo == kSurrogateHi + 1);
       if (adjacent) {
         last.hi = std::max(last.hi, r.hi);
         continue;
@@ -351,7 +366,8 @@ bool DecodeUtf8(std::string_view text, size_t* pos, uint32_t* cp) {
     if ((b & 0xC0) != 0x80) return false;
     value = (value << 6) | (b & 0x3F);
   }
-  if (value < min_value || value > kMaxCodepoint || (value >= kSurrogateLo && value <= kSurrogateHi))
+  if (value < min_value || value > kMaxCodepoint ||
+      (value >= kSurrogateLo && value <= kSurrogateHi))
     return false;
   *cp = value;
   *pos = i + len;

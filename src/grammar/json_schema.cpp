@@ -20,30 +20,56 @@ using json = nlohmann::ordered_json;
 using json_numbers::Bound;
 
 // Keywords that only annotate (or hold definitions): ignored where they stand.
-const std::set<std::string, std::less<>> kIgnoredKeywords = {
-    "title",    "description", "default",          "examples",        "example",
-    "$schema",  "$id",         "$comment",         "$anchor",         "deprecated",
-    "readOnly", "writeOnly",   "contentMediaType", "contentEncoding", "discriminator",
-    "$defs",    "definitions", "externalDocs",     "xml",             "strict"};
+const std::set<std::string, std::less<>> kIgnoredKeywords = {"title",
+                                                             "description",
+                                                             "default",
+                                                             "examples",
+                                                             "example",
+                                                             "$schema",
+                                                             "$id",
+                                                             "$comment",
+                                                             "$anchor",
+                                                             "deprecated",
+                                                             "readOnly",
+                                                             "writeOnly",
+                                                             "contentMediaType",
+                                                             "contentEncoding",
+                                                             "discriminator",
+                                                             "$defs",
+                                                             "definitions",
+                                                             "externalDocs",
+                                                             "xml",
+                                                             "strict"};
 
 // Validation keywords outside the supported subset: refused with their path.
-const std::set<std::string, std::less<>> kRefusedKeywords = {
-    "not",         "if",          "then",           "else",          "dependentRequired",
-    "dependentSchemas", "dependencies", "patternProperties", "propertyNames", "minProperties",
-    "maxProperties",    "contains",     "minContains",       "maxContains",   "unevaluatedItems",
-    "$dynamicRef",      "$recursiveRef", "multipleOf",       "contentSchema"};
+const std::set<std::string, std::less<>> kRefusedKeywords = {"not",
+                                                             "if",
+                                                             "then",
+                                                             "else",
+                                                             "dependentRequired",
+                                                             "dependentSchemas",
+                                                             "dependencies",
+                                                             "patternProperties",
+                                                             "propertyNames",
+                                                             "minProperties",
+                                                             "maxProperties",
+                                                             "contains",
+                                                             "minContains",
+                                                             "maxContains",
+                                                             "unevaluatedItems",
+                                                             "$dynamicRef",
+                                                             "$recursiveRef",
+                                                             "multipleOf",
+                                                             "contentSchema"};
 
-const std::set<std::string, std::less<>> kObjectKeywords = {"properties", "required",
-                                                             "additionalProperties",
-                                                             "unevaluatedProperties"};
-const std::set<std::string, std::less<>> kArrayKeywords = {"items", "prefixItems", "minItems",
-                                                            "maxItems", "additionalItems",
-                                                            "uniqueItems"};
+const std::set<std::string, std::less<>> kObjectKeywords = {
+    "properties", "required", "additionalProperties", "unevaluatedProperties"};
+const std::set<std::string, std::less<>> kArrayKeywords = {
+    "items", "prefixItems", "minItems", "maxItems", "additionalItems", "uniqueItems"};
 const std::set<std::string, std::less<>> kStringKeywords = {"minLength", "maxLength", "pattern",
-                                                             "format"};
+                                                            "format"};
 const std::set<std::string, std::less<>> kNumberKeywords = {"minimum", "maximum",
-                                                             "exclusiveMinimum",
-                                                             "exclusiveMaximum"};
+                                                            "exclusiveMinimum", "exclusiveMaximum"};
 
 // JSON pointer escaping of one reference token.
 std::string PointerToken(std::string_view key) {
@@ -139,19 +165,20 @@ class Converter {
     const Expr value = Expr::Ref(value_rule_);
     const Expr member = Expr::Sequence({StringRule(), Separator(":"), value});
     const int32_t object = g_.AddRule(
-        "object", Expr::Sequence({Expr::Literal("{"), Ws(),
-                                  Expr::Optional(Expr::Sequence(
-                                      {member, Expr::Star(Expr::Sequence({Separator(","), member}))})),
-                                  Ws(), Expr::Literal("}")}));
+        "object",
+        Expr::Sequence({Expr::Literal("{"), Ws(),
+                        Expr::Optional(Expr::Sequence(
+                            {member, Expr::Star(Expr::Sequence({Separator(","), member}))})),
+                        Ws(), Expr::Literal("}")}));
     const int32_t array = g_.AddRule(
         "array", Expr::Sequence({Expr::Literal("["), Ws(),
                                  Expr::Optional(Expr::Sequence(
                                      {value, Expr::Star(Expr::Sequence({Separator(","), value}))})),
                                  Ws(), Expr::Literal("]")}));
     const int32_t number = Intern("number", json_numbers::AnyNumber());
-    g_.SetBody(value_rule_,
-               Expr::Choice({Expr::Ref(object), Expr::Ref(array), StringRule(), Expr::Ref(number),
-                             Expr::Literal("true"), Expr::Literal("false"), Expr::Literal("null")}));
+    g_.SetBody(value_rule_, Expr::Choice({Expr::Ref(object), Expr::Ref(array), StringRule(),
+                                          Expr::Ref(number), Expr::Literal("true"),
+                                          Expr::Literal("false"), Expr::Literal("null")}));
     object_rule_ = object;
     return value;
   }
@@ -172,7 +199,8 @@ class Converter {
         return Refused(path, "unsupported keyword 'uniqueItems' (only false is supported)");
       }
       if (key == "unevaluatedProperties" && value != json(false)) {
-        return Refused(path, "unsupported keyword 'unevaluatedProperties' (only false is supported)");
+        return Refused(path,
+                       "unsupported keyword 'unevaluatedProperties' (only false is supported)");
       }
       if (key == "$ref" && !value.is_string()) return Invalid(path, "'$ref' must be a string");
     }
@@ -211,7 +239,8 @@ class Converter {
 
     bool nullable = false;
     if (auto it = s.find("nullable"); it != s.end()) {
-      if (!it->is_boolean()) return Invalid(Child(path, "nullable"), "'nullable' must be a boolean");
+      if (!it->is_boolean())
+        return Invalid(Child(path, "nullable"), "'nullable' must be a boolean");
       nullable = it->get<bool>();
     }
     // Combinators stand alone: no other validation keyword beside them.
@@ -232,10 +261,12 @@ class Converter {
   }
 
   Result<Expr> Combined(const json& s, const std::string& path) {
-    if (auto it = s.find("$ref"); it != s.end()) return Ref(it->get<std::string>(), Child(path, "$ref"));
+    if (auto it = s.find("$ref"); it != s.end())
+      return Ref(it->get<std::string>(), Child(path, "$ref"));
     if (auto it = s.find("const"); it != s.end()) return Expr::Literal(it->dump());
     if (auto it = s.find("enum"); it != s.end()) {
-      if (!it->is_array() || it->empty()) return Invalid(Child(path, "enum"), "'enum' must be a non-empty array");
+      if (!it->is_array() || it->empty())
+        return Invalid(Child(path, "enum"), "'enum' must be a non-empty array");
       std::vector<Expr> values;
       for (const json& v : *it) values.push_back(Expr::Literal(v.dump()));
       return Expr::Choice(std::move(values));
@@ -244,7 +275,8 @@ class Converter {
       auto it = s.find(key);
       if (it == s.end()) continue;
       const std::string sub_path = Child(path, key);
-      if (!it->is_array() || it->empty()) return Invalid(sub_path, std::string("'") + key + "' must be a non-empty array");
+      if (!it->is_array() || it->empty())
+        return Invalid(sub_path, std::string("'") + key + "' must be a non-empty array");
       if (std::string_view(key) == "allOf" && it->size() != 1) {
         return Refused(sub_path, "'allOf' with more than one schema");
       }
@@ -328,7 +360,8 @@ class Converter {
           pos + 1, next == std::string::npos ? std::string::npos : next - pos - 1);
       std::string token;  // ~1 is '/', ~0 is '~'
       for (size_t i = 0; i < escaped.size(); ++i) {
-        if (escaped[i] == '~' && i + 1 < escaped.size() && (escaped[i + 1] == '0' || escaped[i + 1] == '1')) {
+        if (escaped[i] == '~' && i + 1 < escaped.size() &&
+            (escaped[i + 1] == '0' || escaped[i + 1] == '1')) {
           token += escaped[++i] == '1' ? '/' : '~';
         } else {
           token += escaped[i];
@@ -371,14 +404,18 @@ class Converter {
       return Status::Ok();
     };
     // Draft 4 spells exclusive bounds as booleans beside minimum/maximum.
-    const bool draft4_min = s.value("exclusiveMinimum", json()).is_boolean() && s["exclusiveMinimum"].get<bool>();
-    const bool draft4_max = s.value("exclusiveMaximum", json()).is_boolean() && s["exclusiveMaximum"].get<bool>();
+    const bool draft4_min =
+        s.value("exclusiveMinimum", json()).is_boolean() && s["exclusiveMinimum"].get<bool>();
+    const bool draft4_max =
+        s.value("exclusiveMaximum", json()).is_boolean() && s["exclusiveMaximum"].get<bool>();
     KTRY(read("minimum", draft4_min, true));
     KTRY(read("exclusiveMinimum", true, true));
     KTRY(read("maximum", draft4_max, false));
     KTRY(read("exclusiveMaximum", true, false));
     auto e = integer ? json_numbers::IntegerInRange(lo, hi) : json_numbers::DecimalInRange(lo, hi);
-    if (!e) return Invalid(path, std::string("no ") + (integer ? "integer" : "number") + " lies within the bounds");
+    if (!e)
+      return Invalid(
+          path, std::string("no ") + (integer ? "integer" : "number") + " lies within the bounds");
     return Expr::Ref(Intern(integer ? "integer" : "number", std::move(*e)));
   }
 
@@ -386,7 +423,8 @@ class Converter {
     if (auto it = s.find("format"); it != s.end()) {
       if (!it->is_string()) return Invalid(Child(path, "format"), "'format' must be a string");
       if (auto content = json_string::Format(it->get<std::string>())) {
-        return Expr::Ref(Intern("string-" + it->get<std::string>(), json_string::Quoted(std::move(*content))));
+        return Expr::Ref(
+            Intern("string-" + it->get<std::string>(), json_string::Quoted(std::move(*content))));
       }
       // Unknown formats are annotations (JSON Schema 2020-12): a plain string.
     }
@@ -394,8 +432,9 @@ class Converter {
       if (!it->is_string()) return Invalid(Child(path, "pattern"), "'pattern' must be a string");
       auto regex = ParseRegex(it->get<std::string>(), RegexAnchoring::kSearch);
       if (!regex.ok()) {
-        return Status(regex.status().code(), "json_schema: 'pattern' at " + Where(Child(path, "pattern")) +
-                                                 ": " + regex.status().message());
+        return Status(regex.status().code(), "json_schema: 'pattern' at " +
+                                                 Where(Child(path, "pattern")) + ": " +
+                                                 regex.status().message());
       }
       return Expr::Ref(Intern("string-pattern", json_string::Quoted(json_string::Escaped(*regex))));
     }
@@ -405,7 +444,8 @@ class Converter {
     KTRY(ReadCount(s, "maxLength", path, &max_length));
     if (min_length > max_length) return Invalid(path, "'minLength' is above 'maxLength'");
     if (min_length == 0 && max_length == kUnbounded) return StringRule();
-    return Expr::Ref(Intern("string", json_string::Quoted(Expr::Repeat(json_string::AnyChar(), min_length, max_length))));
+    return Expr::Ref(Intern("string", json_string::Quoted(Expr::Repeat(json_string::AnyChar(),
+                                                                       min_length, max_length))));
   }
 
   // A non-negative integer keyword (absent: *out unchanged).
@@ -435,11 +475,13 @@ class Converter {
     if (auto it = s.find("prefixItems"); it != s.end()) {
       prefix_items = &*it;
       prefix_path = Child(path, "prefixItems");
-      if (auto items = s.find("items"); items != s.end()) rest = &*items, rest_path = Child(path, "items");
+      if (auto items = s.find("items"); items != s.end())
+        rest = &*items, rest_path = Child(path, "items");
     } else if (auto items = s.find("items"); items != s.end() && items->is_array()) {
       prefix_items = &*items;
       prefix_path = Child(path, "items");
-      if (auto more = s.find("additionalItems"); more != s.end()) rest = &*more, rest_path = Child(path, "additionalItems");
+      if (auto more = s.find("additionalItems"); more != s.end())
+        rest = &*more, rest_path = Child(path, "additionalItems");
     } else if (items != s.end()) {
       rest = &*items, rest_path = Child(path, "items");
     }
@@ -463,7 +505,8 @@ class Converter {
     }
     const uint32_t n_prefix = static_cast<uint32_t>(prefix.size());
     if (!item) max_items = std::min(max_items, n_prefix);
-    if (min_items > max_items) return Invalid(path, "no array length satisfies 'minItems'/'maxItems' and the items allowed");
+    if (min_items > max_items)
+      return Invalid(path, "no array length satisfies 'minItems'/'maxItems' and the items allowed");
 
     // Element j (0-based) and everything after it, given elements 0..j-1 are present.
     auto element = [&](uint32_t j) -> Expr { return j < n_prefix ? prefix[j] : *item; };
@@ -482,7 +525,8 @@ class Converter {
       elements = Expr::Sequence({element(0), tail(1)});
       if (min_items == 0) elements = Expr::Optional(std::move(elements));
     }
-    return Expr::Ref(Intern("array", Expr::Sequence({Expr::Literal("["), Ws(), std::move(elements), Ws(), Expr::Literal("]")})));
+    return Expr::Ref(Intern("array", Expr::Sequence({Expr::Literal("["), Ws(), std::move(elements),
+                                                     Ws(), Expr::Literal("]")})));
   }
 
   Result<Expr> Object(const json& s, const std::string& path) {
@@ -493,9 +537,11 @@ class Converter {
     };
     std::vector<std::string> required;
     if (auto it = s.find("required"); it != s.end()) {
-      if (!it->is_array()) return Invalid(Child(path, "required"), "'required' must be an array of strings");
+      if (!it->is_array())
+        return Invalid(Child(path, "required"), "'required' must be an array of strings");
       for (const json& r : *it) {
-        if (!r.is_string()) return Invalid(Child(path, "required"), "'required' must be an array of strings");
+        if (!r.is_string())
+          return Invalid(Child(path, "required"), "'required' must be an array of strings");
         required.push_back(r.get<std::string>());
       }
     }
@@ -507,7 +553,8 @@ class Converter {
       return Expr::Sequence({Expr::Literal(json(key).dump()), Separator(":"), std::move(value)});
     };
     if (auto it = s.find("properties"); it != s.end()) {
-      if (!it->is_object()) return Invalid(Child(path, "properties"), "'properties' must be an object");
+      if (!it->is_object())
+        return Invalid(Child(path, "properties"), "'properties' must be an object");
       for (const auto& [key, sub] : it->items()) {
         KASSIGN(Expr value, Schema(sub, path + "/properties/" + PointerToken(key)));
         properties.push_back({key, member(key, std::move(value)), is_required(key)});
@@ -540,9 +587,11 @@ class Converter {
       // An extra key is any key but the declared ones.
       std::vector<std::string> declared;
       for (const Property& p : properties) declared.push_back(p.key);
-      const Expr key = declared.empty()
-                           ? StringRule()
-                           : Expr::Ref(Intern("key", json_string::Quoted(json_string::AnyCharsExcept(declared))));
+      const Expr key =
+          declared.empty()
+              ? StringRule()
+              : Expr::Ref(
+                    Intern("key", json_string::Quoted(json_string::AnyCharsExcept(declared))));
       extra = Expr::Sequence({key, Separator(":"), std::move(*extra_value)});
     }
     if (properties.empty() && extra && additional == nullptr && !options_.strict) {
@@ -568,21 +617,23 @@ class Converter {
       all_optional = !properties[k].required;
     }
     if (all_optional && extra) {
-      alternatives.push_back(Expr::Sequence({*extra, Expr::Star(Expr::Sequence({Separator(","), *extra}))}));
+      alternatives.push_back(
+          Expr::Sequence({*extra, Expr::Star(Expr::Sequence({Separator(","), *extra}))}));
     }
     Expr members = Expr::Empty();
     if (!alternatives.empty()) {
       members = Expr::Choice(std::move(alternatives));
       if (all_optional) members = Expr::Optional(std::move(members));
     }
-    return Expr::Ref(Intern("object", Expr::Sequence({Expr::Literal("{"), Ws(), std::move(members), Ws(), Expr::Literal("}")})));
+    return Expr::Ref(Intern("object", Expr::Sequence({Expr::Literal("{"), Ws(), std::move(members),
+                                                      Ws(), Expr::Literal("}")})));
   }
 
   const json& root_;
   JsonSchemaOptions options_;
   Grammar g_;
   std::unordered_map<std::string, int32_t> interned_;  // body GBNF → rule
-  std::map<std::string, int32_t> ref_rules_;          // $ref string → rule
+  std::map<std::string, int32_t> ref_rules_;           // $ref string → rule
   int32_t value_rule_ = -1;
   int32_t object_rule_ = -1;
   int depth_ = 0;
@@ -595,7 +646,8 @@ Result<Grammar> JsonSchemaValueToGrammar(const nlohmann::ordered_json& schema,
   return Converter(schema, options).Run();
 }
 
-Result<Grammar> JsonSchemaToGrammar(std::string_view schema_json, const JsonSchemaOptions& options) {
+Result<Grammar> JsonSchemaToGrammar(std::string_view schema_json,
+                                    const JsonSchemaOptions& options) {
   json schema = json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return InvalidArgument("json_schema: the schema is not valid JSON");
   return JsonSchemaValueToGrammar(schema, options);

@@ -13,8 +13,12 @@
 namespace kestrel::grammar::json_numbers {
 namespace {
 
-Expr Digits(char lo, char hi) { return Expr::Class(CodepointSet::Of({{uint32_t(lo), uint32_t(hi)}})); }
-Expr AnyDigit() { return Digits('0', '9'); }
+Expr Digits(char lo, char hi) {
+  return Expr::Class(CodepointSet::Of({{uint32_t(lo), uint32_t(hi)}}));
+}
+Expr AnyDigit() {
+  return Digits('0', '9');
+}
 
 bool AllOf(std::string_view s, char c) {
   return std::all_of(s.begin(), s.end(), [c](char x) { return x == c; });
@@ -60,7 +64,8 @@ Expr SameLengthRange(const std::string& a, const std::string& b) {
   if (n == 1) return Digits(a[0], b[0]);
   const std::string a_rest = a.substr(1);
   const std::string b_rest = b.substr(1);
-  if (a[0] == b[0]) return Expr::Sequence({Expr::Literal(a.substr(0, 1)), SameLengthRange(a_rest, b_rest)});
+  if (a[0] == b[0])
+    return Expr::Sequence({Expr::Literal(a.substr(0, 1)), SameLengthRange(a_rest, b_rest)});
   std::vector<Expr> alternatives;
   char middle_lo = static_cast<char>(a[0] + 1);
   char middle_hi = static_cast<char>(b[0] - 1);
@@ -72,8 +77,9 @@ Expr SameLengthRange(const std::string& a, const std::string& b) {
   }
   if (AllOf(b_rest, '9')) middle_hi = b[0];
   if (middle_lo <= middle_hi) {
-    alternatives.push_back(Expr::Sequence(
-        {Digits(middle_lo, middle_hi), Expr::Repeat(AnyDigit(), uint32_t(n - 1), uint32_t(n - 1))}));
+    alternatives.push_back(
+        Expr::Sequence({Digits(middle_lo, middle_hi),
+                        Expr::Repeat(AnyDigit(), uint32_t(n - 1), uint32_t(n - 1))}));
   }
   if (!AllOf(b_rest, '9')) {
     alternatives.push_back(Expr::Sequence(
@@ -157,9 +163,9 @@ struct FractionBounds {
       if (EndAllowed(i + 1, next_lo, next_hi)) tail.push_back(Expr::Empty());
       if (auto more = NonEmpty(i + 1, next_lo, next_hi)) tail.push_back(std::move(*more));
       if (!tail.empty()) {
-        alternatives.push_back(Expr::Sequence(
-            {Digits(static_cast<char>('0' + d), static_cast<char>('0' + end)),
-             Expr::Choice(std::move(tail))}));
+        alternatives.push_back(
+            Expr::Sequence({Digits(static_cast<char>('0' + d), static_cast<char>('0' + end)),
+                            Expr::Choice(std::move(tail))}));
       }
       d = end + 1;
     }
@@ -181,7 +187,9 @@ struct FractionBounds {
   }
 };
 
-Expr AnyFraction() { return Expr::Optional(Expr::Sequence({Expr::Literal("."), Expr::Plus(AnyDigit())})); }
+Expr AnyFraction() {
+  return Expr::Optional(Expr::Sequence({Expr::Literal("."), Expr::Plus(AnyDigit())}));
+}
 
 // Non-negative decimal texts (no sign) between two magnitudes.
 std::optional<Expr> MagnitudeDecimal(const Bound& lo, const std::optional<Bound>& hi) {
@@ -233,7 +241,9 @@ std::optional<Expr> MagnitudeInteger(const Bound& lo, const std::optional<Bound>
 
 using MagnitudeRange = std::optional<Expr> (*)(const Bound&, const std::optional<Bound>&);
 
-bool IsZero(const Decimal& d) { return d.int_digits == "0" && d.frac_digits.empty(); }
+bool IsZero(const Decimal& d) {
+  return d.int_digits == "0" && d.frac_digits.empty();
+}
 
 // Splits [lo, hi] by sign: x >= 0 directly, x < 0 as "-" and the magnitude -x in [-hi, -lo].
 // "-0" is never produced (0 belongs to the non-negative side).
@@ -281,7 +291,8 @@ Result<Decimal> ParseDecimal(const nlohmann::ordered_json& value) {
   }
   std::string digits;
   int64_t point = -1;
-  for (; i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'); ++i) {
+  for (; i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.');
+       ++i) {
     if (text[i] == '.') {
       point = static_cast<int64_t>(digits.size());
     } else {
@@ -332,15 +343,17 @@ std::optional<Expr> DecimalInRange(const std::optional<Bound>& lo, const std::op
 Expr AnyInteger() {
   return Expr::Sequence(
       {Expr::Optional(Expr::Literal("-")),
-       Expr::Choice({Expr::Literal("0"), Expr::Sequence({Digits('1', '9'), Expr::Star(AnyDigit())})})});
+       Expr::Choice(
+           {Expr::Literal("0"), Expr::Sequence({Digits('1', '9'), Expr::Star(AnyDigit())})})});
 }
 
 Expr AnyNumber() {
   return Expr::Sequence(
       {AnyInteger(), AnyFraction(),
-       Expr::Optional(Expr::Sequence({Expr::Class(CodepointSet::Of({{'e', 'e'}, {'E', 'E'}})),
-                                      Expr::Optional(Expr::Class(CodepointSet::Of({{'+', '+'}, {'-', '-'}}))),
-                                      Expr::Plus(AnyDigit())}))});
+       Expr::Optional(
+           Expr::Sequence({Expr::Class(CodepointSet::Of({{'e', 'e'}, {'E', 'E'}})),
+                           Expr::Optional(Expr::Class(CodepointSet::Of({{'+', '+'}, {'-', '-'}}))),
+                           Expr::Plus(AnyDigit())}))});
 }
 
 }  // namespace kestrel::grammar::json_numbers

@@ -12,10 +12,14 @@
 namespace kestrel::grammar::json_string {
 namespace {
 
-Expr HexDigit() { return Expr::Class(CodepointSet::Of({{'0', '9'}, {'a', 'f'}, {'A', 'F'}})); }
+Expr HexDigit() {
+  return Expr::Class(CodepointSet::Of({{'0', '9'}, {'a', 'f'}, {'A', 'F'}}));
+}
 
 // Characters that a JSON string must escape.
-CodepointSet MustEscape() { return CodepointSet::Of({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}}); }
+CodepointSet MustEscape() {
+  return CodepointSet::Of({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}});
+}
 
 // \u followed by the 4 hex digits of cp (< 0x10000) in either case.
 Expr UnicodeEscape(uint32_t cp) {
@@ -26,8 +30,9 @@ Expr UnicodeEscape(uint32_t cp) {
     if (nibble < 10) {
       parts.push_back(Expr::Char(static_cast<uint32_t>(digits[nibble])));
     } else {
-      parts.push_back(Expr::Class(CodepointSet::Of(
-          {{uint32_t(digits[nibble]), uint32_t(digits[nibble])}, {uint32_t(digits[nibble] - 32), uint32_t(digits[nibble] - 32)}})));
+      parts.push_back(Expr::Class(
+          CodepointSet::Of({{uint32_t(digits[nibble]), uint32_t(digits[nibble])},
+                            {uint32_t(digits[nibble] - 32), uint32_t(digits[nibble] - 32)}})));
     }
   }
   return Expr::Sequence(std::move(parts));
@@ -36,15 +41,24 @@ Expr UnicodeEscape(uint32_t cp) {
 // The ways one decoded character may be written inside a JSON string.
 Expr EscapedChar(uint32_t cp) {
   switch (cp) {
-    case '"': return Expr::Literal("\\\"");
-    case '\\': return Expr::Literal("\\\\");
-    case '/': return Expr::Choice({Expr::Literal("/"), Expr::Literal("\\/")});
-    case '\b': return Expr::Choice({Expr::Literal("\\b"), UnicodeEscape(cp)});
-    case '\f': return Expr::Choice({Expr::Literal("\\f"), UnicodeEscape(cp)});
-    case '\n': return Expr::Choice({Expr::Literal("\\n"), UnicodeEscape(cp)});
-    case '\r': return Expr::Choice({Expr::Literal("\\r"), UnicodeEscape(cp)});
-    case '\t': return Expr::Choice({Expr::Literal("\\t"), UnicodeEscape(cp)});
-    default: break;
+    case '"':
+      return Expr::Literal("\\\"");
+    case '\\':
+      return Expr::Literal("\\\\");
+    case '/':
+      return Expr::Choice({Expr::Literal("/"), Expr::Literal("\\/")});
+    case '\b':
+      return Expr::Choice({Expr::Literal("\\b"), UnicodeEscape(cp)});
+    case '\f':
+      return Expr::Choice({Expr::Literal("\\f"), UnicodeEscape(cp)});
+    case '\n':
+      return Expr::Choice({Expr::Literal("\\n"), UnicodeEscape(cp)});
+    case '\r':
+      return Expr::Choice({Expr::Literal("\\r"), UnicodeEscape(cp)});
+    case '\t':
+      return Expr::Choice({Expr::Literal("\\t"), UnicodeEscape(cp)});
+    default:
+      break;
   }
   if (cp < 0x20) return UnicodeEscape(cp);
   return Expr::Char(cp);
@@ -60,7 +74,8 @@ constexpr std::pair<std::string_view, std::string_view> kFormats[] = {
     {"duration",
      R"(P([0-9]+W|([0-9]+Y)?([0-9]+M)?([0-9]+D)?(T([0-9]+H)?([0-9]+M)?([0-9]+(\.[0-9]+)?S)?)?))"},
     {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
-    {"email", R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)+)"},
+    {"email",
+     R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)+)"},
     {"hostname",
      R"([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*)"},
     {"ipv4",
@@ -69,17 +84,17 @@ constexpr std::pair<std::string_view, std::string_view> kFormats[] = {
 };
 
 Expr EscapeSequence() {
-  return Expr::Sequence({Expr::Literal("\\"),
-                       Expr::Choice({Expr::Class(CodepointSet::Of({{'"', '"'},
-                                                                   {'\\', '\\'},
-                                                                   {'/', '/'},
-                                                                   {'b', 'b'},
-                                                                   {'f', 'f'},
-                                                                   {'n', 'n'},
-                                                                   {'r', 'r'},
-                                                                   {'t', 't'}})),
-                                     Expr::Sequence({Expr::Literal("u"),
-                                                     Expr::Repeat(HexDigit(), 4, 4)})})});
+  return Expr::Sequence(
+      {Expr::Literal("\\"),
+       Expr::Choice({Expr::Class(CodepointSet::Of({{'"', '"'},
+                                                   {'\\', '\\'},
+                                                   {'/', '/'},
+                                                   {'b', 'b'},
+                                                   {'f', 'f'},
+                                                   {'n', 'n'},
+                                                   {'r', 'r'},
+                                                   {'t', 't'}})),
+                     Expr::Sequence({Expr::Literal("u"), Expr::Repeat(HexDigit(), 4, 4)})})});
 }
 
 // Contents that are not one of `texts` (code points), all of which share their first `depth`
@@ -108,7 +123,9 @@ Expr ContentsExcept(const std::vector<std::u32string>& texts, size_t depth) {
 
 }  // namespace
 
-Expr AnyChar() { return Expr::Choice({Expr::Class(MustEscape().Complement()), EscapeSequence()}); }
+Expr AnyChar() {
+  return Expr::Choice({Expr::Class(MustEscape().Complement()), EscapeSequence()});
+}
 
 Expr AnyCharsExcept(const std::vector<std::string>& texts) {
   std::vector<std::u32string> excluded;
@@ -127,7 +144,9 @@ Expr AnyCharsExcept(const std::vector<std::string>& texts) {
   return ContentsExcept(excluded, 0);
 }
 
-Expr AnyChars() { return Expr::Star(AnyChar()); }
+Expr AnyChars() {
+  return Expr::Star(AnyChar());
+}
 
 Expr Quoted(Expr content) {
   return Expr::Sequence({Expr::Literal("\""), std::move(content), Expr::Literal("\"")});
@@ -136,7 +155,8 @@ Expr Quoted(Expr content) {
 Expr Escaped(const Expr& text) {
   switch (text.kind) {
     case Expr::Kind::kEmpty:
-    case Expr::Kind::kRuleRef: return text;
+    case Expr::Kind::kRuleRef:
+      return text;
     case Expr::Kind::kLiteral: {
       std::vector<Expr> parts;
       size_t pos = 0;

@@ -25,9 +25,13 @@ bool GrammarMatcher::IsStopToken(int32_t id) const {
   return std::find(stop_tokens_.begin(), stop_tokens_.end(), id) != stop_tokens_.end();
 }
 
-bool GrammarMatcher::CanTerminate() const { return !IsTerminated() && chart_.BottomCompleted(); }
+bool GrammarMatcher::CanTerminate() const {
+  return !IsTerminated() && chart_.BottomCompleted();
+}
 
-bool GrammarMatcher::IsTerminated() const { return !steps_.empty() && steps_.back().stop; }
+bool GrammarMatcher::IsTerminated() const {
+  return !steps_.empty() && steps_.back().stop;
+}
 
 bool GrammarMatcher::AdvanceAll(std::string_view bytes) {
   const size_t base = chart_.n_sets();

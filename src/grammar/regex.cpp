@@ -15,8 +15,12 @@ constexpr uint32_t kMaxRepeatCount = 100000;
 // Deepest group nesting accepted (the parser recurses per group).
 constexpr int kMaxNesting = 200;
 
-CodepointSet DigitSet() { return CodepointSet::Of({{'0', '9'}}); }
-CodepointSet WordSet() { return CodepointSet::Of({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}, {'_', '_'}}); }
+CodepointSet DigitSet() {
+  return CodepointSet::Of({{'0', '9'}});
+}
+CodepointSet WordSet() {
+  return CodepointSet::Of({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}, {'_', '_'}});
+}
 // ECMAScript \s: WhiteSpace and LineTerminator.
 CodepointSet SpaceSet() {
   return CodepointSet::Of({{'\t', '\r'},
@@ -257,18 +261,30 @@ class RegexParser {
     const char c = Peek();
     ++pos_;
     switch (c) {
-      case 'd': return DigitSet();
-      case 'D': return DigitSet().Complement();
-      case 'w': return WordSet();
-      case 'W': return WordSet().Complement();
-      case 's': return SpaceSet();
-      case 'S': return SpaceSet().Complement();
-      case 'n': return CodepointSet::Single('\n');
-      case 'r': return CodepointSet::Single('\r');
-      case 't': return CodepointSet::Single('\t');
-      case 'f': return CodepointSet::Single('\f');
-      case 'v': return CodepointSet::Single('\v');
-      case '0': return CodepointSet::Single(0);
+      case 'd':
+        return DigitSet();
+      case 'D':
+        return DigitSet().Complement();
+      case 'w':
+        return WordSet();
+      case 'W':
+        return WordSet().Complement();
+      case 's':
+        return SpaceSet();
+      case 'S':
+        return SpaceSet().Complement();
+      case 'n':
+        return CodepointSet::Single('\n');
+      case 'r':
+        return CodepointSet::Single('\r');
+      case 't':
+        return CodepointSet::Single('\t');
+      case 'f':
+        return CodepointSet::Single('\f');
+      case 'v':
+        return CodepointSet::Single('\v');
+      case '0':
+        return CodepointSet::Single(0);
       case 'x': {
         KASSIGN(uint32_t v, ParseHex(2));
         return CodepointSet::Single(v);
@@ -295,8 +311,11 @@ class RegexParser {
         if (in_class) return CodepointSet::Single('\b');
         --pos_;
         return Refuse("word boundary \\b");
-      case 'B': --pos_; return Refuse("\\B");
-      default: break;
+      case 'B':
+        --pos_;
+        return Refuse("\\B");
+      default:
+        break;
     }
     if (c >= '1' && c <= '9') {
       pos_ -= 1;

@@ -74,7 +74,8 @@ class PositionRuns {
 };
 
 // Stores the smaller of the accepted and the rejected ids, or a bitmask when both are large.
-StateMask Finish(const Vocabulary& v, const PositionRuns& accepted, std::vector<int32_t> uncertain) {
+StateMask Finish(const Vocabulary& v, const PositionRuns& accepted,
+                 std::vector<int32_t> uncertain) {
   StateMask mask;
   mask.uncertain = std::move(uncertain);
   mask.n_accepted = static_cast<int32_t>(accepted.count());
@@ -134,7 +135,7 @@ StateMask ClassifyWithChart(const Automaton& a, const Vocabulary& v, int32_t sta
   std::vector<uint8_t> completed(max_depth + 1, 0);   // the rule can end after this byte
   std::vector<uint8_t> may_return(max_depth + 1, 0);  // it could end earlier, at byte >= 1
   PositionRuns accepted;
-  std::vector<int32_t> uncertain;                     // positions, ascending (preorder)
+  std::vector<int32_t> uncertain;  // positions, ascending (preorder)
   chart->Start(state);
   for (int32_t i = 1; i < v.n_nodes();) {
     const int32_t d = v.node_depth(i);
@@ -232,7 +233,8 @@ TokenMaskCache TokenMaskCache::Build(const Automaton& a, const Vocabulary& v) {
   std::vector<int32_t> representative;
   for (int32_t s = 0; s < n; ++s) {
     if (!kernel[s]) continue;
-    auto [it, inserted] = entry_of_class.emplace(cls[s], static_cast<int32_t>(representative.size()));
+    auto [it, inserted] =
+        entry_of_class.emplace(cls[s], static_cast<int32_t>(representative.size()));
     if (inserted) representative.push_back(s);
     cache.entry_of_state_[s] = it->second;
   }

@@ -37,11 +37,10 @@ std::shared_ptr<const Vocabulary> Vocabulary::FromTokens(std::vector<std::string
         std::max(v->max_token_bytes_, static_cast<int32_t>(v->token_bytes_[id].size()));
   }
   KCHECK(v->max_token_bytes_ < 65536);
-  std::sort(v->token_at_position_.begin(), v->token_at_position_.end(),
-            [&](int32_t a, int32_t b) {
-              const int c = v->token_bytes_[a].compare(v->token_bytes_[b]);
-              return c != 0 ? c < 0 : a < b;
-            });
+  std::sort(v->token_at_position_.begin(), v->token_at_position_.end(), [&](int32_t a, int32_t b) {
+    const int c = v->token_bytes_[a].compare(v->token_bytes_[b]);
+    return c != 0 ? c < 0 : a < b;
+  });
   for (int32_t p = 0; p < v->n_text_tokens(); ++p) {
     const int32_t id = v->token_at_position_[p];
     v->position_of_token_[id] = p;

@@ -57,18 +57,18 @@ class Vocabulary {
  private:
   void BuildTrie();
 
-  std::vector<std::string> token_bytes_;       // [vocab_size]
-  std::vector<int32_t> position_of_token_;     // [vocab_size] -1 for non-text tokens
-  std::vector<uint32_t> text_mask_;            // [bitmask_words]
+  std::vector<std::string> token_bytes_;    // [vocab_size]
+  std::vector<int32_t> position_of_token_;  // [vocab_size] -1 for non-text tokens
+  std::vector<uint32_t> text_mask_;         // [bitmask_words]
   int32_t max_token_bytes_ = 0;
 
-  std::vector<uint8_t> node_byte_;             // [n_nodes]
-  std::vector<uint16_t> node_depth_;           // [n_nodes]
-  std::vector<int32_t> node_parent_;           // [n_nodes]
-  std::vector<int32_t> subtree_end_;           // [n_nodes]
-  std::vector<int32_t> token_begin_;           // [n_nodes + 1]
-  std::vector<int32_t> token_at_position_;     // [n_text_tokens]
-  std::vector<int32_t> node_at_position_;      // [n_text_tokens]
+  std::vector<uint8_t> node_byte_;          // [n_nodes]
+  std::vector<uint16_t> node_depth_;        // [n_nodes]
+  std::vector<int32_t> node_parent_;        // [n_nodes]
+  std::vector<int32_t> subtree_end_;        // [n_nodes]
+  std::vector<int32_t> token_begin_;        // [n_nodes + 1]
+  std::vector<int32_t> token_at_position_;  // [n_text_tokens]
+  std::vector<int32_t> node_at_position_;   // [n_text_tokens]
 };
 
 }  // namespace kestrel::grammar

@@ -21,8 +21,8 @@ inline std::string SourcePath(const std::string& relative) {
 }
 
 // Compiles without a vocabulary (byte matching only); fails the test on error.
-inline std::shared_ptr<const CompiledGrammar> CompileOrDie(const Grammar& g,
-                                                           std::shared_ptr<const Vocabulary> vocab = nullptr) {
+inline std::shared_ptr<const CompiledGrammar> CompileOrDie(
+    const Grammar& g, std::shared_ptr<const Vocabulary> vocab = nullptr) {
   auto compiled = CompiledGrammar::Compile(g, std::move(vocab));
   EXPECT_TRUE(compiled.ok()) << compiled.status().message() << "\n" << g.ToGbnf();
   return compiled.ok() ? *compiled : nullptr;

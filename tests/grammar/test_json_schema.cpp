@@ -40,8 +40,10 @@ struct Instances {
 void Check(std::string_view schema, const Instances& cases, const JsonSchemaOptions& options = {}) {
   auto g = Schema(schema, options);
   ASSERT_NE(g, nullptr);
-  for (const std::string& s : cases.accept) EXPECT_TRUE(FullMatch(g, s)) << schema << "\n  should accept: " << s;
-  for (const std::string& s : cases.reject) EXPECT_FALSE(FullMatch(g, s)) << schema << "\n  should reject: " << s;
+  for (const std::string& s : cases.accept)
+    EXPECT_TRUE(FullMatch(g, s)) << schema << "\n  should accept: " << s;
+  for (const std::string& s : cases.reject)
+    EXPECT_FALSE(FullMatch(g, s)) << schema << "\n  should reject: " << s;
 }
 
 std::string ErrorOf(std::string_view schema) {
@@ -51,13 +53,14 @@ std::string ErrorOf(std::string_view schema) {
 }
 
 TEST(JsonSchema, ObjectRequiredInDeclaredOrder) {
-  Check(R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+  Check(
+      R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
             "required": ["name", "age"], "additionalProperties": false})",
-        {{R"({"name":"a","age":3})", R"({ "name" : "a" , "age" : 3 })", R"({"name":"","age":-10})",
-          "{\n  \"name\": \"x\",\n  \"age\": 0\n}"},
-         {R"({"age":3,"name":"a"})", R"({"name":"a"})", R"({"name":"a","age":3,"x":1})",
-          R"({"name":1,"age":3})", R"({"name":"a","age":3.5})", "", "{}", R"({"name":"a",,"age":3})",
-          R"({"name":"a","age":3,})", R"( {"name":"a","age":3})", R"({"name":"a","age":3} )"}});
+      {{R"({"name":"a","age":3})", R"({ "name" : "a" , "age" : 3 })", R"({"name":"","age":-10})",
+        "{\n  \"name\": \"x\",\n  \"age\": 0\n}"},
+       {R"({"age":3,"name":"a"})", R"({"name":"a"})", R"({"name":"a","age":3,"x":1})",
+        R"({"name":1,"age":3})", R"({"name":"a","age":3.5})", "", "{}", R"({"name":"a",,"age":3})",
+        R"({"name":"a","age":3,})", R"( {"name":"a","age":3})", R"({"name":"a","age":3} )"}});
 }
 
 TEST(JsonSchema, OptionalProperties) {
@@ -91,7 +94,8 @@ TEST(JsonSchema, RequiredWithoutSchemaTakesAnyValue) {
 
 TEST(JsonSchema, Arrays) {
   Check(R"({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3})",
-        {{"[1]", "[1,2,3]", "[ 1 , 2 ]", "[\n  1\n]"}, {"[]", "[1,2,3,4]", R"(["a"])", "[1,]", "[,1]"}});
+        {{"[1]", "[1,2,3]", "[ 1 , 2 ]", "[\n  1\n]"},
+         {"[]", "[1,2,3,4]", R"(["a"])", "[1,]", "[,1]"}});
   Check(R"({"type": "array", "items": {"type": "string"}})",
         {{"[]", R"(["a"])", R"(["a","b","c","d","e"])"}, {"[1]", R"(["a",])"}});
   Check(R"({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}]})",
@@ -112,10 +116,10 @@ TEST(JsonSchema, StringLengthCountsCharacters) {
 }
 
 TEST(JsonSchema, StringEscapes) {
-  Check(R"({"type": "string"})",
-        {{R"("say \"hi\"")", R"("\u00e9\u00E9")", R"("tab\t\\ \/ \b\f\r")", "\"\xF0\x9F\x98\x80\"", R"("")"},
-         {"\"line\nbreak\"", R"("\x")", R"("\u12")", R"("unterminated)", R"("a"b")", "\"\x01\"",
-          "\"\xC3\"", "\"\xED\xA0\x80\""}});
+  Check(R"({"type": "string"})", {{R"("say \"hi\"")", R"("\u00e9\u00E9")", R"("tab\t\\ \/ \b\f\r")",
+                                   "\"\xF0\x9F\x98\x80\"", R"("")"},
+                                  {"\"line\nbreak\"", R"("\x")", R"("\u12")", R"("unterminated)",
+                                   R"("a"b")", "\"\x01\"", "\"\xC3\"", "\"\xED\xA0\x80\""}});
 }
 
 TEST(JsonSchema, Pattern) {
@@ -135,25 +139,29 @@ TEST(JsonSchema, Pattern) {
 
 TEST(JsonSchema, Formats) {
   Check(R"({"type": "string", "format": "date"})",
-        {{R"("2024-02-29")", R"("1999-12-31")"}, {R"("2024-13-01")", R"("2024-1-01")", R"("24-01-01")"}});
+        {{R"("2024-02-29")", R"("1999-12-31")"},
+         {R"("2024-13-01")", R"("2024-1-01")", R"("24-01-01")"}});
   Check(R"({"type": "string", "format": "date-time"})",
         {{R"("2024-01-01T10:00:00Z")", R"("2024-01-01T23:59:60.123+05:30")"},
          {R"("2024-01-01 10:00")", R"("2024-01-01T24:00:00Z")", R"("2024-01-01T10:00:00")"}});
   Check(R"({"type": "string", "format": "time"})", {{R"("10:20:30Z")"}, {R"("10:20")"}});
   Check(R"({"type": "string", "format": "uuid"})",
-        {{R"("123e4567-e89b-12d3-a456-426614174000")"}, {R"("123e4567e89b12d3a456426614174000")", R"("xyz")"}});
+        {{R"("123e4567-e89b-12d3-a456-426614174000")"},
+         {R"("123e4567e89b12d3a456426614174000")", R"("xyz")"}});
   Check(R"({"type": "string", "format": "email"})",
         {{R"("a.b+c@example.co.uk")"}, {R"("a@b")", R"("@example.com")", R"("a b@example.com")"}});
   Check(R"({"type": "string", "format": "ipv4"})",
         {{R"("192.168.0.1")", R"("0.0.0.0")"}, {R"("256.1.1.1")", R"("1.2.3")", R"("01.2.3.4")"}});
-  Check(R"({"type": "string", "format": "duration"})", {{R"("P3DT4H")", R"("PT0.5S")", R"("P2W")"}, {R"("3D")"}});
+  Check(R"({"type": "string", "format": "duration"})",
+        {{R"("P3DT4H")", R"("PT0.5S")", R"("P2W")"}, {R"("3D")"}});
   // Unknown formats are annotations.
   Check(R"({"type": "string", "format": "x-custom"})", {{R"("anything")"}, {"1"}});
 }
 
 TEST(JsonSchema, EnumConstBooleanNull) {
   Check(R"({"enum": ["red", "green", 1, null, {"a": 1}, "caf\u00e9"]})",
-        {{R"("red")", "1", "null", R"({"a":1})", "\"caf\xC3\xA9\""}, {R"("blue")", "2", R"({"a": 1})", R"("Red")"}});
+        {{R"("red")", "1", "null", R"({"a":1})", "\"caf\xC3\xA9\""},
+         {R"("blue")", "2", R"({"a": 1})", R"("Red")"}});
   Check(R"({"type": "string", "enum": ["a", "b"]})", {{R"("a")"}, {R"("c")"}});
   Check(R"({"const": "x"})", {{R"("x")"}, {R"("y")", "x"}});
   Check(R"({"const": {"k": [1, 2]}})", {{R"({"k":[1,2]})"}, {R"({"k":[1]})"}});
@@ -163,7 +171,8 @@ TEST(JsonSchema, EnumConstBooleanNull) {
 
 TEST(JsonSchema, UnionsAndNullable) {
   for (const char* key : {"anyOf", "oneOf"}) {
-    Check(std::string(R"({")") + key + R"(": [{"type": "string"}, {"type": "integer", "minimum": 0}]})",
+    Check(std::string(R"({")") + key +
+              R"(": [{"type": "string"}, {"type": "integer", "minimum": 0}]})",
           {{R"("x")", "5"}, {"-1", "true", "1.5"}});
   }
   Check(R"({"allOf": [{"type": "integer"}]})", {{"3"}, {"\"3\""}});
@@ -180,19 +189,23 @@ TEST(JsonSchema, RefsAndRecursion) {
               "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
               "required": ["value", "children"]}},
             "$ref": "#/$defs/node"})",
-        {{R"({"value":1,"children":[]})", R"({"value":1,"children":[{"value":2,"children":[{"value":3,"children":[]}]}]})"},
+        {{R"({"value":1,"children":[]})",
+          R"({"value":1,"children":[{"value":2,"children":[{"value":3,"children":[]}]}]})"},
          {R"({"value":1})", R"({"value":1,"children":[{"value":2}]})"}});
   Check(R"({"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
             "required": ["next"]})",
         {{R"({"next":null})", R"({"next":{"next":{"next":null}}})"}, {R"({"next":{}})"}});
-  Check(R"({"definitions": {"a/b": {"type": "integer"}}, "properties": {"x": {"$ref": "#/definitions/a~1b"}},
+  Check(
+      R"({"definitions": {"a/b": {"type": "integer"}}, "properties": {"x": {"$ref": "#/definitions/a~1b"}},
             "required": ["x"]})",
-        {{R"({"x":1})"}, {R"({"x":"1"})"}});
+      {{R"({"x":1})"}, {R"({"x":"1"})"}});
 }
 
 TEST(JsonSchema, WhitespaceIsBounded) {
-  const char* schema = R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})";
-  Check(schema, {{"{" + std::string(16, ' ') + "\"a\":1}", "{\"a\"\t:\r\n1}"}, {"{" + std::string(17, ' ') + "\"a\":1}"}});
+  const char* schema =
+      R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})";
+  Check(schema, {{"{" + std::string(16, ' ') + "\"a\":1}", "{\"a\"\t:\r\n1}"},
+                 {"{" + std::string(17, ' ') + "\"a\":1}"}});
   Check(schema, {{R"({"a":1})"}, {R"({ "a":1})", R"({"a": 1})"}}, Compact());
   JsonSchemaOptions python;
   python.layout = JsonSchemaOptions::Layout::kPythonSeparators;
@@ -204,8 +217,9 @@ TEST(JsonSchema, WhitespaceIsBounded) {
 }
 
 TEST(JsonSchema, Utf8KeysAndValues) {
-  Check(R"({"type": "object", "properties": {"名前": {"type": "string", "maxLength": 2}}, "required": ["名前"]})",
-        {{R"({"名前":"値"})", R"({"名前":"😀😀"})"}, {R"({"名前":"値値値"})", R"({"名":"値"})"}});
+  Check(
+      R"({"type": "object", "properties": {"名前": {"type": "string", "maxLength": 2}}, "required": ["名前"]})",
+      {{R"({"名前":"値"})", R"({"名前":"😀😀"})"}, {R"({"名前":"値値値"})", R"({"名":"値"})"}});
 }
 
 TEST(JsonSchema, JsonObjectMode) {
@@ -214,7 +228,8 @@ TEST(JsonSchema, JsonObjectMode) {
   for (const char* ok : {R"({"a":[1,2,{"b":null}]})", "{}", R"({"x": "y", "z": -1.5e3})"}) {
     EXPECT_TRUE(FullMatch(g, ok)) << ok;
   }
-  for (const char* bad : {"[1]", R"("str")", "1", R"({"a":})", R"({"a":1)"}) EXPECT_FALSE(FullMatch(g, bad)) << bad;
+  for (const char* bad : {"[1]", R"("str")", "1", R"({"a":})", R"({"a":1)"})
+    EXPECT_FALSE(FullMatch(g, bad)) << bad;
 }
 
 // ---- numbers: exact bounds, checked against exact arithmetic over a grid ----
@@ -229,21 +244,28 @@ TEST(JsonSchema, IntegerBoundsExhaustive) {
     const bool lo_excl = trial % 3 == 1;
     const bool hi_excl = trial % 4 == 2;
     std::string schema = R"({"type": "integer")";
-    if (trial % 5 != 4) schema += std::string(lo_excl ? R"(, "exclusiveMinimum": )" : R"(, "minimum": )") + std::to_string(lo);
-    if (trial % 7 != 6) schema += std::string(hi_excl ? R"(, "exclusiveMaximum": )" : R"(, "maximum": )") + std::to_string(hi);
+    if (trial % 5 != 4)
+      schema += std::string(lo_excl ? R"(, "exclusiveMinimum": )" : R"(, "minimum": )") +
+                std::to_string(lo);
+    if (trial % 7 != 6)
+      schema += std::string(hi_excl ? R"(, "exclusiveMaximum": )" : R"(, "maximum": )") +
+                std::to_string(hi);
     schema += "}";
     const bool has_lo = trial % 5 != 4;
     const bool has_hi = trial % 7 != 6;
     auto g = Schema(schema);
     ASSERT_NE(g, nullptr);
     for (int v = -2500; v <= 2500; ++v) {
-      const bool in = (!has_lo || (lo_excl ? v > lo : v >= lo)) && (!has_hi || (hi_excl ? v < hi : v <= hi));
+      const bool in =
+          (!has_lo || (lo_excl ? v > lo : v >= lo)) && (!has_hi || (hi_excl ? v < hi : v <= hi));
       EXPECT_EQ(FullMatch(g, std::to_string(v)), in) << schema << " value " << v;
     }
-    for (const char* bad : {"-0", "01", "1.0", "1e2", "+1", "", "-"}) EXPECT_FALSE(FullMatch(g, bad)) << schema << " " << bad;
+    for (const char* bad : {"-0", "01", "1.0", "1e2", "+1", "", "-"})
+      EXPECT_FALSE(FullMatch(g, bad)) << schema << " " << bad;
   }
   Check(R"({"type": "integer", "minimum": 1.5, "maximum": 3.7})", {{"2", "3"}, {"1", "4"}});
-  Check(R"({"type": "integer", "minimum": 18})", {{"18", "19", "100", "123456789012345678901234"}, {"17", "9", "-1"}});
+  Check(R"({"type": "integer", "minimum": 18})",
+        {{"18", "19", "100", "123456789012345678901234"}, {"17", "9", "-1"}});
   Check(R"({"type": "integer", "maximum": -3})", {{"-3", "-4", "-100000"}, {"-2", "0", "5"}});
 }
 
@@ -260,11 +282,13 @@ TEST(JsonSchema, NumberBoundsExhaustive) {
       {R"({"type": "number", "minimum": 0.5, "maximum": 2.25})", 50, false, 225, false},
       {R"({"type": "number", "exclusiveMinimum": 0})", 0, true, INT32_MAX, false},
       {R"({"type": "number", "minimum": -1.05, "exclusiveMaximum": 1.1})", -105, false, 110, true},
-      {R"({"type": "number", "exclusiveMinimum": -3, "exclusiveMaximum": -0.5})", -300, true, -50, true},
+      {R"({"type": "number", "exclusiveMinimum": -3, "exclusiveMaximum": -0.5})", -300, true, -50,
+       true},
       {R"({"type": "number", "maximum": 0})", INT32_MIN, false, 0, false},
       {R"({"type": "number", "minimum": 1.25, "maximum": 1.75})", 125, false, 175, false},
       {R"({"type": "number", "minimum": 10, "maximum": 10})", 1000, false, 1000, false},
-      {R"({"type": "number", "minimum": 0, "maximum": 1, "exclusiveMaximum": 0.99})", 0, false, 99, true},
+      {R"({"type": "number", "minimum": 0, "maximum": 1, "exclusiveMaximum": 0.99})", 0, false, 99,
+       true},
   };
   for (const Range& r : ranges) {
     auto g = Schema(r.schema);
@@ -281,19 +305,24 @@ TEST(JsonSchema, NumberBoundsExhaustive) {
       if (cents == 0) {
         if (v != 0 || sign.empty()) texts = {whole, whole + ".0", whole + ".00"};
       } else if (cents % 10 == 0) {
-        texts = {whole + "." + std::to_string(cents / 10), whole + "." + std::to_string(cents / 10) + "0"};
+        texts = {whole + "." + std::to_string(cents / 10),
+                 whole + "." + std::to_string(cents / 10) + "0"};
       } else {
         texts = {whole + "." + (cents < 10 ? "0" : "") + std::to_string(cents)};
       }
-      for (const std::string& t : texts) EXPECT_EQ(FullMatch(g, t), in) << r.schema << " value " << t;
+      for (const std::string& t : texts)
+        EXPECT_EQ(FullMatch(g, t), in) << r.schema << " value " << t;
     }
-    for (const char* bad : {"1e1", "1.", ".5", "01", "-", "+1", "1.5.0"}) EXPECT_FALSE(FullMatch(g, bad)) << r.schema << " " << bad;
+    for (const char* bad : {"1e1", "1.", ".5", "01", "-", "+1", "1.5.0"})
+      EXPECT_FALSE(FullMatch(g, bad)) << r.schema << " " << bad;
   }
   // Fractions longer than the bound's.
   Check(R"({"type": "number", "minimum": 0.1, "maximum": 0.2})",
         {{"0.1", "0.15", "0.1999999", "0.2", "0.2000"}, {"0.0999", "0.2001", "0.21", "0"}});
-  Check(R"({"type": "number", "exclusiveMinimum": 0.1})", {{"0.1000001", "7"}, {"0.1", "0.10", "0.05"}});
-  Check(R"({"type": "number"})", {{"0", "-1.5", "2e10", "3.25E-7", "-0"}, {"1.", ".5", "01", "1e", "--1"}});
+  Check(R"({"type": "number", "exclusiveMinimum": 0.1})",
+        {{"0.1000001", "7"}, {"0.1", "0.10", "0.05"}});
+  Check(R"({"type": "number"})",
+        {{"0", "-1.5", "2e10", "3.25E-7", "-0"}, {"1.", ".5", "01", "1e", "--1"}});
 }
 
 // ---- errors ----
@@ -306,20 +335,25 @@ TEST(JsonSchema, ErrorsNameKeywordAndPath) {
   EXPECT_EQ(ErrorOf(R"({"allOf": [{"type": "integer"}, {"minimum": 1}]})"),
             "json_schema: 'allOf' with more than one schema at #/allOf");
   EXPECT_EQ(ErrorOf(R"({"$ref": "https://example.com/s.json"})"),
-            "json_schema: '$ref' to 'https://example.com/s.json' (only local references '#...' are supported) at #/$ref");
-  EXPECT_EQ(ErrorOf(R"({"$ref": "#/$defs/missing"})"), "json_schema: '$ref' '#/$defs/missing' does not resolve at #/$ref");
+            "json_schema: '$ref' to 'https://example.com/s.json' (only local references '#...' are "
+            "supported) at #/$ref");
+  EXPECT_EQ(ErrorOf(R"({"$ref": "#/$defs/missing"})"),
+            "json_schema: '$ref' '#/$defs/missing' does not resolve at #/$ref");
   EXPECT_EQ(ErrorOf(R"({"type": "strin"})"), "json_schema: unknown type 'strin' at #/type");
   EXPECT_EQ(ErrorOf(R"({"type": "string", "minLength": 5, "maxLength": 2})"),
             "json_schema: 'minLength' is above 'maxLength' at #");
   EXPECT_EQ(ErrorOf(R"({"type": "integer", "minimum": 5, "maximum": 4})"),
             "json_schema: no integer lies within the bounds at #");
-  EXPECT_EQ(ErrorOf(R"({"type": "object", "properties": {"p/q": {"type": "string", "pattern": "(a"}}})"),
-            "json_schema: 'pattern' at #/properties/p~1q/pattern: regex: at offset 3: missing ')'");
+  EXPECT_EQ(
+      ErrorOf(R"({"type": "object", "properties": {"p/q": {"type": "string", "pattern": "(a"}}})"),
+      "json_schema: 'pattern' at #/properties/p~1q/pattern: regex: at offset 3: missing ')'");
   EXPECT_EQ(ErrorOf(R"j({"type": "string", "pattern": "(?=a)"})j"),
-            "json_schema: 'pattern' at #/pattern: regex: at offset 3: lookaround or inline flag group '(?' is not supported");
+            "json_schema: 'pattern' at #/pattern: regex: at offset 3: lookaround or inline flag "
+            "group '(?' is not supported");
   EXPECT_EQ(ErrorOf(R"({"type": "object", "minProperties": 1})"),
             "json_schema: unsupported keyword 'minProperties' at #");
-  EXPECT_EQ(ErrorOf(R"({"anyOf": [{"type": "integer"}], "minimum": 3})"), "json_schema: 'minimum' beside 'anyOf' at #");
+  EXPECT_EQ(ErrorOf(R"({"anyOf": [{"type": "integer"}], "minimum": 3})"),
+            "json_schema: 'minimum' beside 'anyOf' at #");
   EXPECT_EQ(ErrorOf(R"({"type": "array", "items": {"type": "integer", "multipleOf": 2}})"),
             "json_schema: unsupported keyword 'multipleOf' at #/items");
   EXPECT_EQ(ErrorOf(R"({"enum": []})"), "json_schema: 'enum' must be a non-empty array at #/enum");

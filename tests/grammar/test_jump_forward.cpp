@@ -19,8 +19,9 @@ const char* kToolSchema = R"({"type": "object", "properties": {
                   "required": ["city", "unit"]}},
   "required": ["name", "arguments"]})";
 
-std::shared_ptr<const CompiledGrammar> CompileSchema(std::string_view schema, const JsonSchemaOptions& options,
-                                                     std::shared_ptr<const Vocabulary> vocab = nullptr) {
+std::shared_ptr<const CompiledGrammar> CompileSchema(
+    std::string_view schema, const JsonSchemaOptions& options,
+    std::shared_ptr<const Vocabulary> vocab = nullptr) {
   auto g = JsonSchemaToGrammar(schema, options);
   EXPECT_TRUE(g.ok()) << g.status().message();
   return CompileOrDie(*g, std::move(vocab));
@@ -67,7 +68,8 @@ TEST(ForcedBytes, StopsWhereTheGrammarMayEndAndInsideCharacters) {
   GrammarMatcher c(cjk);
   // 文 and 字 share no first byte: the forced text ends after 中.
   EXPECT_EQ(c.ForcedBytes(), "\xE4\xB8\xAD");
-  auto shared_lead = CompileOrDie(*RegexToGrammar("[\xE4\xB8\xAD\xE4\xB8\x8A]"));  // 中 上: E4 B8 xx
+  auto shared_lead =
+      CompileOrDie(*RegexToGrammar("[\xE4\xB8\xAD\xE4\xB8\x8A]"));  // 中 上: E4 B8 xx
   GrammarMatcher s(shared_lead);
   EXPECT_EQ(s.ForcedBytes(), "\xE4\xB8");
 }
@@ -87,7 +89,8 @@ TEST(JumpForward, Qwen3TokensAreAStablePrefix) {
   EXPECT_LT(bytes.size(), jf.forced_bytes.size());  // the last token waits for what follows
   EXPECT_EQ(jf.forced_bytes.compare(0, bytes.size(), bytes), 0);
   // The kept tokens are the canonical tokenization's prefix, also with any continuation.
-  const std::vector<int32_t> full = tok->Encode(jf.forced_bytes + "Paris\", \"unit\": \"celsius\"}}");
+  const std::vector<int32_t> full =
+      tok->Encode(jf.forced_bytes + "Paris\", \"unit\": \"celsius\"}}");
   ASSERT_GE(full.size(), jf.tokens.size());
   EXPECT_TRUE(std::equal(jf.tokens.begin(), jf.tokens.end(), full.begin()));
   for (int32_t id : jf.tokens) ASSERT_TRUE(m.AcceptToken(id));

@@ -15,11 +15,13 @@ namespace {
 
 using testing::CompileOrDie;
 
-bool Bit(const std::vector<uint32_t>& mask, int32_t id) { return (mask[id >> 5] >> (id & 31)) & 1; }
+bool Bit(const std::vector<uint32_t>& mask, int32_t id) {
+  return (mask[id >> 5] >> (id & 31)) & 1;
+}
 
 // Checks one mask against brute force; returns the allowed tokens.
-std::vector<int32_t> CheckMask(GrammarMatcher& m, const Vocabulary& v, const std::vector<int32_t>& stops,
-                               const std::string& context) {
+std::vector<int32_t> CheckMask(GrammarMatcher& m, const Vocabulary& v,
+                               const std::vector<int32_t>& stops, const std::string& context) {
   std::vector<uint32_t> mask(v.bitmask_words() + 1, 0xFFFFFFFFu);  // one padding word
   const MaskResult r = m.FillNextTokenBitmask(mask);
   EXPECT_EQ(mask.back(), 0u) << "padding word not cleared";
@@ -50,11 +52,15 @@ std::shared_ptr<const Vocabulary> SmallVocab() {
   std::vector<std::string> tokens = {"<eos>", "<pad>"};
   for (int b = 0x20; b < 0x7F; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
   for (const char* t :
-       {"{\"", "\":", "\",", "\"}", "\"]", "\": \"", "\", \"", "true", "false", "null", "name", "age",
-        "tags", "id", "12", "345", "0.", ".5", "-1", "e+", "  ", "\n", "\n  ", "\t", " \"", "],", "]}",
-        "}}", "{}", "[]", "[\"", "\",\"", "abc", "hello", " world", "\\n", "\\\"", "\\u00", "e9",
-        "\xC3\xA9", "\xC3", "\xA9", "\xE4\xB8", "\xAD", "\xE4\xB8\xAD", "\xE6\x96\x87", "caf",
-        "\xC3\xA9\"", "\"\xC3\xA9", "2024-", "01", "-0", "T1", "0:", "00Z", "\x01", "\x7F"}) {
+       {"{\"",      "\":",   "\",",          "\"}",          "\"]",      "\": \"",     "\", \"",
+        "true",     "false", "null",         "name",         "age",      "tags",       "id",
+        "12",       "345",   "0.",           ".5",           "-1",       "e+",         "  ",
+        "\n",       "\n  ",  "\t",           " \"",          "],",       "]}",         "}}",
+        "{}",       "[]",    "[\"",          "\",\"",        "abc",      "hello",      " world",
+        "\\n",      "\\\"",  "\\u00",        "e9",           "\xC3\xA9", "\xC3",       "\xA9",
+        "\xE4\xB8", "\xAD",  "\xE4\xB8\xAD", "\xE6\x96\x87", "caf",      "\xC3\xA9\"", "\"\xC3\xA9",
+        "2024-",    "01",    "-0",           "T1",           "0:",       "00Z",        "\x01",
+        "\x7F"}) {
     tokens.push_back(t);
   }
   const int32_t special[] = {0, 1};
@@ -62,8 +68,9 @@ std::shared_ptr<const Vocabulary> SmallVocab() {
 }
 
 // Random walks: at every step the mask must equal brute force; the next token is drawn from it.
-void RandomWalks(const Grammar& g, std::shared_ptr<const Vocabulary> vocab, const std::vector<int32_t>& stops,
-                 int n_walks, int max_steps, uint32_t seed, bool check_every_step = true) {
+void RandomWalks(const Grammar& g, std::shared_ptr<const Vocabulary> vocab,
+                 const std::vector<int32_t>& stops, int n_walks, int max_steps, uint32_t seed,
+                 bool check_every_step = true) {
   auto compiled = CompileOrDie(g, vocab);
   ASSERT_NE(compiled, nullptr);
   std::mt19937 rng(seed);
@@ -86,7 +93,8 @@ void RandomWalks(const Grammar& g, std::shared_ptr<const Vocabulary> vocab, cons
       int32_t pick = allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
       if (std::find(stops.begin(), stops.end(), pick) != stops.end() && allowed.size() > 1 &&
           step < max_steps / 2) {
-        pick = allowed[(std::find(allowed.begin(), allowed.end(), pick) - allowed.begin() + 1) % allowed.size()];
+        pick = allowed[(std::find(allowed.begin(), allowed.end(), pick) - allowed.begin() + 1) %
+                       allowed.size()];
       }
       ASSERT_TRUE(m.AcceptToken(pick)) << context;
     }
@@ -199,8 +207,8 @@ TEST(TokenMask, RollbackRestoresMasks) {
   auto vocab = SmallVocab();
   auto compiled = CompileOrDie(FromSchema(kPersonSchema), vocab);
   GrammarMatcher m(compiled, {0});
-  const std::vector<std::string> pieces = {"{\"", "name", "\": \"", "caf", "\xC3", "\xA9", "\"", ",",
-                                           " \"", "age", "\":", "12", "}"};
+  const std::vector<std::string> pieces = {"{\"", "name", "\": \"", "caf", "\xC3", "\xA9", "\"",
+                                           ",",   " \"",  "age",    "\":", "12",   "}"};
   std::vector<std::vector<uint32_t>> masks;
   for (const std::string& p : pieces) {
     masks.emplace_back(vocab->bitmask_words());
@@ -214,7 +222,8 @@ TEST(TokenMask, RollbackRestoresMasks) {
     ASSERT_EQ(m.n_steps(), static_cast<int32_t>(pieces.size()) - back);
     m.FillNextTokenBitmask(mask);
     EXPECT_EQ(mask, masks[pieces.size() - back]) << "after rolling back " << back;
-    for (size_t i = pieces.size() - back; i < pieces.size(); ++i) ASSERT_TRUE(m.AcceptBytes(pieces[i]));
+    for (size_t i = pieces.size() - back; i < pieces.size(); ++i)
+      ASSERT_TRUE(m.AcceptBytes(pieces[i]));
     EXPECT_TRUE(m.CanTerminate());
   }
   EXPECT_FALSE(m.AcceptBytes("x"));  // a rejected step leaves the state alone
@@ -241,8 +250,11 @@ TEST(TokenMask, Qwen3RandomPrefixesMatchBruteForce) {
   RandomWalks(FromSchema(schema), vocab, {eos}, 3, 24, 11, /*check_every_step=*/false);
   // Prefixes of a valid instance cut at every byte (inside tokens and UTF-8 characters).
   auto compiled = CompileOrDie(FromSchema(schema), vocab);
-  const std::string instance = "{\"city\": \"Z\xC3\xBCrich \xE6\x9D\xB1\", \"unit\": \"celsius\", \"alerts\": [\"\\\"x\\\"\"]}";
-  for (size_t cut : {size_t{1}, size_t{9}, size_t{12}, size_t{13}, size_t{18}, size_t{30}, size_t{50}, instance.size()}) {
+  const std::string instance =
+      "{\"city\": \"Z\xC3\xBCrich \xE6\x9D\xB1\", \"unit\": \"celsius\", \"alerts\": "
+      "[\"\\\"x\\\"\"]}";
+  for (size_t cut : {size_t{1}, size_t{9}, size_t{12}, size_t{13}, size_t{18}, size_t{30},
+                     size_t{50}, instance.size()}) {
     GrammarMatcher m(compiled, {eos});
     ASSERT_TRUE(m.AcceptBytes(instance.substr(0, cut))) << cut;
     CheckMask(m, *vocab, {eos}, "cut " + std::to_string(cut));
@@ -265,7 +277,8 @@ TEST(TokenMask, Qwen3LongBoundedStringNearItsLimit) {
     std::string text = "\"";
     for (int i = 0; i < n_chars; ++i) text += (i % 7 == 3) ? "\xC3\xA9" : "x";
     ASSERT_TRUE(m.AcceptBytes(text));
-    const std::vector<int32_t> allowed = CheckMask(m, *vocab, {eos}, "chars " + std::to_string(n_chars));
+    const std::vector<int32_t> allowed =
+        CheckMask(m, *vocab, {eos}, "chars " + std::to_string(n_chars));
     // Space for 300 - n_chars more characters and the closing quote.
     for (int32_t id : allowed) {
       if (id == eos) continue;
