@@ -68,6 +68,24 @@ const char* kToolCallInstance =
     "seats "
     "if possible; traveling with a \\\"small\\\" dog \xF0\x9F\x90\x95.\"}}";
 
+// Three tools, any one of them: each call is {"name": <tool>, "arguments": {...}}.
+const char* kThreeToolsSchema = R"({"anyOf": [
+  {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": {"type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+    "required": ["city"], "additionalProperties": false}}, "required": ["name", "arguments"]},
+  {"type": "object", "properties": {"name": {"const": "search_web"}, "arguments": {"type": "object",
+    "properties": {"query": {"type": "string", "minLength": 1}, "top_k": {"type": "integer", "minimum": 1, "maximum": 50},
+                   "sites": {"type": "array", "items": {"type": "string", "format": "hostname"}}},
+    "required": ["query"], "additionalProperties": false}}, "required": ["name", "arguments"]},
+  {"type": "object", "properties": {"name": {"const": "run_python"}, "arguments": {"type": "object",
+    "properties": {"code": {"type": "string"}, "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}},
+    "required": ["code"], "additionalProperties": false}}, "required": ["name", "arguments"]}
+]})";
+const char* kThreeToolsInstance =
+    "{\"name\": \"run_python\", \"arguments\": {\"code\": \"import math\\nfor i in range(10):\\n    "
+    "print(i, math.sqrt(i))\\n\", \"timeout_s\": 30.5}}";
+
 const char* kJsonObjectInstance =
     "{\n  \"id\": 4182,\n  \"title\": \"Quarterly report\",\n  \"tags\": [\"finance\", \"q3\", "
     "\"draft\"],\n  \"metrics\": {\"revenue\": 1.25e6, \"growth\": -0.031, \"ok\": true},\n  "
@@ -195,6 +213,8 @@ int main(int argc, char** argv) {
   report["scenarios"].push_back(RunScenario("tool_call_json_schema_python_separators",
                                             JsonSchemaToGrammar(kToolCallSchema, python),
                                             kToolCallInstance, *tok, vocab, eos, repeats));
+  report["scenarios"].push_back(RunScenario("three_tools_any_of", JsonSchemaToGrammar(kThreeToolsSchema),
+                                            kThreeToolsInstance, *tok, vocab, eos, repeats));
   report["scenarios"].push_back(RunScenario("json_object", JsonObjectGrammar(), kJsonObjectInstance,
                                             *tok, vocab, eos, repeats));
   report["scenarios"].push_back(
