@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "grammar/front_ends.h"
+#include "tokenizer/unicode.h"
 
 namespace kestrel::grammar {
 
@@ -10,11 +11,7 @@ Result<Grammar> ChoiceGrammar(std::span<const std::string> choices) {
   if (choices.empty()) return InvalidArgument("choice: the list of choices is empty");
   std::vector<Expr> alternatives;
   for (const std::string& c : choices) {
-    size_t pos = 0;
-    uint32_t cp = 0;
-    while (DecodeUtf8(c, &pos, &cp)) {
-    }
-    if (pos != c.size()) return InvalidArgument("choice: a choice is not valid UTF-8");
+    if (!tok::IsValidUtf8(c)) return InvalidArgument("choice: a choice is not valid UTF-8");
     alternatives.push_back(Expr::Literal(c));
   }
   Grammar g;

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/check.h"
+#include "tokenizer/unicode.h"
 
 namespace kestrel::grammar {
 namespace {
@@ -322,55 +323,17 @@ std::string Grammar::ExprToGbnf(const Expr& e) const {
 
 void AppendUtf8(uint32_t cp, std::string* out) {
   KCHECK(cp <= kMaxCodepoint);
-  if (cp < 0x80) {
-    *out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    *out += static_cast<char>(0xC0 | (cp >> 6));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    *out += static_cast<char>(0xE0 | (cp >> 12));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    *out += static_cast<char>(0xF0 | (cp >> 18));
-    *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
+  tok::AppendUtf8(cp, out);
 }
 
 bool DecodeUtf8(std::string_view text, size_t* pos, uint32_t* cp) {
-  const size_t n = text.size();
-  size_t i = *pos;
-  if (i >= n) return false;
-  const uint8_t b0 = static_cast<uint8_t>(text[i]);
-  int len = 0;
-  uint32_t value = 0;
-  uint32_t min_value = 0;
-  if (b0 < 0x80) {
-    *cp = b0;
-    *pos = i + 1;
-    return true;
-  } else if ((b0 & 0xE0) == 0xC0) {
-    len = 2, value = b0 & 0x1F, min_value = 0x80;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3, value = b0 & 0x0F, min_value = 0x800;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4, value = b0 & 0x07, min_value = 0x10000;
-  } else {
-    return false;
-  }
-  if (i + len > n) return false;
-  for (int k = 1; k < len; ++k) {
-    const uint8_t b = static_cast<uint8_t>(text[i + k]);
-    if ((b & 0xC0) != 0x80) return false;
-    value = (value << 6) | (b & 0x3F);
-  }
-  if (value < min_value || value > kMaxCodepoint ||
-      (value >= kSurrogateLo && value <= kSurrogateHi))
-    return false;
-  *cp = value;
-  *pos = i + len;
+  if (*pos >= text.size()) return false;
+  bool truncated = false;
+  const size_t len = tok::Utf8SequenceLength(text, *pos, &truncated);
+  if (len == 0) return false;
+  int decoded_len = 0;
+  *cp = tok::DecodeUtf8(text.data() + *pos, &decoded_len);
+  *pos += len;
   return true;
 }
 

@@ -110,7 +110,8 @@ class Grammar {
 
 // Appends the UTF-8 encoding of cp (cp <= kMaxCodepoint, not a surrogate).
 void AppendUtf8(uint32_t cp, std::string* out);
-// Decodes one code point at text[*pos] and advances *pos; false on invalid UTF-8.
+// Decodes one code point at text[*pos] and advances *pos; false on invalid or truncated UTF-8
+// (overlong forms and surrogates are invalid). Both wrap the tokenizer's UTF-8 helpers.
 bool DecodeUtf8(std::string_view text, size_t* pos, uint32_t* cp);
 
 }  // namespace kestrel::grammar

@@ -3,24 +3,15 @@
 
 #include <algorithm>
 
+#include "tokenizer/unicode.h"
+
 namespace kestrel::grammar {
-namespace {
-
-// Length of the longest prefix of text made of whole UTF-8 characters.
-size_t CompleteUtf8Prefix(std::string_view text) {
-  size_t pos = 0;
-  uint32_t cp = 0;
-  size_t good = 0;
-  while (DecodeUtf8(text, &pos, &cp)) good = pos;
-  return good;
-}
-
-}  // namespace
 
 JumpForward ComputeJumpForward(const GrammarMatcher& matcher, const Tokenizer& tokenizer) {
   JumpForward jf;
   jf.forced_bytes = matcher.ForcedBytes();
-  const std::string text = jf.forced_bytes.substr(0, CompleteUtf8Prefix(jf.forced_bytes));
+  // Forced bytes are valid UTF-8 up to a possibly unfinished last character: cut it off.
+  const std::string text = jf.forced_bytes.substr(0, tok::Utf8EmittablePrefix(jf.forced_bytes));
   if (text.empty()) return jf;
 
   // Common prefix of the tokenizations of text followed by each probe.

@@ -103,6 +103,15 @@ TEST(JumpForward, Qwen3TokensAreAStablePrefix) {
   const JumpForward none = ComputeJumpForward(m, *tok);
   EXPECT_TRUE(none.forced_bytes.empty());
   EXPECT_TRUE(none.tokens.empty());
+  // Forced bytes that end inside a character are cut before it.
+  auto partial = CompileOrDie(*RegexToGrammar("ab\u4e2d[\u4e2d\u4e0a]"), vocab);
+  GrammarMatcher p(partial);
+  const JumpForward cut = ComputeJumpForward(p, *tok);
+  EXPECT_EQ(cut.forced_bytes, "ab\xE4\xB8\xAD\xE4\xB8");
+  std::string cut_bytes;
+  for (int32_t id : cut.tokens) cut_bytes += tok->TokenBytes(id);
+  EXPECT_LT(cut_bytes.size(), 5u);  // within "ab中", the last token withheld
+  EXPECT_EQ(std::string("ab\xE4\xB8\xAD").compare(0, cut_bytes.size(), cut_bytes), 0);
 }
 
 }  // namespace
