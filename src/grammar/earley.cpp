@@ -7,6 +7,8 @@ namespace kestrel::grammar {
 
 void EarleyChart::Start(int32_t state) {
   items_.clear();
+  same_state_before_.clear();
+  latest_with_state_.assign(a_->n_states(), -1);
   set_begin_.assign(1, 0);
   bottom_completed_.assign(1, 0);
   current_begin_ = 0;
@@ -34,6 +36,7 @@ void EarleyChart::Truncate(size_t n_sets) {
   KCHECK(n_sets >= 1 && n_sets <= set_begin_.size());
   if (n_sets == set_begin_.size()) return;
   items_.resize(set_begin_[n_sets]);
+  same_state_before_.resize(set_begin_[n_sets]);
   set_begin_.resize(n_sets);
   bottom_completed_.resize(n_sets);
 }
@@ -45,9 +48,18 @@ ByteSet EarleyChart::NextBytes() const {
 }
 
 void EarleyChart::Add(int32_t state, int32_t origin) {
-  for (size_t i = current_begin_; i < items_.size(); ++i) {
-    if (items_[i].state == state && items_[i].origin == origin) return;
+  // Items of the set being built with this state form a chain through same_state_before_; a link
+  // that leaves the set, or that truncation made stale (another state there now), ends it.
+  const int64_t begin = static_cast<int64_t>(current_begin_);
+  for (int64_t i = latest_with_state_[state];
+       i >= begin && i < static_cast<int64_t>(items_.size()) && items_[i].state == state;
+       i = same_state_before_[i]) {
+    if (items_[i].origin == origin) return;
   }
+  // A latest index at or past the end was truncated away: not a link (links must point back).
+  const int32_t latest = latest_with_state_[state];
+  same_state_before_.push_back(latest < static_cast<int32_t>(items_.size()) ? latest : -1);
+  latest_with_state_[state] = static_cast<int32_t>(items_.size());
   items_.push_back({state, origin});
 }
 

@@ -54,10 +54,14 @@ class EarleyChart {
   void Close(size_t begin, int32_t current);
 
   const Automaton* a_;
-  std::vector<EarleyItem> items_;          // all sets, back to back
-  std::vector<uint32_t> set_begin_;        // [n_sets] first item of each set
-  std::vector<uint8_t> bottom_completed_;  // [n_sets]
-  size_t current_begin_ = 0;               // first item of the set being built (for de-duplication)
+  std::vector<EarleyItem> items_;  // all sets, back to back
+  // De-duplication without scanning the set: per item, the index of the previous item with the
+  // same state (-1: none); per state, the index of its latest item.
+  std::vector<int32_t> same_state_before_;
+  std::vector<int32_t> latest_with_state_;  // [n_states]
+  std::vector<uint32_t> set_begin_;         // [n_sets] first item of each set
+  std::vector<uint8_t> bottom_completed_;   // [n_sets]
+  size_t current_begin_ = 0;  // first item of the set being built (for de-duplication)
 };
 
 }  // namespace kestrel::grammar
