@@ -1,7 +1,8 @@
 // Token-mask benchmark: drives whole generations through GrammarMatcher with a real tokenizer and
 // prints JSON.
 //
-//   bench_grammar_mask [tokenizer_dir] [repeats]      (default tests/data/npm/qwen3, 5)
+//   bench_grammar_mask [tokenizer_dir] [repeats] [compile_threads]
+//                      (defaults: tests/data/npm/qwen3, 5, 1)
 //
 // Per scenario (a grammar and a valid instance): the instance is tokenized; at every step the mask
 // is computed (timed), the actual next token must be allowed by it, and the matcher accepts it;
@@ -13,9 +14,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "grammar/compiled_grammar.h"
 #include "grammar/front_ends.h"
 #include "grammar/jump_forward.h"
@@ -83,7 +86,8 @@ const char* kThreeToolsSchema = R"({"anyOf": [
     "required": ["code"], "additionalProperties": false}}, "required": ["name", "arguments"]}
 ]})";
 const char* kThreeToolsInstance =
-    "{\"name\": \"run_python\", \"arguments\": {\"code\": \"import math\\nfor i in range(10):\\n    "
+    "{\"name\": \"run_python\", \"arguments\": {\"code\": \"import math\\nfor i in range(10):\\n   "
+    " "
     "print(i, math.sqrt(i))\\n\", \"timeout_s\": 30.5}}";
 
 const char* kJsonObjectInstance =
@@ -112,7 +116,7 @@ double Percentile(std::vector<double> v, double p) {
 nlohmann::ordered_json RunScenario(const std::string& name, Result<Grammar> grammar,
                                    const std::string& instance, const Tokenizer& tok,
                                    const std::shared_ptr<const Vocabulary>& vocab, int32_t eos,
-                                   int repeats) {
+                                   int repeats, kestrel::ThreadPool* pool) {
   nlohmann::ordered_json out;
   out["scenario"] = name;
   if (!grammar.ok()) {
@@ -120,7 +124,9 @@ nlohmann::ordered_json RunScenario(const std::string& name, Result<Grammar> gram
     return out;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  auto compiled = CompiledGrammar::Compile(*grammar, vocab);
+  CompileOptions options;
+  options.pool = pool;
+  auto compiled = CompiledGrammar::Compile(*grammar, vocab, options);
   const double compile_ms = Micros(std::chrono::steady_clock::now() - t0) / 1000;
   if (!compiled.ok()) {
     out["error"] = compiled.status().message();
@@ -184,6 +190,9 @@ nlohmann::ordered_json RunScenario(const std::string& name, Result<Grammar> gram
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "tests/data/npm/qwen3";
   const int repeats = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
+  const int compile_threads = argc > 3 ? std::max(1, std::atoi(argv[3])) : 1;
+  std::unique_ptr<kestrel::ThreadPool> pool;
+  if (compile_threads > 1) pool = std::make_unique<kestrel::ThreadPool>(compile_threads);
   auto tok = Tokenizer::FromDirectory(dir);
   if (!tok.ok()) {
     std::fprintf(stderr, "bench_grammar_mask: %s (run scripts/setup.sh for the tokenizer data)\n",
@@ -204,21 +213,23 @@ int main(int argc, char** argv) {
   report["trie_nodes"] = vocab->n_nodes();
   report["vocabulary_build_ms"] = vocab_ms;
   report["repeats"] = repeats;
+  report["compile_threads"] = compile_threads;
   report["scenarios"] = nlohmann::ordered_json::array();
   report["scenarios"].push_back(RunScenario("tool_call_json_schema",
                                             JsonSchemaToGrammar(kToolCallSchema), kToolCallInstance,
-                                            *tok, vocab, eos, repeats));
+                                            *tok, vocab, eos, repeats, pool.get()));
   JsonSchemaOptions python;
   python.layout = JsonSchemaOptions::Layout::kPythonSeparators;
-  report["scenarios"].push_back(RunScenario("tool_call_json_schema_python_separators",
-                                            JsonSchemaToGrammar(kToolCallSchema, python),
-                                            kToolCallInstance, *tok, vocab, eos, repeats));
-  report["scenarios"].push_back(RunScenario("three_tools_any_of", JsonSchemaToGrammar(kThreeToolsSchema),
-                                            kThreeToolsInstance, *tok, vocab, eos, repeats));
-  report["scenarios"].push_back(RunScenario("json_object", JsonObjectGrammar(), kJsonObjectInstance,
-                                            *tok, vocab, eos, repeats));
+  report["scenarios"].push_back(RunScenario(
+      "tool_call_json_schema_python_separators", JsonSchemaToGrammar(kToolCallSchema, python),
+      kToolCallInstance, *tok, vocab, eos, repeats, pool.get()));
   report["scenarios"].push_back(
-      RunScenario("gbnf_calls", ParseGbnf(kGbnfGrammar), kGbnfInstance, *tok, vocab, eos, repeats));
+      RunScenario("three_tools_any_of", JsonSchemaToGrammar(kThreeToolsSchema), kThreeToolsInstance,
+                  *tok, vocab, eos, repeats, pool.get()));
+  report["scenarios"].push_back(RunScenario("json_object", JsonObjectGrammar(), kJsonObjectInstance,
+                                            *tok, vocab, eos, repeats, pool.get()));
+  report["scenarios"].push_back(RunScenario("gbnf_calls", ParseGbnf(kGbnfGrammar), kGbnfInstance,
+                                            *tok, vocab, eos, repeats, pool.get()));
   std::printf("%s\n", report.dump(2).c_str());
   return 0;
 }

@@ -22,12 +22,19 @@ struct CompileStats {
   double masks_ms = 0;         // token mask precomputation
 };
 
+struct CompileOptions {
+  AutomatonLimits limits;
+  // Computes the token mask cache on this pool's threads (optional). Not the engine's pool:
+  // ThreadPool runs one ParallelFor at a time.
+  ThreadPool* pool = nullptr;
+};
+
 class CompiledGrammar {
  public:
   // vocab may be null: the grammar can then match bytes (AcceptBytes) but not tokens or masks.
   static Result<std::shared_ptr<const CompiledGrammar>> Compile(
       const Grammar& grammar, std::shared_ptr<const Vocabulary> vocab,
-      const AutomatonLimits& limits = {});
+      const CompileOptions& options = {});
 
   const Automaton& automaton() const { return automaton_; }
   const Vocabulary* vocab() const { return vocab_.get(); }

@@ -2,8 +2,10 @@
 #include "grammar/token_mask_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <unordered_map>
 
+#include "core/thread_pool.h"
 #include "grammar/earley.h"
 
 namespace kestrel::grammar {
@@ -205,7 +207,7 @@ std::vector<StateMask> ClassifyRegular(const Automaton& a, const Vocabulary& v,
 
 }  // namespace
 
-TokenMaskCache TokenMaskCache::Build(const Automaton& a, const Vocabulary& v) {
+TokenMaskCache TokenMaskCache::Build(const Automaton& a, const Vocabulary& v, ThreadPool* pool) {
   const int32_t n = a.n_states();
   // Kernel items are entered by a transition or a rule edge (scan, completion, nullable
   // shortcut), except the root's bottom item.
@@ -239,23 +241,42 @@ TokenMaskCache TokenMaskCache::Build(const Automaton& a, const Vocabulary& v) {
     cache.entry_of_state_[s] = it->second;
   }
   cache.entries_.resize(representative.size());
-  // Rules without references: all their entries in one walk per rule.
+
+  // Jobs: each entry of a rule with references, and each reference-free rule (all its entries in
+  // one walk). With a pool, threads take jobs from a shared counter (their costs differ widely).
+  std::vector<std::vector<int32_t>> jobs;
   std::vector<std::vector<int32_t>> regular_entries(a.rule_start.size());
-  EarleyChart chart(&a);
   for (size_t e = 0; e < representative.size(); ++e) {
-    const int32_t s = representative[e];
-    if (a.rule_regular[a.state_rule[s]]) {
-      regular_entries[a.state_rule[s]].push_back(static_cast<int32_t>(e));
+    const int32_t rule = a.state_rule[representative[e]];
+    if (a.rule_regular[rule]) {
+      regular_entries[rule].push_back(static_cast<int32_t>(e));
     } else {
-      cache.entries_[e] = ClassifyWithChart(a, v, s, &chart);
+      jobs.push_back({static_cast<int32_t>(e)});
     }
   }
-  for (const std::vector<int32_t>& entries : regular_entries) {
-    if (entries.empty()) continue;
-    std::vector<int32_t> states;
-    for (int32_t e : entries) states.push_back(representative[e]);
-    std::vector<StateMask> masks = ClassifyRegular(a, v, states);
-    for (size_t k = 0; k < entries.size(); ++k) cache.entries_[entries[k]] = std::move(masks[k]);
+  for (std::vector<int32_t>& entries : regular_entries) {
+    if (!entries.empty()) jobs.push_back(std::move(entries));
+  }
+  auto run_jobs = [&](std::atomic<size_t>* next) {
+    EarleyChart chart(&a);
+    for (size_t j; (j = next->fetch_add(1)) < jobs.size();) {
+      const std::vector<int32_t>& entries = jobs[j];
+      const int32_t first = representative[entries[0]];
+      if (!a.rule_regular[a.state_rule[first]]) {
+        cache.entries_[entries[0]] = ClassifyWithChart(a, v, first, &chart);
+        continue;
+      }
+      std::vector<int32_t> states;
+      for (int32_t e : entries) states.push_back(representative[e]);
+      std::vector<StateMask> masks = ClassifyRegular(a, v, states);
+      for (size_t k = 0; k < entries.size(); ++k) cache.entries_[entries[k]] = std::move(masks[k]);
+    }
+  };
+  std::atomic<size_t> next{0};
+  if (pool == nullptr || pool->n_threads() <= 1) {
+    run_jobs(&next);
+  } else {
+    pool->ParallelFor(pool->n_threads(), 1, [&](int64_t, int64_t, int) { run_jobs(&next); });
   }
   return cache;
 }

@@ -26,6 +26,10 @@
 #include "grammar/automaton.h"
 #include "grammar/vocabulary.h"
 
+namespace kestrel {
+class ThreadPool;
+}
+
 namespace kestrel::grammar {
 
 // One entry: the classification of every text token from one state. Accepted tokens are stored
@@ -45,7 +49,9 @@ struct StateMask {
 
 class TokenMaskCache {
  public:
-  static TokenMaskCache Build(const Automaton& automaton, const Vocabulary& vocab);
+  // pool: optional; the entries are computed on its threads.
+  static TokenMaskCache Build(const Automaton& automaton, const Vocabulary& vocab,
+                              ThreadPool* pool = nullptr);
 
   // Entry of a state that can be a kernel item; -1 for the others.
   int32_t entry_of(int32_t state) const { return entry_of_state_[state]; }

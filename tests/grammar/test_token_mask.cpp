@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "grammar/vocabulary.h"
 #include "grammar_test_util.h"
 
@@ -145,6 +146,24 @@ ws ::= [ \n]*)"),
   auto choice = ChoiceGrammar(choices);
   ASSERT_TRUE(choice.ok());
   RandomWalks(*choice, SmallVocab(), {0}, 20, 10, 5);
+}
+
+TEST(TokenMask, ThreadPoolBuildsTheSameCache) {
+  auto vocab = SmallVocab();
+  ThreadPool pool(3);
+  CompileOptions options;
+  options.pool = &pool;
+  auto serial = CompileOrDie(FromSchema(kPersonSchema), vocab);
+  auto parallel = CompiledGrammar::Compile(FromSchema(kPersonSchema), vocab, options);
+  ASSERT_TRUE(parallel.ok());
+  const TokenMaskCache& a = serial->masks();
+  const TokenMaskCache& b = (*parallel)->masks();
+  ASSERT_EQ(a.n_entries(), b.n_entries());
+  for (int32_t i = 0; i < a.n_entries(); ++i) {
+    EXPECT_EQ(a.entry(i).tokens, b.entry(i).tokens) << i;
+    EXPECT_EQ(a.entry(i).bits, b.entry(i).bits) << i;
+    EXPECT_EQ(a.entry(i).uncertain, b.entry(i).uncertain) << i;
+  }
 }
 
 TEST(TokenMask, StopTokensOnlyWhereTheGrammarMayEnd) {
