@@ -133,6 +133,7 @@ class GbnfParser {
       if (c == '|' || c == ')') break;
       if (!nested && AtRuleStart()) break;
       KASSIGN(Expr item, ParseItem());
+      SkipSpace();  // as llama.cpp: `x *` is `x*`
       KASSIGN(item, ParsePostfix(std::move(item)));
       parts.push_back(std::move(item));
       SkipSpace();

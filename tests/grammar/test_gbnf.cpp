@@ -27,6 +27,14 @@ TEST(Gbnf, LiteralsAlternativesRepeats) {
   }
   EXPECT_TRUE(PrefixMatch(g, "abcd"));
   EXPECT_FALSE(PrefixMatch(g, "abx"));
+  auto counts = Gbnf(R"g(root ::= "x"{,2} "-" . {3} [ab]{1,} # trailing comment
+)g");
+  ASSERT_NE(counts, nullptr);
+  for (const char* ok : {"-\xC3\xA9\xC3\xA9\xC3\xA9" "a", "xx-123b", "x-...aba"}) {
+    EXPECT_TRUE(FullMatch(counts, ok)) << ok;
+  }
+  for (const char* bad : {"xxx-123a", "-12a", "-123", "-1234"})
+    EXPECT_FALSE(FullMatch(counts, bad)) << bad;
 }
 
 TEST(Gbnf, RecursionAndMultiLineRules) {
