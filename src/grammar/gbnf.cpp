@@ -10,10 +10,6 @@
 namespace kestrel::grammar {
 namespace {
 
-constexpr uint32_t kMaxRepeatCount = 100000;
-// Deepest group nesting accepted (the parser recurses per group).
-constexpr int kMaxNesting = 200;
-
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
          c == '_';
@@ -162,9 +158,9 @@ class GbnfParser {
       return Expr::Class(CodepointSet::All());
     }
     if (c == '(') {
-      if (++depth_ > kMaxNesting) {
+      if (++depth_ > kMaxGroupNesting) {
         return Unsupported(
-            Error(pos_, "group nesting deeper than " + std::to_string(kMaxNesting)).message());
+            Error(pos_, "group nesting deeper than " + std::to_string(kMaxGroupNesting)).message());
       }
       ++pos_;
       SkipSpace();
@@ -244,10 +240,7 @@ class GbnfParser {
     uint32_t value = 0;
     for (int i = 0; i < digits; ++i) {
       const char h = Peek();
-      int v = -1;
-      if (h >= '0' && h <= '9') v = h - '0';
-      if (h >= 'a' && h <= 'f') v = h - 'a' + 10;
-      if (h >= 'A' && h <= 'F') v = h - 'A' + 10;
+      const int v = HexDigitValue(h);
       if (v < 0) return Error(pos_, "expected a hex digit");
       value = value * 16 + static_cast<uint32_t>(v);
       ++pos_;

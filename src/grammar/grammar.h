@@ -21,6 +21,10 @@ namespace kestrel::grammar {
 inline constexpr uint32_t kMaxCodepoint = 0x10FFFF;
 // Repeat upper bound meaning "no bound" (`*`, `+`, `{m,}`).
 inline constexpr uint32_t kUnbounded = UINT32_MAX;
+// Limits of the front-ends: larger repeat counts (regex/GBNF {m,n}, JSON Schema lengths and item
+// counts) and deeper group nesting (the parsers recurse per group) are refused.
+inline constexpr uint32_t kMaxRepeatCount = 100000;
+inline constexpr int kMaxGroupNesting = 200;
 
 // Inclusive range of Unicode code points.
 struct CodepointRange {
@@ -107,6 +111,14 @@ class Grammar {
   std::vector<Rule> rules_;
   int32_t root_ = -1;
 };
+
+// Value of a hex digit, -1 for any other character.
+inline int HexDigitValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
 
 // Appends the UTF-8 encoding of cp (cp <= kMaxCodepoint, not a surrogate).
 void AppendUtf8(uint32_t cp, std::string* out);

@@ -456,7 +456,9 @@ class Converter {
       return Invalid(Child(path, key), Quote(key) + " must be a non-negative integer");
     }
     const uint64_t v = it->get<uint64_t>();
-    if (v > 100000) return Refused(Child(path, key), Quote(key) + " above 100000");
+    if (v > kMaxRepeatCount) {
+      return Refused(Child(path, key), Quote(key) + " above " + std::to_string(kMaxRepeatCount));
+    }
     *out = static_cast<uint32_t>(v);
     return Status::Ok();
   }

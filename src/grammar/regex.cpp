@@ -9,12 +9,6 @@
 namespace kestrel::grammar {
 namespace {
 
-// Largest repeat count accepted in {m,n}; larger ones are almost always mistakes and would build
-// huge automata.
-constexpr uint32_t kMaxRepeatCount = 100000;
-// Deepest group nesting accepted (the parser recurses per group).
-constexpr int kMaxNesting = 200;
-
 CodepointSet DigitSet() {
   return CodepointSet::Of({{'0', '9'}});
 }
@@ -192,8 +186,8 @@ class RegexParser {
   Result<Expr> ParseAtom() {
     const char c = Peek();
     if (c == '(') {
-      if (++depth_ > kMaxNesting) {
-        return Refuse("group nesting deeper than " + std::to_string(kMaxNesting));
+      if (++depth_ > kMaxGroupNesting) {
+        return Refuse("group nesting deeper than " + std::to_string(kMaxGroupNesting));
       }
       ++pos_;
       if (Peek() == '?') {
@@ -244,10 +238,7 @@ class RegexParser {
     uint32_t value = 0;
     for (int i = 0; i < digits; ++i) {
       const char h = Peek();
-      int v = -1;
-      if (h >= '0' && h <= '9') v = h - '0';
-      if (h >= 'a' && h <= 'f') v = h - 'a' + 10;
-      if (h >= 'A' && h <= 'F') v = h - 'A' + 10;
+      const int v = HexDigitValue(h);
       if (v < 0) return Error("expected a hex digit");
       value = value * 16 + static_cast<uint32_t>(v);
       ++pos_;
