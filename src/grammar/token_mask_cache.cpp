@@ -80,7 +80,6 @@ StateMask Finish(const Vocabulary& v, const PositionRuns& accepted,
                  std::vector<int32_t> uncertain) {
   StateMask mask;
   mask.uncertain = std::move(uncertain);
-  mask.n_accepted = static_cast<int32_t>(accepted.count());
   const size_t n_accepted = accepted.count();
   const size_t n_rejected = v.n_text_tokens() - n_accepted - mask.uncertain.size();
   const size_t bitmask_words = v.bitmask_words();

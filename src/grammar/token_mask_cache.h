@@ -44,7 +44,6 @@ struct StateMask {
   std::vector<int32_t> tokens;     // ids, ascending
   std::vector<uint32_t> bits;      // [bitmask_words] for kBitmask
   std::vector<int32_t> uncertain;  // vocabulary positions (ascending) to check at run time
-  int32_t n_accepted = 0;
 };
 
 class TokenMaskCache {
