@@ -10,6 +10,7 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "engine/stop_matcher.h"
+#include "grammar/matcher.h"
 #include "kv/kv_cache_manager.h"
 
 namespace kestrel {
@@ -69,7 +70,8 @@ double Seconds(Clock::duration d) {
 struct EngineSequence : Sequence, std::enable_shared_from_this<EngineSequence> {
   EngineSequence(int64_t id, const EngineRequest& request, int32_t vocab,
                  const Tokenizer* tokenizer, StopMatcher stop_matcher,
-                 std::shared_ptr<RequestHandle> request_handle)
+                 std::shared_ptr<RequestHandle> request_handle,
+                 const std::vector<int32_t>& eos_ids)
       : Sequence(id, request.prompt_ids, request.max_new_tokens),
         handle(std::move(request_handle)),
         sampler(request.sampling, vocab),
@@ -78,6 +80,10 @@ struct EngineSequence : Sequence, std::enable_shared_from_this<EngineSequence> {
         ignore_eos(request.ignore_eos),
         submitted(Clock::now()) {
     sampler.AddPromptTokens(request.prompt_ids);
+    if (request.grammar) {
+      matcher.emplace(request.grammar, eos_ids);
+      mask.assign((static_cast<size_t>(vocab) + 31) / 32, 0u);
+    }
   }
 
   std::shared_ptr<RequestHandle> handle;
@@ -89,6 +95,11 @@ struct EngineSequence : Sequence, std::enable_shared_from_this<EngineSequence> {
   Clock::time_point last_token;
   bool admission_counted = false;
   int32_t pending_row = -1;  // row of the in-flight sampling that is choosing the pending token
+  // Structured output: the grammar's state after the generated tokens, the next step's mask,
+  // and whether the grammar allowed nothing at the last mask (the request then fails).
+  std::optional<grammar::GrammarMatcher> matcher;
+  std::vector<uint32_t> mask;
+  bool grammar_dead_end = false;
 
   RequestUsage Usage() const {
     RequestUsage u;
@@ -245,6 +256,15 @@ Status Engine::Impl::Validate(const EngineRequest& r) const {
   }
   KTRY(ValidateSamplingParams(r.sampling, vocab));
   KTRY(StopMatcher::Validate(r.stop));
+  if (r.grammar) {
+    if (model->device() != Device::kCpu) {
+      return InvalidArgument("structured output (grammars, JSON schemas, forced tool calls) runs "
+                             "on --device cpu in this version");
+    }
+    if (r.grammar->vocab() == nullptr || r.grammar->vocab()->vocab_size() > vocab) {
+      return InvalidArgument("the grammar was compiled without the model's vocabulary");
+    }
+  }
   if (!r.stop.empty() && tokenizer == nullptr) {
     return InvalidArgument("stop strings need a tokenizer");
   }
@@ -419,6 +439,18 @@ void Engine::Impl::LaunchSampling(const SchedulerOutput& out) {
       sampled_samplers.push_back(&scratch_sampler);
       continue;
     }
+    if (seq->matcher) {
+      // The mask of what the grammar allows after the tokens so far (all known here: the
+      // previous step's sampling has been processed).
+      const grammar::MaskResult r = seq->matcher->FillNextTokenBitmask(seq->mask);
+      if (r.dead_end) {
+        // Nothing may come next: draw any token (the row must be sampled) and fail the
+        // request when it is processed.
+        seq->grammar_dead_end = true;
+      } else {
+        seq->sampler.SetAllowedTokens(seq->mask);
+      }
+    }
     seq->pending_row = static_cast<int32_t>(sampled_seqs.size());
     seq->AppendPendingToken();
     sampled_seqs.push_back(step_refs[i]);
@@ -456,6 +488,17 @@ void Engine::Impl::ProcessSample(EngineSequence* seq, SampleResult sample) {
   event.samples.push_back(std::move(sample));
 
   const Clock::time_point now = Clock::now();
+  if (seq->matcher && (seq->grammar_dead_end || !seq->matcher->AcceptToken(token))) {
+    // The grammar allowed no token (or, a bug, not the sampled one): end with an error rather
+    // than emit output that does not follow it.
+    event.token_ids.clear();
+    event.samples.clear();
+    event.error = InvalidArgument(
+        "the output grammar allows no continuation here (the schema or grammar cannot be "
+        "completed from this point)");
+    Finish(seq, std::move(event));
+    return;
+  }
   if (seq->n_generated_tokens() == 1) {
     live.time_to_first_token.Observe(Seconds(now - seq->submitted));
   } else {
@@ -466,8 +509,11 @@ void Engine::Impl::ProcessSample(EngineSequence* seq, SampleResult sample) {
 
   // EOS (unless ignored), then stop strings on the text; text deltas hold back what could still
   // become a stop string.
+  // With a grammar, the grammar decides: an EOS id it accepted ends the output.
   const bool is_eos =
-      !seq->ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
+      seq->matcher ? seq->matcher->IsTerminated()
+                   : !seq->ignore_eos &&
+                         std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
   bool stopped = false;
   if (tokenizer != nullptr && !is_eos) {
     StopMatcher::Output o = seq->stop.Push(seq->detok.Push(token));
@@ -571,7 +617,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(EngineRequest request) {
   if (!stop.ok()) return stop.status();
   auto handle = std::make_shared<RequestHandle>();
   auto seq = std::make_shared<EngineSequence>(m.next_id.fetch_add(1), request, m.vocab, m.tokenizer,
-                                              std::move(*stop), handle);
+                                              std::move(*stop), handle, m.eos_ids);
   {
     std::lock_guard<std::mutex> lock(m.mu);
     if (!m.accepting) {

@@ -18,6 +18,7 @@
 
 #include "core/status.h"
 #include "engine/metrics.h"
+#include "grammar/compiled_grammar.h"
 #include "models/model.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -40,6 +41,10 @@ const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled"
 
 struct EngineRequest {
   std::vector<int32_t> prompt_ids;
+  // Structured output: every generated token is drawn from what this grammar allows next (the
+  // model's EOS ids end it where the grammar may end); the request finishes with kStop when the
+  // grammar is complete, and with an error if it ever allows nothing. CPU models only.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
   SamplingParams sampling;  // seed: per request; Submit re-checks (ValidateSamplingParams)
   int32_t max_new_tokens = 256;
   bool ignore_eos = false;

@@ -2,6 +2,8 @@
 
 #include "models/gpu_sampling_rows.h"
 
+#include "core/check.h"
+
 namespace kestrel {
 
 void GpuSamplingHostBatch::Clear() {
@@ -14,6 +16,8 @@ void GpuSamplingHostBatch::Clear() {
 }
 
 void AppendGpuSamplingRow(Sampler& sampler, GpuSamplingHostBatch* batch) {
+  // Grammar-constrained requests are refused on CUDA by Engine::Submit.
+  KCHECK_MSG(!sampler.has_token_mask(), "token masks are not applied by the GPU sampler");
   const SamplingParams& p = sampler.params();
   cuda::GpuSamplingRow r{};
   r.temperature = p.temperature;

@@ -370,6 +370,13 @@ void Sampler::FillLogprobs(std::span<float> z, SampleResult* result) const {
   for (TokenLogprob& t : top) t.logprob = logprob(t.token);
 }
 
+void Sampler::SetAllowedTokens(std::span<const uint32_t> bitmask) {
+  const size_t words = (static_cast<size_t>(vocab_size_) + 31) / 32;
+  KCHECK(bitmask.size() >= words);
+  allowed_.assign(bitmask.begin(), bitmask.begin() + static_cast<std::ptrdiff_t>(words));
+  has_mask_ = true;
+}
+
 SampleResult Sampler::Sample(std::span<float> logits) {
   KCHECK(logits.size() == static_cast<size_t>(vocab_size_));
   float z_max = sampling::SanitizeAndMax(logits);
@@ -380,6 +387,14 @@ SampleResult Sampler::Sample(std::span<float> logits) {
     ApplyBiasAndPenalties(logits);
     // Large biases or a repetition penalty < 1 may overflow to +inf: sanitize again.
     z_max = sampling::SanitizeAndMax(logits);
+  }
+
+  if (has_mask_) {
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (((allowed_[i / 32] >> (i % 32)) & 1u) == 0) logits[i] = -std::numeric_limits<float>::infinity();
+    }
+    z_max = sampling::SanitizeAndMax(logits);
+    has_mask_ = false;
   }
 
   const uint64_t r53 = rng_() >> 11;  // exactly one draw per step, greedy included

@@ -108,6 +108,13 @@ class Sampler {
   // temperature) and draws the next token, which it then Accepts.
   SampleResult Sample(std::span<float> logits);
 
+  // Constrained decoding (grammars): at the next Sample only tokens whose bit is set in bitmask
+  // ([ceil(vocab/32)] words, bit id % 32 of word id / 32) may be drawn; the others' logits become
+  // -inf after bias and penalties, so processed log-probabilities are those of the constrained
+  // distribution. At least one allowed token is required. Cleared by Sample.
+  void SetAllowedTokens(std::span<const uint32_t> bitmask);
+  bool has_token_mask() const { return has_mask_; }
+
   const SamplingParams& params() const { return params_; }
 
   // For samplers that run elsewhere (backends/cuda/sampling.h) in place of Sample, which then
@@ -132,6 +139,8 @@ class Sampler {
 
   SamplingParams params_;
   int32_t vocab_size_;
+  std::vector<uint32_t> allowed_;  // the next Sample's token mask (has_mask_)
+  bool has_mask_ = false;
   std::mt19937_64 rng_;
   std::vector<uint8_t> seen_;             // [vocab] 1 if in prompt or generated (repetition)
   std::vector<int32_t> seen_ids_;         // distinct ids with seen_ set
