@@ -152,6 +152,67 @@ __global__ void DeltaRuleKernel(const float* __restrict__ q, const float* __rest
   for (int i = threadIdx.x; i < dk * dv; i += blockDim.x) home[i] = S[i];
 }
 
+// The same rule by state columns: the columns of S are independent (column e needs only k, q and
+// v[e]), so each column lives in the registers of kSplit neighbouring threads (kDk / kSplit rows
+// each; the two partial dot products are combined with a shuffle) for the whole sequence. Grid
+// (column groups, value heads, sequences), 64 threads; one read and one write of the state, no
+// shared memory, no barriers. kDk: the key head dim.
+template <int kDk, int kSplit>
+__global__ void __launch_bounds__(64)
+    DeltaRuleColumnsKernel(const float* __restrict__ q, const float* __restrict__ k,
+                           const float* __restrict__ v, int64_t v_stride,
+                           const float* __restrict__ g, const float* __restrict__ beta, int nk,
+                           int nv, int dv, DeltaBatchView b, DeltaStateView st,
+                           float* __restrict__ out) {
+  constexpr int kRows = kDk / kSplit;
+  const int thread = blockIdx.x * blockDim.x + threadIdx.x;
+  const int e = thread / kSplit, part = thread % kSplit;
+  const int h = blockIdx.y, seq = blockIdx.z;
+  const bool valid = e < dv;  // no early return: the pair's shuffles need both threads
+  const int ec = valid ? e : 0;
+  const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
+  const int kh = h / (nv / nk);
+  const int64_t ssm_offset = st.layer_offset + st.conv_floats + static_cast<int64_t>(h) * kDk * dv +
+                             static_cast<int64_t>(part) * kRows * dv + ec;
+  float* home = st.state + b.state_slots[seq] * st.slot_floats + ssm_offset;
+  float S[kRows];
+  const bool fresh = begin == end || b.positions[begin] == 0;
+#pragma unroll
+  for (int d = 0; d < kRows; ++d) S[d] = fresh ? 0.0f : home[static_cast<int64_t>(d) * dv];
+  for (int t = begin; t < end; ++t) {
+    const float* qt = q + (static_cast<int64_t>(t) * nk + kh) * kDk + part * kRows;
+    const float* kt = k + (static_cast<int64_t>(t) * nk + kh) * kDk + part * kRows;
+    const float decay = expf(g[t * nv + h]);
+    const float bt = beta[t * nv + h];
+    float mem = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kRows; ++d) {
+      S[d] *= decay;
+      mem += S[d] * kt[d];
+    }
+    if (kSplit == 2) mem += __shfl_xor_sync(0xffffffffu, mem, 1);
+    const float delta = (v[t * v_stride + h * dv + ec] - mem) * bt;
+    float o = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kRows; ++d) {
+      S[d] += kt[d] * delta;
+      o += S[d] * qt[d];
+    }
+    if (kSplit == 2) o += __shfl_xor_sync(0xffffffffu, o, 1);
+    if (valid && part == 0) out[(static_cast<int64_t>(t) * nv + h) * dv + e] = o;
+    const int snap = b.snapshot_slot[t];
+    if (valid && snap >= 0) {
+      float* dst = st.state + snap * st.slot_floats + ssm_offset;
+#pragma unroll
+      for (int d = 0; d < kRows; ++d) dst[static_cast<int64_t>(d) * dv] = S[d];
+    }
+  }
+  if (valid && begin != end) {
+#pragma unroll
+    for (int d = 0; d < kRows; ++d) home[static_cast<int64_t>(d) * dv] = S[d];
+  }
+}
+
 __global__ void GatedNormKernel(const float* __restrict__ x, const float* __restrict__ z,
                                 int64_t z_stride, int rows_per_token, int64_t n_rows, int d,
                                 const float* __restrict__ w, float eps, __nv_bfloat16* y) {
@@ -280,6 +341,25 @@ void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_st
                     cudaStream_t stream) {
   KCHECK(dk > 0 && dk <= 256 && dv > 0 && dv <= 256 && nk > 0 && nv % nk == 0);
   if (b.n_seqs == 0) return;
+  // Key head dims with a register variant (the common 128 and the fixtures' small ones).
+  auto run_columns = [&](auto kernel, int split) {
+    const dim3 grid(static_cast<unsigned>((dv * split + 63) / 64), static_cast<unsigned>(nv),
+                    static_cast<unsigned>(b.n_seqs));
+    kernel<<<grid, 64, 0, stream>>>(q, k, v, v_stride, g, beta, nk, nv, dv, b, s, out);
+    KCUDA_CHECK_LAUNCH();
+  };
+  switch (dk) {
+    case 16:
+      return run_columns(DeltaRuleColumnsKernel<16, 1>, 1);
+    case 32:
+      return run_columns(DeltaRuleColumnsKernel<32, 1>, 1);
+    case 64:
+      return run_columns(DeltaRuleColumnsKernel<64, 1>, 1);
+    case 128:
+      return run_columns(DeltaRuleColumnsKernel<128, 2>, 2);
+    default:
+      break;
+  }
   const size_t smem = (size_t(dk) * dv + 2 * size_t(dk)) * sizeof(float);
   // Above 48 KiB the kernel must opt in, up to the device's limit (227 KiB on Hopper).
   static size_t opted_in = 48 << 10;
