@@ -1,0 +1,36 @@
+// Grammars that force a tool call (`tool_choice: "required"` or a named function) in the syntax
+// the model's chat template uses, with arguments that validate against each tool's JSON schema:
+//   kHermes      <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>
+//                (Qwen2.5 / Qwen3 / Hermes templates); with parallel calls, more blocks follow,
+//                each after "\n"
+//   kLlama3Json  {"name": "NAME", "parameters": {...}}   (Llama 3.x JSON tool calls; one call)
+// The call object's keys come in that order; `arguments` / `parameters` is the tool's
+// `parameters` schema (an object; an empty schema admits any object), under the same JSON Schema
+// subset and whitespace policy as response_format (front_ends.h).
+#pragma once
+
+#include <span>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "grammar/front_ends.h"
+#include "grammar/grammar.h"
+
+namespace kestrel::grammar {
+
+enum class ToolCallSyntax { kHermes, kLlama3Json };
+
+struct ToolSpec {
+  std::string name;
+  nlohmann::ordered_json parameters;  // JSON schema; null or {} for any object
+};
+
+// tools: the functions the call may name (one for a named tool_choice). parallel: more than one
+// call may follow (kHermes only). Errors: an empty tool list, or a parameters schema outside the
+// supported subset (InvalidArgument / Unsupported naming the tool).
+Result<Grammar> ToolCallGrammar(ToolCallSyntax syntax, std::span<const ToolSpec> tools,
+                                bool parallel, const JsonSchemaOptions& options = {});
+
+}  // namespace kestrel::grammar
