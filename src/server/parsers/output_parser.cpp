@@ -1,0 +1,254 @@
+#include "server/parsers/output_parser.h"
+
+#include "server/parsers/text_scan.h"
+#include "tokenizer/chat_template.h"
+
+namespace kestrel::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Kind = OutputPiece::Kind;
+using parsers::FindTag;
+using parsers::IsJsonSpace;
+using parsers::SkipSpace;
+
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+
+// Names no real conversation contains, so the rendered text shows where the template put them.
+constexpr const char* kProbeFunction = "kestrel_probe_fn";
+constexpr const char* kProbeArgument = "kestrel_probe_arg";
+constexpr const char* kProbeReasoning = "kestrel-probe-reasoning";
+
+Json ProbeTools() {
+  return Json::parse(R"([{"type": "function", "function": {"name": "kestrel_probe_fn",
+      "description": "probe", "parameters": {"type": "object",
+      "properties": {"kestrel_probe_arg": {"type": "string"}}, "required": []}}}])");
+}
+
+Json ProbeMessages(bool with_tool_result) {
+  Json messages = Json::parse(R"([{"role": "user", "content": "kestrel-probe-question"},
+      {"role": "assistant", "content": "", "reasoning_content": "kestrel-probe-reasoning",
+       "tool_calls": [{"id": "call_probe", "type": "function", "function": {
+         "name": "kestrel_probe_fn", "arguments": {"kestrel_probe_arg": "v"}}}]}])");
+  if (with_tool_result) {
+    messages.push_back(Json{
+        {"role", "tool"}, {"tool_call_id", "call_probe"}, {"content", "kestrel-probe-result"}});
+  }
+  return messages;
+}
+
+}  // namespace
+
+OutputFormats DetectOutputFormats(const ChatTemplate& chat_template) {
+  OutputFormats formats;
+  // Some templates insist on a tool result after a call, others on ending with the assistant.
+  Result<std::string> rendered = chat_template.Render(
+      ProbeMessages(true), ProbeTools(), /*add_generation_prompt=*/true, Json::object());
+  if (!rendered.ok()) {
+    rendered = chat_template.Render(ProbeMessages(false), ProbeTools(),
+                                    /*add_generation_prompt=*/false, Json::object());
+  }
+  if (!rendered.ok()) return formats;
+  const std::string& text = *rendered;
+  const std::string function(kProbeFunction);
+  if (text.find("<function=" + function + ">") != std::string::npos) {
+    formats.tool_calls = ToolCallFormat::kQwen3Coder;
+  } else if (text.find("<tool_call>") != std::string::npos &&
+             text.find("\"" + function + "\"") != std::string::npos) {
+    formats.tool_calls = ToolCallFormat::kHermes;
+  } else if (text.find("\"name\": \"" + function + "\"") != std::string::npos &&
+             text.find(kProbeArgument) != std::string::npos) {
+    formats.tool_calls = ToolCallFormat::kLlama3Json;
+  }
+  const size_t reasoning = text.find(kProbeReasoning);
+  const size_t open = text.rfind(kThinkOpen, reasoning);
+  formats.reasoning = (reasoning != std::string::npos && open != std::string::npos &&
+                       text.find(kThinkClose, reasoning) != std::string::npos) ||
+                      PromptOpensReasoning(text);
+  return formats;
+}
+
+bool PromptOpensReasoning(std::string_view prompt) {
+  while (!prompt.empty() && IsJsonSpace(prompt.back())) prompt.remove_suffix(1);
+  return prompt.ends_with(kThinkOpen);
+}
+
+// ---- ReasoningParser ----
+
+ReasoningParser::ReasoningParser(bool starts_in_reasoning)
+    : state_(starts_in_reasoning ? State::kReasoning : State::kStart) {}
+
+void ReasoningParser::Feed(std::string_view text, OutputPieces* out) {
+  buf_.append(text);
+  while (Step(out)) {
+  }
+}
+
+bool ReasoningParser::Step(OutputPieces* out) {
+  switch (state_) {
+    case State::kStart: {
+      const size_t i = SkipSpace(buf_, 0);
+      const std::string_view rest = std::string_view(buf_).substr(i);
+      if (rest.starts_with(kThinkOpen)) {
+        buf_.erase(0, i + kThinkOpen.size());
+        state_ = State::kReasoning;
+        return true;
+      }
+      if (rest.size() < kThinkOpen.size() && kThinkOpen.starts_with(rest)) return false;
+      state_ = State::kContent;
+      return true;
+    }
+    case State::kReasoning: {
+      size_t hold = 0;
+      const size_t pos = FindTag(buf_, kThinkClose, &hold);
+      if (pos == std::string::npos) {
+        AppendText(out, Kind::kReasoning, std::string_view(buf_).substr(0, buf_.size() - hold));
+        buf_.erase(0, buf_.size() - hold);
+        return false;
+      }
+      AppendText(out, Kind::kReasoning, std::string_view(buf_).substr(0, pos));
+      buf_.erase(0, pos + kThinkClose.size());
+      state_ = State::kAfterReasoning;
+      return true;
+    }
+    case State::kAfterReasoning: {
+      const size_t i = SkipSpace(buf_, 0);
+      buf_.erase(0, i);
+      if (buf_.empty()) return false;
+      state_ = State::kContent;
+      return true;
+    }
+    case State::kContent:
+      AppendText(out, Kind::kContent, buf_);
+      buf_.clear();
+      return false;
+  }
+  return false;
+}
+
+void ReasoningParser::Finish(OutputPieces* out) {
+  if (state_ == State::kReasoning) {
+    AppendText(out, Kind::kReasoning, buf_);
+  } else if (state_ != State::kAfterReasoning) {
+    AppendText(out, Kind::kContent, buf_);
+  }
+  buf_.clear();
+}
+
+// ---- OutputParser ----
+
+OutputParser::OutputParser(const OutputParserOptions& options)
+    : parallel_tool_calls_(options.parallel_tool_calls),
+      tools_(MakeToolCallParser(options.tool_calls, options.tools)) {
+  if (options.reasoning) {
+    reasoning_ = std::make_unique<ReasoningParser>(options.starts_in_reasoning);
+  }
+}
+
+OutputParser::~OutputParser() = default;
+
+void OutputParser::Feed(std::string_view text, OutputPieces* out) {
+  if (reasoning_ == nullptr) {
+    scratch_a_.clear();
+    AppendText(&scratch_a_, Kind::kContent, text);
+    return Route(scratch_a_, out);
+  }
+  scratch_a_.clear();
+  reasoning_->Feed(text, &scratch_a_);
+  Route(scratch_a_, out);
+}
+
+void OutputParser::Finish(OutputPieces* out) {
+  if (reasoning_ != nullptr) {
+    scratch_a_.clear();
+    reasoning_->Finish(&scratch_a_);
+    Route(scratch_a_, out);
+  }
+  if (tools_ != nullptr) {
+    scratch_b_.clear();
+    tools_->Finish(&scratch_b_);
+    Filter(scratch_b_, out);
+    if (n_tool_calls_ == 0) AppendText(out, Kind::kContent, pending_space_);
+    pending_space_.clear();
+  }
+}
+
+void OutputParser::Route(const OutputPieces& pieces, OutputPieces* out) {
+  for (const OutputPiece& piece : pieces) {
+    if (piece.kind != Kind::kContent || tools_ == nullptr) {
+      AppendPiece(out, piece);
+      continue;
+    }
+    scratch_b_.clear();
+    tools_->Feed(piece.text, &scratch_b_);
+    Filter(scratch_b_, out);
+  }
+}
+
+void OutputParser::Filter(const OutputPieces& pieces, OutputPieces* out) {
+  for (const OutputPiece& piece : pieces) {
+    if (piece.kind == Kind::kToolCall) {
+      if (!parallel_tool_calls_ && piece.tool_index > 0) continue;
+      if (piece.starts_call()) {
+        pending_space_.clear();
+        ++n_tool_calls_;
+      }
+      AppendPiece(out, piece);
+      continue;
+    }
+    if (piece.kind != Kind::kContent) {
+      AppendPiece(out, piece);
+      continue;
+    }
+    pending_space_ += piece.text;
+    size_t end = pending_space_.size();
+    while (end > 0 && IsJsonSpace(pending_space_[end - 1])) --end;
+    if (end == 0) continue;
+    AppendText(out, Kind::kContent, std::string_view(pending_space_).substr(0, end));
+    pending_space_.erase(0, end);
+  }
+}
+
+// ---- formats ----
+
+const char* ToolCallFormatName(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::kNone:
+      return "none";
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kQwen3Coder:
+      return "qwen3_coder";
+    case ToolCallFormat::kLlama3Json:
+      return "llama3_json";
+  }
+  return "none";
+}
+
+bool ParseToolCallFormat(std::string_view name, ToolCallFormat* out) {
+  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes,
+                           ToolCallFormat::kQwen3Coder, ToolCallFormat::kLlama3Json}) {
+    if (name == ToolCallFormatName(f)) {
+      *out = f;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::unique_ptr<ToolCallParser> MakeToolCallParser(ToolCallFormat format, const Json& tools) {
+  switch (format) {
+    case ToolCallFormat::kNone:
+      return nullptr;
+    case ToolCallFormat::kHermes:
+      return parsers::MakeHermesParser();
+    case ToolCallFormat::kQwen3Coder:
+      return parsers::MakeQwen3CoderParser(tools);
+    case ToolCallFormat::kLlama3Json:
+      return parsers::MakeLlama3JsonParser();
+  }
+  return nullptr;
+}
+
+}  // namespace kestrel::server
