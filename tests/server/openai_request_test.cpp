@@ -148,7 +148,7 @@ TEST(ChatRequest, SharesTheCommonFields) {
   EXPECT_EQ(req.options.stop, (std::vector<std::string>{"x"}));
   EXPECT_TRUE(req.options.stream);
   ExpectChatError(ChatBody(R"("temperature": "x")"), "temperature");
-  ExpectChatError(ChatBody(R"("n": 3)"), "n");
+  ExpectChatError(ChatBody(R"("n": 17)"), "n");  // at most kMaxChoices
 }
 
 TEST(ChatRequest, RejectsBadMessages) {
@@ -257,12 +257,12 @@ TEST(CompletionRequest, RefusesUnsupportedLegacyOptions) {
   CompletionRequest req;
   EXPECT_FALSE(
       ParseCompletion(R"({"prompt": "a", "echo": false, "suffix": "", "best_of": 1})", &req));
-  ExpectCompletionError(R"({"prompt": "a", "echo": true})", "echo");
+  ExpectCompletionError(R"({"prompt": "a", "echo": true, "logprobs": 1})", "echo");
   ExpectCompletionError(R"({"prompt": "a", "echo": "no"})", "echo");
   ExpectCompletionError(R"({"prompt": "a", "suffix": "end"})", "suffix");
   ExpectCompletionError(R"({"prompt": "a", "suffix": 1})", "suffix");
   ExpectCompletionError(R"({"prompt": "a", "best_of": 2})", "best_of");
-  ExpectCompletionError(R"({"prompt": "a", "n": 2})", "n");
+  ExpectCompletionError(R"({"prompt": "a", "n": 17})", "n");
 }
 
 TEST(CompletionRequest, LogprobsIsACount) {

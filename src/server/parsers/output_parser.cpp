@@ -147,6 +147,8 @@ OutputParser::OutputParser(const OutputParserOptions& options)
 }
 
 OutputParser::~OutputParser() = default;
+OutputParser::OutputParser(OutputParser&&) noexcept = default;
+OutputParser& OutputParser::operator=(OutputParser&&) noexcept = default;
 
 void OutputParser::Feed(std::string_view text, OutputPieces* out) {
   if (reasoning_ == nullptr) {

@@ -66,6 +66,8 @@ class OutputParser {
  public:
   explicit OutputParser(const OutputParserOptions& options);
   ~OutputParser();
+  OutputParser(OutputParser&&) noexcept;
+  OutputParser& operator=(OutputParser&&) noexcept;
 
   void Feed(std::string_view text, OutputPieces* out);
   void Finish(OutputPieces* out);
