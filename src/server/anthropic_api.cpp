@@ -178,8 +178,13 @@ std::optional<ApiError> ConvertTools(const Json& tools, Json* out) {
     out->push_back(Json{{"type", "function"}, {"function", std::move(fn)}});
   }
   if (auto e = ValidateTools(*out, "tools")) {
-    // The converted path (tools[i].function.name) means nothing to an Anthropic client.
-    e->param = "tools";
+    // Name the field as the client wrote it (tools[i].name, not tools[i].function.name).
+    for (auto [from, to] :
+         {std::pair{".function.parameters", ".input_schema"}, std::pair{".function.", "."}}) {
+      if (size_t pos = e->param.find(from); pos != std::string::npos) {
+        e->param.replace(pos, std::string_view(from).size(), to);
+      }
+    }
     return e;
   }
   return std::nullopt;

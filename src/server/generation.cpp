@@ -64,7 +64,7 @@ bool WaitEvent(Job& job, httplib::DataSink& sink, size_t* choice, RequestOutput*
   for (;;) {
     const bool got = NextEvent(job, s.options.poll_interval, choice, out);
     const auto now = std::chrono::steady_clock::now();
-    if (!got || now - job.last_client_check >= s.options.poll_interval) {
+    if (now - job.last_client_check >= s.options.poll_interval) {
       job.last_client_check = now;
       if (s.stopping.load() || !sink.is_writable()) return false;
     }

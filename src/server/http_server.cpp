@@ -62,20 +62,18 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b) {
 }
 
 // nullopt when the request may use /v1/*: the key as `Authorization: Bearer KEY` (OpenAI
-// clients) or `x-api-key: KEY` (Anthropic clients), on every route.
+// clients) or `x-api-key: KEY` (Anthropic clients), on every route; either one matching is
+// enough.
 std::optional<ApiError> CheckAuth(const HttpServer::State& s, const httplib::Request& req) {
   if (s.options.api_key.empty()) return std::nullopt;
   const std::string header = req.get_header_value("Authorization");
   const bool has_x_api_key = req.has_header("x-api-key");
-  if (has_x_api_key) {
-    if (ConstantTimeEqual(req.get_header_value("x-api-key"), s.options.api_key)) {
-      return std::nullopt;
-    }
-    return Unauthorized(/*key_given=*/true);
+  if (has_x_api_key && ConstantTimeEqual(req.get_header_value("x-api-key"), s.options.api_key)) {
+    return std::nullopt;
   }
   constexpr std::string_view kBearer = "Bearer ";
   if (header.size() <= kBearer.size() || header.compare(0, kBearer.size(), kBearer) != 0) {
-    return Unauthorized(/*key_given=*/!header.empty());
+    return Unauthorized(/*key_given=*/has_x_api_key || !header.empty());
   }
   if (!ConstantTimeEqual(header.substr(kBearer.size()), s.options.api_key)) {
     return Unauthorized(/*key_given=*/true);

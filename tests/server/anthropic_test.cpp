@@ -115,6 +115,9 @@ TEST(AnthropicRequest, Errors) {
   ExpectError(Body(R"("tools": [{"type": "web_search_20250305", "name": "web_search"}])"),
               "tools[0].type");
   ExpectError(Body(R"("tools": [{"name": "f"}])"), "tools[0].input_schema");
+  ExpectError(Body(R"("tools": [{"name": "f", "input_schema": {}}, {"name": "f",
+      "input_schema": {}}])"),
+              "tools[1].name");
   ExpectError(R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "system",
       "content": "x"}]})",
               "messages[0].role");
