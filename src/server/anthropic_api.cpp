@@ -293,6 +293,14 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ParseConte
     if (auto e = ConvertMessage((*messages)[i], i, &tool_names, &chat.messages)) return e;
   }
 
+  // A final assistant message is a prefill: the answer continues it (as Anthropic's API does).
+  const Json& last = chat.messages[chat.messages.size() - 1];
+  if (last["role"] == "assistant" && !last.contains("tool_calls") &&
+      !last["content"].get<std::string>().empty()) {
+    chat.template_kwargs["continue_final_message"] = true;
+    chat.add_generation_prompt = false;
+  }
+
   if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
     if (auto e = ConvertTools(*tools, &chat.tools)) return e;
   }

@@ -265,3 +265,54 @@ test('responses: bad input gets a 400 naming the field', T, async () => {
   const sse = parseSSE((await curl(server, '/v1/chat/completions', { json: { model: MODEL, messages: [{ role: 'user', content: 'x' }], max_tokens: 1, stream: true } })).body);
   assert.ok(sse.done);
 });
+
+// Reasoning end to end, deterministically: with --reasoning-parser think, a prompt that ends
+// inside <think> (here the assistant message is continued: `continue_final_message` on chat,
+// a prefill on /v1/messages) makes the whole output reasoning, which the default server returns
+// as content. Greedy, so both servers write the same text.
+test('reasoning: a prompt that opens <think> gives reasoning_content (chat) and a thinking block (messages)', T, async () => {
+  const thinking = await new Server({ args: ['--reasoning-parser', 'think'] }).start();
+  try {
+    assert.match(thinking.output, /tool calls: hermes, reasoning: <think>\n/);
+    const tc = new OpenAI({ apiKey: 'unused', baseURL: thinking.baseURL, maxRetries: 0, timeout: ms(60_000) });
+    const messages = [{ role: 'user', content: 'def fibonacci(n):' }, { role: 'assistant', content: '<think>' }];
+    const params = { model: MODEL, messages, max_tokens: 16, temperature: 0, continue_final_message: true };
+    const plain = await client.chat.completions.create(params);
+    const text = plain.choices[0].message.content;
+    assert.ok(text.length > 0 && !text.includes('</think>'), JSON.stringify(text));
+
+    const r = await tc.chat.completions.create(params);
+    assert.equal(r.choices[0].message.reasoning_content, text);
+    assert.equal(r.choices[0].message.content, '');
+    // Streamed: reasoning_content deltas (the SDK keeps only the last one in its snapshot, so
+    // they are gathered from the chunks).
+    let reasoning = '';
+    let content = '';
+    const stream = tc.chat.completions.stream(params);
+    stream.on('chunk', (chunk) => {
+      const d = chunk.choices[0]?.delta ?? {};
+      reasoning += d.reasoning_content ?? '';
+      content += d.content ?? '';
+    });
+    await stream.finalChatCompletion();
+    assert.equal(reasoning, text);
+    assert.equal(content, '');
+
+    // Without the open block the same server parses nothing: no reasoning.
+    const open = await tc.chat.completions.create({ model: MODEL, messages: messages.slice(0, 1), max_tokens: 8, temperature: 0 });
+    assert.equal(open.choices[0].message.reasoning_content, undefined);
+
+    // Anthropic: the prefill continues, the output is one thinking block.
+    const anthropic = await curl(thinking, '/v1/messages', { json: { model: MODEL, max_tokens: 16, temperature: 0, messages } });
+    assert.equal(anthropic.status, 200, anthropic.body);
+    assert.deepEqual(anthropic.json.content, [{ type: 'thinking', thinking: text, signature: '' }]);
+    const anthropicStream = await curl(thinking, '/v1/messages', { json: { model: MODEL, max_tokens: 16, temperature: 0, messages, stream: true } });
+    const deltas = [...anthropicStream.body.matchAll(/^data: (.*)$/gm)].map((m) => JSON.parse(m[1]))
+      .filter((e) => e.type === 'content_block_delta');
+    assert.ok(deltas.length > 0 && deltas.every((e) => e.delta.type === 'thinking_delta'));
+    assert.equal(deltas.map((e) => e.delta.thinking).join(''), text);
+  } finally {
+    const r = await thinking.stop();
+    assert.equal(r.code, 0);
+  }
+});

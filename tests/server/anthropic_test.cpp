@@ -86,6 +86,19 @@ TEST(AnthropicRequest, ConvertsAToolRoundTrip) {
   EXPECT_EQ(req.chat.template_kwargs["enable_thinking"], false);
 }
 
+TEST(AnthropicRequest, FinalAssistantMessageIsAPrefill) {
+  AnthropicRequest req;
+  ASSERT_FALSE(Parse(R"({"model": "tiny", "max_tokens": 5, "messages": [
+      {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello,"}]})",
+                     &req)
+                   .has_value());
+  EXPECT_FALSE(req.chat.add_generation_prompt);
+  EXPECT_EQ(req.chat.template_kwargs["continue_final_message"], true);
+  AnthropicRequest plain;
+  ASSERT_FALSE(Parse(Body(""), &plain).has_value());
+  EXPECT_TRUE(plain.chat.add_generation_prompt);
+}
+
 TEST(AnthropicRequest, ToolChoices) {
   const std::string tools = R"("tools": [{"name": "f", "input_schema": {"type": "object"}}])";
   AnthropicRequest req;
