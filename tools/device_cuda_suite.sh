@@ -13,6 +13,8 @@
 # test_cuda.txt, memcheck.txt, racecheck.txt, bench.json, bench_pdl_off.json, bench_attn_db.json,
 # bench.log (every benchmark's stderr).
 #   tools/device_cuda_suite.sh [tests] [sanitize] [bench] [compare] [hf]     (default: all but hf)
+# PRESET=qwen3.5-27b (a tools/make_random_model.py preset) benchmarks another model; BENCH_FLAGS
+# replaces the benchmark's flags.
 set -uo pipefail
 here=$(pwd)
 OUT=${OUT:-/tmp/out}
@@ -29,16 +31,17 @@ log() { echo "[+${SECONDS}s] $*" | tee -a "$OUT/suite.log"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >> "$OUT/suite.log" 2>&1
 STEPS=" ${*:-tests sanitize bench compare} "
 has() { [[ $STEPS == *" $1 "* ]]; }
-model=/tmp/qwen3-8b-random
+PRESET=${PRESET:-qwen3-8b}
+model=/tmp/$PRESET-random
 # Kernel tests (the model and engine tests would take minutes under the tools).
 kernel_filter='-CudaModel.*:CudaEngine.*:*PrefillLongAtModelShapes*:GpuSamplingTest.MatchesCpuSamplerOnRandomRows:GpuSamplingTest.Timing'
-smem_filter='CudaAddRmsNorm.*:CudaGatherRmsNorm.*:CudaAttention.Decode*:CudaAttention.MixedBatch:CudaLinear.*:Shapes/LinearShapeTest.*/n1000_k520:Shapes/LinearShapeTest.*/n17_k136:GpuSamplingTest.MatchesCpuSamplerOnEdgeCases'
+smem_filter='CudaDeltaNet.*:CudaAddRmsNorm.*:CudaGatherRmsNorm.*:CudaAttention.Decode*:CudaAttention.MixedBatch:CudaLinear.*:Shapes/LinearShapeTest.*/n1000_k520:Shapes/LinearShapeTest.*/n17_k136:GpuSamplingTest.MatchesCpuSamplerOnEdgeCases'
 
 pids=()
 if has bench || has compare || has hf; then
   if [[ ! -f $model/config.json ]]; then
-    (t0=$SECONDS; python3 tools/make_random_model.py --preset qwen3-8b --out $model --no-tokenizer \
-       --no-verify > /tmp/make_model.txt 2>&1; echo "random Qwen3-8B: exit $? in $((SECONDS - t0)) s" >> /tmp/make_model.txt) &
+    (t0=$SECONDS; python3 tools/make_random_model.py --preset "$PRESET" --out $model --no-tokenizer \
+       --no-verify > /tmp/make_model.txt 2>&1; echo "random $PRESET: exit $? in $((SECONDS - t0)) s" >> /tmp/make_model.txt) &
     model_pid=$!
   fi
 fi
@@ -77,7 +80,8 @@ bench() {  # bench <out-name> [env...] -- [flags...]
   bench_lines=$(grep -cE '^(prefill|decode|engine)' "$OUT/bench.log")
 }
 if has bench; then
-  bench bench -- --prefill 2048 --decode-context 128,2048 --batch 1,64 --engine-batch 1,64
+  # shellcheck disable=SC2086
+  bench bench -- ${BENCH_FLAGS:---prefill 2048 --decode-context 128,2048 --batch 1,64 --engine-batch 1,64}
 fi
 if has compare; then
   # Short contexts only: filling 64 sequences' K/V at 2k copies 19 GB (about 9 s).

@@ -86,6 +86,11 @@ int RunBench(BenchFlags f) {
     o.profile = !f.no_profile;
     f.load.kv_cache_tokens = 0;  // the GPU's memory budget decides
     f.load.need_tokenizer = false;
+    // Recurrent-state models: a live state slot for every decode row.
+    int64_t most_rows = 1;
+    for (int64_t b : o.batch_sizes) most_rows = std::max(most_rows, b);
+    for (int64_t b : o.engine_batch_sizes) most_rows = std::max(most_rows, b);
+    f.load.max_num_seqs = static_cast<int32_t>(most_rows);
     Result<LoadedModel> loaded = LoadModelForCli(f.load);
     if (!loaded.ok()) return Fail(loaded.status());
     return RunCudaBench(o, *loaded);

@@ -56,16 +56,29 @@ FlopModel Flops(const ModelConfig& c) {
   const double q_dim = static_cast<double>(c.n_heads * c.head_dim);
   const double kv_dim = static_cast<double>(c.n_kv_heads * c.head_dim);
   const double inter = static_cast<double>(c.intermediate_size);
+  const double n_attention = static_cast<double>(c.n_layers_of(LayerType::kAttention));
+  const double n_recurrent = static_cast<double>(c.n_layers_of(LayerType::kLinearAttention));
+  const LinearAttentionConfig& la = c.linear;
+  const double q_width = (c.attention_output_gate ? 2 : 1) * q_dim;
   FlopModel f;
-  f.layer_macs = c.n_layers * (hidden * (q_dim + 2 * kv_dim) + q_dim * hidden + 3 * inter * hidden);
+  // Attention: q(|gate), k, v and o projections; Gated DeltaNet: qkv|z|b|a and out projections
+  // (the delta rule itself is a few MACs per state element, counted in the recurrent stage's
+  // bytes instead); every layer's MLP.
+  f.layer_macs =
+      n_attention * (hidden * (q_width + 2 * kv_dim) + q_dim * hidden) +
+      n_recurrent * hidden *
+          static_cast<double>(la.conv_dim() + 2 * la.value_dim() + 2 * la.n_value_heads) +
+      static_cast<double>(c.n_layers) * 3 * inter * hidden;
   f.head_macs = static_cast<double>(c.vocab_size) * hidden;
-  f.attn_dim_layers = static_cast<double>(c.n_layers) * q_dim;
+  f.attn_dim_layers = n_attention * q_dim;
   return f;
 }
 
 // Host-side batch of `rows` sequences, sequence s owning blocks [s * nb, (s + 1) * nb).
+// Recurrent-state models: sequence s keeps its state in slot s.
 struct BenchBatch {
   std::vector<int32_t> tokens, positions, slots, seq_starts, context_lens, block_tables, logits;
+  std::vector<int32_t> state_slots;
   int32_t nb = 0;
 
   Batch View() const {
@@ -78,6 +91,7 @@ struct BenchBatch {
     b.block_tables = block_tables;
     b.max_blocks_per_seq = nb;
     b.logits_indices = logits;
+    b.state_slots = state_slots;
     return b;
   }
 };
@@ -97,6 +111,7 @@ BenchBatch PrefillBatch(std::vector<int32_t> ids, int32_t start, int32_t nb, int
   b.context_lens = {start + n};
   for (int32_t j = 0; j < nb; ++j) b.block_tables.push_back(j);
   b.logits = {n - 1};
+  b.state_slots = {0};
   return b;
 }
 
@@ -109,7 +124,9 @@ void FillDecodeBatch(BenchBatch& b, int32_t rows, int32_t pos, int32_t nb, int32
   b.context_lens.assign(static_cast<size_t>(rows), pos + 1);
   b.block_tables.resize(static_cast<size_t>(rows) * nb);
   b.logits.resize(static_cast<size_t>(rows));
+  b.state_slots.resize(static_cast<size_t>(rows));
   for (int32_t s = 0; s < rows; ++s) {
+    b.state_slots[static_cast<size_t>(s)] = s;
     const int32_t block = s * nb + pos / bs;
     b.slots[s] = block * bs + pos % bs;
     b.seq_starts[s] = s;
@@ -120,9 +137,10 @@ void FillDecodeBatch(BenchBatch& b, int32_t rows, int32_t pos, int32_t nb, int32
 }
 
 json Breakdown(const ForwardStats& st) {
-  const double total = st.attention_s + st.matmul_s + st.other_s;
+  const double total = st.attention_s + st.recurrent_s + st.matmul_s + st.other_s;
   if (total <= 0) return json::object();
   return {{"attention", st.attention_s / total},
+          {"recurrent", st.recurrent_s / total},
           {"gemm", st.matmul_s / total},
           {"other", st.other_s / total},
           {"ms_per_forward", 1e3 * total / std::max<int64_t>(1, st.n_forwards)}};
@@ -254,8 +272,12 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
       }
       const double step_s = Median(rates);
       const double mean_ctx = ctx + 1 + (steps + 1) / 2.0;
-      const double bytes = static_cast<double>(model.decode_weight_bytes()) +
-                           rows * mean_ctx * static_cast<double>(model.kv_bytes_per_token());
+      // Weights, the K/V of the attention layers, and each sequence's recurrent state read
+      // and written.
+      const double bytes =
+          static_cast<double>(model.decode_weight_bytes()) +
+          rows * mean_ctx * static_cast<double>(model.kv_bytes_per_token()) +
+          rows * 2.0 * static_cast<double>(model.cache_spec().state_bytes_per_slot());
       const double gbs = bytes / step_s / 1e9;
       const double fl = rows * (2.0 * (flops.layer_macs + flops.head_macs) +
                                 flops.AttentionFlops(1, mean_ctx - 1));

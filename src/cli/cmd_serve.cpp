@@ -39,6 +39,8 @@ struct ServeFlags {
   std::string api_key;
   bool no_prefix_cache = false;
   bool no_async_scheduling = false;
+  bool protect_metrics = false;
+  int header_timeout_s = 10;
   int n_threads = 0;
   std::string served_model_name;
   int shutdown_grace_s = 10;
@@ -84,6 +86,14 @@ Status CheckFlags(const ServeFlags& f) {
     return InvalidArgument("--kv-memory must be a positive number of GiB");
   }
   if (f.shutdown_grace_s < 0) return InvalidArgument("--shutdown-grace must be >= 0");
+  if (f.header_timeout_s < 1) return InvalidArgument("--header-timeout must be at least 1 s");
+  if (f.n_threads < 0) {
+    return InvalidArgument("--threads must be >= 0 (0: all cores), got " +
+                           std::to_string(f.n_threads));
+  }
+  if (f.protect_metrics && f.api_key.empty() && std::getenv("KESTREL_API_KEY") == nullptr) {
+    return InvalidArgument("--protect-metrics needs --api-key (or $KESTREL_API_KEY)");
+  }
   if (!(f.state_cache_gib >= 0.0 && std::isfinite(f.state_cache_gib))) {
     return InvalidArgument("--state-cache must be a number of GiB >= 0");
   }
@@ -243,6 +253,8 @@ int RunServe(ServeFlags f) {
   }
   if (f.reasoning_parser != "auto") server_options.reasoning = f.reasoning_parser == "think";
   server_options.max_stored_responses = static_cast<size_t>(f.max_stored_responses);
+  server_options.protect_metrics = f.protect_metrics;
+  server_options.transport.head_timeout_s = f.header_timeout_s;
   // Every admitted or queued request holds a connection thread; the rest serve /health,
   // /metrics and idle keep-alive connections.
   server_options.n_http_threads = std::min(f.max_num_seqs + f.max_waiting + 16, 1024);
@@ -297,6 +309,10 @@ void RegisterServe(CLI::App& app, int& exit_code) {
   cmd->add_option("--api-key", f.api_key,
                   "Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/* (default: "
                   "$KESTREL_API_KEY)");
+  cmd->add_flag("--protect-metrics", f.protect_metrics, "With --api-key: /metrics needs the key too");
+  cmd->add_option("--header-timeout", f.header_timeout_s,
+                  "Seconds a request's whole head (request line + headers) may take to arrive")
+      ->capture_default_str();
   cmd->add_option("--tool-call-parser", f.tool_call_parser,
                   "How the model writes tool calls: auto (read from the chat template), hermes, "
                   "qwen3_coder, llama3_json, none")

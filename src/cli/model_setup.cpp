@@ -19,6 +19,10 @@ Result<Device> ResolveDevice(const std::string& flag) {
 }
 
 Result<LoadedModel> LoadModelForCli(const LoadFlags& flags) {
+  if (flags.n_threads < 0) {
+    return InvalidArgument("--threads must be >= 0 (0: all cores), got " +
+                           std::to_string(flags.n_threads));
+  }
   KASSIGN(Device device, ResolveDevice(flags.device));
   LoadedModel m;
   m.dir = ResolveModelDir(flags.model_dir);

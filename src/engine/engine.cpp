@@ -170,6 +170,7 @@ struct Engine::Impl {
   bool started = false;
   std::atomic<int64_t> next_id{0};
   std::atomic<int32_t> n_waiting_published{0};
+  std::atomic<int32_t> n_running_published{0};
   std::atomic<uint64_t> n_rejected{0};
 
   std::mutex join_mu;  // one joiner at a time
@@ -544,6 +545,7 @@ void Engine::Impl::PublishMetrics() {
   live.state_snapshot_bytes = live.state_snapshots * model->cache_spec().state_bytes_per_slot();
   live.state_snapshot_evictions = kv.state_slots().n_evictions();
   n_waiting_published.store(scheduler.n_waiting(), std::memory_order_relaxed);
+  n_running_published.store(scheduler.n_running(), std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(metrics_mu);
   published = live;
 }
@@ -578,12 +580,17 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(EngineRequest request) {
       m.n_rejected.fetch_add(1);
       return Unavailable("the server is shutting down");
     }
-    const int64_t queued = static_cast<int64_t>(m.incoming.size()) +
-                           m.n_waiting_published.load(std::memory_order_relaxed);
-    if (queued >= m.config.max_waiting) {
+    // max_waiting counts only what waits beyond the running capacity: a burst of up to
+    // max_num_seqs + max_waiting requests is always admitted.
+    const int64_t in_engine = static_cast<int64_t>(m.incoming.size()) +
+                              m.n_waiting_published.load(std::memory_order_relaxed) +
+                              m.n_running_published.load(std::memory_order_relaxed);
+    const int64_t capacity = int64_t{m.config.max_num_seqs} + m.config.max_waiting;
+    if (in_engine >= capacity) {
       m.n_rejected.fetch_add(1);
-      return ResourceExhausted("too many queued requests (" + std::to_string(queued) +
-                               "); retry later");
+      return ResourceExhausted(std::to_string(in_engine) + " requests running or queued, " +
+                               std::to_string(m.config.max_num_seqs) + " run at once and " +
+                               std::to_string(m.config.max_waiting) + " may wait");
     }
     m.incoming.push_back(std::move(seq));
   }

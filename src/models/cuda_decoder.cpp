@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "backends/cuda/activation.h"
 #include "backends/cuda/attention.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/deltanet.h"
 #include "backends/cuda/embedding.h"
 #include "backends/cuda/norm.h"
 #include "backends/cuda/rope.h"
@@ -21,6 +23,33 @@ namespace {
 
 size_t AlignUp(size_t n) {
   return (n + CudaWeightPlan::kAlign - 1) / CudaWeightPlan::kAlign * CudaWeightPlan::kAlign;
+}
+
+// Element i of a F32/F16/BF16 tensor as f32.
+float ElementF32(const TensorView& t, int64_t i) {
+  uint16_t h;
+  switch (t.dtype) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, static_cast<const uint8_t*>(t.data) + 4 * i, 4);
+      return f;
+    }
+    case DType::kF16:
+      std::memcpy(&h, static_cast<const uint8_t*>(t.data) + 2 * i, 2);
+      return F16ToF32(h);
+    default:
+      std::memcpy(&h, static_cast<const uint8_t*>(t.data) + 2 * i, 2);
+      return Bf16ToF32(h);
+  }
+}
+
+// Appends the tensor as f32 to `out`; returns its offset (in floats).
+size_t AppendF32(const TensorView& t, std::vector<float>* out) {
+  const size_t at = out->size();
+  const int64_t n = static_cast<int64_t>(t.size_bytes() / DTypeSize(t.dtype));
+  for (int64_t i = 0; i < n; ++i) out->push_back(ElementF32(t, i));
+  while (out->size() % 64 != 0) out->push_back(0.0f);  // 256-byte aligned pieces
+  return at;
 }
 
 Status RequireBf16(const TensorView& t, const std::string& what) {
@@ -54,8 +83,9 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, const DecoderWeights& weight
 
 Result<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const ModelConfig& c,
                                                          const DecoderWeights& w) {
-  if (c.head_dim != 16 && c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 &&
-      c.head_dim != 256) {
+  const bool any_attention = c.n_layers_of(LayerType::kAttention) > 0;
+  if (any_attention && c.head_dim != 16 && c.head_dim != 32 && c.head_dim != 64 &&
+      c.head_dim != 128 && c.head_dim != 256) {
     return Unsupported("--device cuda supports head_dim 16, 32, 64, 128 and 256, not " +
                        std::to_string(c.head_dim));
   }
@@ -63,10 +93,26 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const ModelConfig& c,
     return Unsupported(
         "--device cuda needs hidden, intermediate and attention sizes that are multiples of 8");
   }
-  if (c.norm_weight_offset || c.attention_output_gate) {
+  if (c.attention_output_gate && c.head_dim % 32 != 0) {
+    return Unsupported("--device cuda runs gated attention with head_dim a multiple of 32");
+  }
+  if (c.has_moe()) {
     return Unsupported(c.architecture_class +
-                       ": zero-centred (1 + w) norms and the attention output gate run on the "
-                       "CPU only in this version; use --device cpu");
+                       ": mixture-of-experts layers run on the CPU only in this version; use "
+                       "--device cpu");
+  }
+  const LinearAttentionConfig& la = c.linear;
+  if (c.n_layers_of(LayerType::kLinearAttention) > 0) {
+    if (la.fused_projections) {
+      return Unsupported(c.architecture_class +
+                         ": fused in_proj_qkvz / in_proj_ba Gated DeltaNet layers run on the CPU "
+                         "only in this version; use --device cpu");
+    }
+    if (la.key_head_dim > 256 || la.value_head_dim > 256 || la.conv_kernel > 8) {
+      return Unsupported(
+          "--device cuda runs Gated DeltaNet heads up to 256 wide, conv kernels up "
+          "to 8");
+    }
   }
   KTRY(RequireBf16(w.embed, "the embedding"));
   KTRY(RequireBf16(w.final_norm, "the final norm"));
@@ -74,26 +120,40 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const ModelConfig& c,
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const DecoderLayerWeights& l = w.layers[i];
     const std::string where = "layer " + std::to_string(i);
-    if (l.type != LayerType::kAttention || l.moe) {
-      return Unsupported(c.architecture_class + " " + where +
-                         " is a Gated DeltaNet or mixture-of-experts layer, which runs on the "
-                         "CPU only in this version; use --device cpu");
+    for (const TensorView* t :
+         {&l.input_norm, &l.post_norm, &l.mlp.gate_proj, &l.mlp.gate_bias, &l.mlp.up_proj,
+          &l.mlp.up_bias, &l.mlp.down_proj, &l.mlp.down_bias}) {
+      KTRY(RequireBf16(*t, "a tensor of " + where));
+    }
+    if (l.type == LayerType::kLinearAttention) {
+      for (const TensorView* t : {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b,
+                                  &l.gdn.in_proj_a, &l.gdn.out_proj}) {
+        KTRY(RequireBf16(*t, "a tensor of " + where));
+      }
+      continue;
     }
     const AttentionWeights& a = l.attn;
     if (a.q_bias.empty() != a.k_bias.empty() || a.q_bias.empty() != a.v_bias.empty()) {
       return Unsupported(where + ": q/k/v projections must all have biases or none");
     }
-    for (const TensorView* t :
-         {&l.input_norm, &a.q_proj, &a.q_bias, &a.k_proj, &a.k_bias, &a.v_proj, &a.v_bias,
-          &a.q_norm, &a.k_norm, &a.o_proj, &a.o_bias, &l.post_norm, &l.mlp.gate_proj,
-          &l.mlp.gate_bias, &l.mlp.up_proj, &l.mlp.up_bias, &l.mlp.down_proj, &l.mlp.down_bias}) {
+    if (c.attention_output_gate && !a.q_bias.empty()) {
+      return Unsupported(where + ": gated attention with q/k/v biases is not supported on CUDA");
+    }
+    for (const TensorView* t : {&a.q_proj, &a.q_bias, &a.k_proj, &a.k_bias, &a.v_proj, &a.v_bias,
+                                &a.q_norm, &a.k_norm, &a.o_proj, &a.o_bias}) {
       KTRY(RequireBf16(*t, "a tensor of " + where));
     }
   }
   std::unique_ptr<CudaDecoder> d(new CudaDecoder(c, w));
   d->q_dim_ = c.n_heads * c.head_dim;
   d->kv_dim_ = c.n_kv_heads * c.head_dim;
-  d->n_attention_layers_ = c.n_layers;
+  d->qkv_width_ = (c.attention_output_gate ? 2 : 1) * d->q_dim_ + 2 * d->kv_dim_;
+  d->n_attention_layers_ = c.n_layers_of(LayerType::kAttention);
+  d->n_recurrent_layers_ = c.n_layers_of(LayerType::kLinearAttention);
+  if (d->n_recurrent_layers_ > 0) {
+    d->gdn_width_ = la.conv_dim() + la.value_dim() + 2 * la.n_value_heads;
+  }
+  d->norm_offset_ = c.norm_weight_offset ? 1.0f : 0.0f;
   return d;
 }
 
@@ -101,18 +161,37 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
   embed_off_ = plan->Place({&w_.embed});
   norm_off_ = plan->Place({&w_.final_norm});
   head_off_ = c_.tie_word_embeddings ? embed_off_ : plan->Place({&w_.lm_head});
-  offsets_.resize(w_.layers.size());
+  constexpr size_t kNone = CudaWeightPlan::kNone;
+  offsets_.assign(w_.layers.size(),
+                  LayerOffsets{kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
+                               kNone, kNone, kNone, kNone, kNone, 0, 0, 0, 0});
+  small_host_.clear();
   for (size_t i = 0; i < w_.layers.size(); ++i) {
     const DecoderLayerWeights& l = w_.layers[i];
-    const AttentionWeights& a = l.attn;
     LayerOffsets& o = offsets_[i];
     o.input_norm = plan->Place({&l.input_norm});
-    o.qkv = plan->Place({&a.q_proj, &a.k_proj, &a.v_proj});
-    o.qkv_bias = plan->PlaceOptional({&a.q_bias, &a.k_bias, &a.v_bias});
-    o.q_norm = plan->PlaceOptional({&a.q_norm});
-    o.k_norm = plan->PlaceOptional({&a.k_norm});
-    o.o_proj = plan->Place({&a.o_proj});
-    o.o_bias = plan->PlaceOptional({&a.o_bias});
+    if (l.type == LayerType::kLinearAttention) {
+      const DeltaNetWeights& g = l.gdn;
+      o.in_proj = plan->Place({&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a});
+      o.out_proj = plan->Place({&g.out_proj});
+      o.conv_w = AppendF32(g.conv1d, &small_host_);
+      const size_t a_log = AppendF32(g.a_log, &small_host_);
+      for (int64_t h = 0; h < c_.linear.n_value_heads; ++h) {
+        float& x = small_host_[a_log + static_cast<size_t>(h)];
+        x = -std::exp(x);  // as cpu::DeltaGates
+      }
+      o.neg_exp_a = a_log;
+      o.dt_bias = AppendF32(g.dt_bias, &small_host_);
+      o.gdn_norm = AppendF32(g.norm, &small_host_);
+    } else {
+      const AttentionWeights& a = l.attn;
+      o.qkv = plan->Place({&a.q_proj, &a.k_proj, &a.v_proj});
+      o.qkv_bias = plan->PlaceOptional({&a.q_bias, &a.k_bias, &a.v_bias});
+      o.q_norm = plan->PlaceOptional({&a.q_norm});
+      o.k_norm = plan->PlaceOptional({&a.k_norm});
+      o.o_proj = plan->Place({&a.o_proj});
+      o.o_bias = plan->PlaceOptional({&a.o_bias});
+    }
     o.post_norm = plan->Place({&l.post_norm});
     o.gate_up = plan->Place({&l.mlp.gate_proj, &l.mlp.up_proj});
     o.gate_bias = plan->PlaceOptional({&l.mlp.gate_bias});
@@ -148,11 +227,36 @@ void CudaDecoder::BindWeights(const uint8_t* base) {
     l.down = at(o.down);
     l.down_bias = at(o.down_bias);
     l.sliding_window = static_cast<int32_t>(w_.layers[i].attn.sliding_window);
-    l.attention_index = static_cast<int64_t>(i);
+    l.recurrent = w_.layers[i].type == LayerType::kLinearAttention;
+    l.in_proj = at(o.in_proj);
+    l.out_proj = at(o.out_proj);
+  }
+  int64_t n_attention = 0, n_recurrent = 0;
+  for (LayerWeights& l : layers_) {
+    if (l.recurrent) {
+      l.recurrent_index = n_recurrent++;
+    } else {
+      l.attention_index = n_attention++;
+    }
   }
 }
 
 Status CudaDecoder::UploadConstants() {
+  if (!small_host_.empty()) {
+    KASSIGN(small_,
+            cuda::DeviceBuffer::Allocate(small_host_.size() * 4, "Gated DeltaNet constants"));
+    KCUDA_CHECK(cudaMemcpy(small_.get(), small_host_.data(), small_host_.size() * 4,
+                           cudaMemcpyHostToDevice));
+    const float* base = small_.as<float>();
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (!layers_[i].recurrent) continue;
+      const LayerOffsets& o = offsets_[i];
+      layers_[i].conv_w = base + o.conv_w;
+      layers_[i].neg_exp_a = base + o.neg_exp_a;
+      layers_[i].dt_bias = base + o.dt_bias;
+      layers_[i].gdn_norm = base + o.gdn_norm;
+    }
+  }
   const std::vector<float> inv_freq = RopeInvFreq(c_);
   KASSIGN(inv_freq_, cuda::DeviceBuffer::Allocate(inv_freq.size() * 4, "RoPE tables"));
   KCUDA_CHECK(
@@ -165,14 +269,16 @@ Status CudaDecoder::UploadConstants() {
 // Offsets of one activation layout; ActivationBytes and BindActivations share it.
 namespace {
 struct ActivationLayout {
-  size_t x, xn, qkv, q, attn, tmp, gate_up, act, x_final, logits, workspace, workspace_bytes, total;
+  size_t x, xn, qkv, q, attn, tmp, gate_up, act, x_final, logits, workspace, workspace_bytes;
+  size_t gate, conv_out, dq, dk, beta, g, core, gdn_out, total;
 };
 
-ActivationLayout Layout(const ModelConfig& c, int64_t q_dim, int64_t kv_dim, int32_t n_tokens,
-                        int32_t n_logits, int32_t max_context) {
+ActivationLayout Layout(const ModelConfig& c, int64_t q_dim, int64_t fused_width, bool gated,
+                        bool recurrent, int32_t n_tokens, int32_t n_logits, int32_t max_context) {
   const int64_t n = n_tokens;
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.intermediate_size;
+  const LinearAttentionConfig& la = c.linear;
   ActivationLayout l{};
   size_t total = 0;
   auto reserve = [&](int64_t bytes) {
@@ -182,7 +288,7 @@ ActivationLayout Layout(const ModelConfig& c, int64_t q_dim, int64_t kv_dim, int
   };
   l.x = reserve(n * hidden * 4);
   l.xn = reserve(n * hidden * 2);
-  l.qkv = reserve(n * (q_dim + 2 * kv_dim) * 4);
+  l.qkv = reserve(n * fused_width * 4);
   l.q = reserve(n * q_dim * 2);
   l.attn = reserve(n * q_dim * 2);
   l.tmp = reserve(n * hidden * 4);
@@ -195,18 +301,31 @@ ActivationLayout Layout(const ModelConfig& c, int64_t q_dim, int64_t kv_dim, int
       std::min(n_tokens, CudaDecoder::kMaxDecodeAttentionRows), static_cast<int32_t>(c.n_heads),
       static_cast<int32_t>(c.head_dim), max_context);
   l.workspace = reserve(static_cast<int64_t>(l.workspace_bytes));
+  l.gate = reserve(gated ? n * q_dim * 4 : 0);
+  const int64_t r = recurrent ? n : 0;
+  l.conv_out = reserve(r * la.conv_dim() * 4);
+  l.dq = reserve(r * la.key_dim() * 4);
+  l.dk = reserve(r * la.key_dim() * 4);
+  l.beta = reserve(r * la.n_value_heads * 4);
+  l.g = reserve(r * la.n_value_heads * 4);
+  l.core = reserve(r * la.value_dim() * 4);
+  l.gdn_out = reserve(r * la.value_dim() * 2);
   l.total = total;
   return l;
 }
 }  // namespace
 
 size_t CudaDecoder::ActivationBytes(int32_t n_tokens, int32_t n_logits, int32_t max_context) const {
-  return Layout(c_, q_dim_, kv_dim_, n_tokens, n_logits, max_context).total;
+  return Layout(c_, q_dim_, std::max(qkv_width_, gdn_width_), c_.attention_output_gate,
+                n_recurrent_layers_ > 0, n_tokens, n_logits, max_context)
+      .total;
 }
 
 void CudaDecoder::BindActivations(uint8_t* b, int32_t n_tokens, int32_t n_logits,
                                   int32_t max_context) {
-  const ActivationLayout l = Layout(c_, q_dim_, kv_dim_, n_tokens, n_logits, max_context);
+  const ActivationLayout l =
+      Layout(c_, q_dim_, std::max(qkv_width_, gdn_width_), c_.attention_output_gate,
+             n_recurrent_layers_ > 0, n_tokens, n_logits, max_context);
   x_ = reinterpret_cast<float*>(b + l.x);
   xn_ = reinterpret_cast<__nv_bfloat16*>(b + l.xn);
   qkv_ = reinterpret_cast<float*>(b + l.qkv);
@@ -219,44 +338,86 @@ void CudaDecoder::BindActivations(uint8_t* b, int32_t n_tokens, int32_t n_logits
   logits_ = reinterpret_cast<float*>(b + l.logits);
   attention_workspace_ = b + l.workspace;
   attention_workspace_bytes_ = l.workspace_bytes;
+  gate_ = reinterpret_cast<float*>(b + l.gate);
+  conv_out_ = reinterpret_cast<float*>(b + l.conv_out);
+  dq_ = reinterpret_cast<float*>(b + l.dq);
+  dk_ = reinterpret_cast<float*>(b + l.dk);
+  beta_ = reinterpret_cast<float*>(b + l.beta);
+  g_ = reinterpret_cast<float*>(b + l.g);
+  core_ = reinterpret_cast<float*>(b + l.core);
+  gdn_out_ = reinterpret_cast<__nv_bfloat16*>(b + l.gdn_out);
 }
 
 void CudaDecoder::Layer(int64_t layer, const DeviceBatchView& v, const CudaKvPool& kv,
-                        cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks) {
+                        const CudaStatePool& state, cudaStream_t stream, cuda::LinearEngine* linear,
+                        CudaStageMarks* marks) {
   const ModelConfig& c = c_;
   const LayerWeights& w = layers_[static_cast<size_t>(layer)];
   const int64_t n = v.n_tokens;
   const int64_t hidden = c.hidden_size;
-  const int64_t qkv_dim = q_dim_ + 2 * kv_dim_;
   const int64_t inter = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  auto gemm = [&](const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* wt,
-                  int64_t n_out, float* y) {
-    linear->Run(x, m, k, wt, n_out, y, stream);
-    marks->Mark(CudaStage::kMatmul);
-  };
 
   // Residual of the previous layer's MLP (none before layer 0) + input norm.
   const LayerWeights* prev = layer > 0 ? &layers_[static_cast<size_t>(layer - 1)] : nullptr;
   cuda::AddRmsNorm(x_, prev != nullptr ? tmp_ : nullptr,
                    prev != nullptr ? prev->down_bias : nullptr, w.input_norm, eps, n, hidden, xn_,
-                   stream);
+                   stream, norm_offset_);
   marks->Mark(CudaStage::kOther);
-  gemm(xn_, n, hidden, w.qkv, qkv_dim, qkv_);  // [n, q_dim + 2*kv_dim]
+  if (w.recurrent) {
+    DeltaNet(w, v, state, stream, linear, marks);
+  } else {
+    Attention(w, v, kv, stream, linear, marks);
+  }
+  // tmp_ = the mixer's output (without its bias: o_bias goes into the norm's add).
+  cuda::AddRmsNorm(x_, tmp_, w.recurrent ? nullptr : w.o_bias, w.post_norm, eps, n, hidden, xn_,
+                   stream, norm_offset_);
+  marks->Mark(CudaStage::kOther);
+  linear->Run(xn_, n, hidden, w.gate_up, 2 * inter, gate_up_, stream);  // [n, 2*intermediate]
+  marks->Mark(CudaStage::kMatmul);
+  cuda::SiluMul(gate_up_, w.gate_bias, w.up_bias, n, inter, act_, stream);
+  marks->Mark(CudaStage::kOther);
+  linear->Run(act_, n, inter, w.down, hidden, tmp_, stream);  // [n, hidden]; added by the next norm
+  marks->Mark(CudaStage::kMatmul);
+}
+
+void CudaDecoder::Attention(const LayerWeights& w, const DeviceBatchView& v, const CudaKvPool& kv,
+                            cudaStream_t stream, cuda::LinearEngine* linear,
+                            CudaStageMarks* marks) {
+  const ModelConfig& c = c_;
+  const int64_t n = v.n_tokens;
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  linear->Run(xn_, n, hidden, w.qkv, qkv_width_, qkv_, stream);  // [n, qkv_width]
+  marks->Mark(CudaStage::kMatmul);
 
   // Bias, QK-norm, RoPE, K/V into the pool; then attention through the block tables.
   __nv_bfloat16* k_cache = kv.k(w.attention_index);
   __nv_bfloat16* v_cache = kv.v(w.attention_index);
-  cuda::QkvRopeShape rs;
-  rs.n_heads = static_cast<int32_t>(c.n_heads);
-  rs.n_kv_heads = static_cast<int32_t>(c.n_kv_heads);
-  rs.head_dim = static_cast<int32_t>(c.head_dim);
-  rs.rotary_half = static_cast<int32_t>(RopeRotaryDim(c) / 2);
-  rs.block_size_tokens = kv.block_size;
-  rs.qk_norm_eps = eps;
-  rs.attention_scaling = rope_attention_scale_;
-  cuda::QkvRope(qkv_, w.qkv_bias, w.q_norm, w.k_norm, v.positions, inv_freq_.as<float>(),
-                v.slot_mapping, n, rs, q_, k_cache, v_cache, stream);
+  if (c.attention_output_gate) {
+    cuda::GatedQkvShape gs;
+    gs.n_heads = static_cast<int32_t>(c.n_heads);
+    gs.n_kv_heads = static_cast<int32_t>(c.n_kv_heads);
+    gs.head_dim = static_cast<int32_t>(c.head_dim);
+    gs.rotary_dim = static_cast<int32_t>(RopeRotaryDim(c));
+    gs.block_size = kv.block_size;
+    gs.eps = eps;
+    gs.norm_offset = norm_offset_;
+    gs.attention_scaling = rope_attention_scale_;
+    cuda::GatedQkvRope(qkv_, w.q_norm, w.k_norm, v.positions, inv_freq_.as<float>(), v.slot_mapping,
+                       n, gs, q_, gate_, k_cache, v_cache, stream);
+  } else {
+    cuda::QkvRopeShape rs;
+    rs.n_heads = static_cast<int32_t>(c.n_heads);
+    rs.n_kv_heads = static_cast<int32_t>(c.n_kv_heads);
+    rs.head_dim = static_cast<int32_t>(c.head_dim);
+    rs.rotary_half = static_cast<int32_t>(RopeRotaryDim(c) / 2);
+    rs.block_size_tokens = kv.block_size;
+    rs.qk_norm_eps = eps;
+    rs.attention_scaling = rope_attention_scale_;
+    cuda::QkvRope(qkv_, w.qkv_bias, w.q_norm, w.k_norm, v.positions, inv_freq_.as<float>(),
+                  v.slot_mapping, n, rs, q_, k_cache, v_cache, stream);
+  }
   cuda::PagedAttentionParams ap;
   ap.q = q_;
   ap.k_cache = k_cache;
@@ -280,30 +441,66 @@ void CudaDecoder::Layer(int64_t layer, const DeviceBatchView& v, const CudaKvPoo
       v.max_query_len == 1 && v.n_tokens > kMaxDecodeAttentionRows ? 2 : v.max_query_len;
   ap.max_context_len = v.max_context_len;
   cuda::PagedAttention(ap, attention_workspace_, attention_workspace_bytes_, stream);
+  if (c.attention_output_gate) cuda::SigmoidGate(attn_, gate_, n * q_dim_, stream);
   marks->Mark(CudaStage::kAttention);
+  linear->Run(attn_, n, q_dim_, w.o_proj, hidden, tmp_, stream);  // [n, hidden]
+  marks->Mark(CudaStage::kMatmul);
+}
 
-  gemm(attn_, n, q_dim_, w.o_proj, hidden, tmp_);  // [n, hidden]
-  cuda::AddRmsNorm(x_, tmp_, w.o_bias, w.post_norm, eps, n, hidden, xn_, stream);
-  marks->Mark(CudaStage::kOther);
+void CudaDecoder::DeltaNet(const LayerWeights& w, const DeviceBatchView& v,
+                           const CudaStatePool& state, cudaStream_t stream,
+                           cuda::LinearEngine* linear, CudaStageMarks* marks) {
+  const ModelConfig& c = c_;
+  const LinearAttentionConfig& la = c.linear;
+  const int64_t n = v.n_tokens;
+  const int32_t nk = static_cast<int32_t>(la.n_key_heads),
+                nv = static_cast<int32_t>(la.n_value_heads);
+  const int32_t dk = static_cast<int32_t>(la.key_head_dim),
+                dv = static_cast<int32_t>(la.value_head_dim);
+  const int64_t conv_dim = la.conv_dim(), value_dim = la.value_dim();
+  linear->Run(xn_, n, c.hidden_size, w.in_proj, gdn_width_, qkv_, stream);  // qkv | z | b | a
+  marks->Mark(CudaStage::kMatmul);
 
-  gemm(xn_, n, hidden, w.gate_up, 2 * inter, gate_up_);  // [n, 2*intermediate]
-  cuda::SiluMul(gate_up_, w.gate_bias, w.up_bias, n, inter, act_, stream);
-  marks->Mark(CudaStage::kOther);
-  gemm(act_, n, inter, w.down, hidden, tmp_);  // [n, hidden]; added by the next norm
+  cuda::DeltaStateView sv;
+  sv.state = state.base;
+  sv.slot_floats = state.slot_floats;
+  sv.layer_offset = w.recurrent_index * state.layer_floats;
+  sv.conv_floats = state.conv_floats;
+  cuda::DeltaBatchView bv;
+  bv.seq_starts = v.seq_starts;
+  bv.positions = v.positions;
+  bv.state_slots = v.state_slots;
+  bv.snapshot_slot = v.snapshot_slot;
+  bv.n_seqs = v.n_seqs;
+  bv.n_tokens = v.n_tokens;
+  cuda::CausalConv1dSilu(qkv_, gdn_width_, static_cast<int32_t>(conv_dim),
+                         static_cast<int32_t>(la.conv_kernel), w.conv_w, bv, sv, conv_out_, stream);
+  cuda::DeltaPrep(conv_out_, static_cast<int32_t>(n), nk, dk, nv, dv, qkv_ + conv_dim + value_dim,
+                  gdn_width_, w.neg_exp_a, w.dt_bias, dq_, dk_, beta_, g_, stream);
+  cuda::GatedDeltaRule(dq_, dk_, conv_out_ + 2 * la.key_dim(), conv_dim, g_, beta_, nk, dk, nv, dv,
+                       bv, sv, core_, stream);
+  cuda::GatedRmsNormSilu(core_, qkv_ + conv_dim, gdn_width_, nv, n * nv, dv, w.gdn_norm,
+                         static_cast<float>(c.rms_norm_eps), gdn_out_, stream);
+  marks->Mark(CudaStage::kRecurrent);
+  linear->Run(gdn_out_, n, value_dim, w.out_proj, c.hidden_size, tmp_, stream);  // [n, hidden]
+  marks->Mark(CudaStage::kMatmul);
 }
 
 void CudaDecoder::Forward(const DeviceBatchView& v, int32_t lm_head_rows, const CudaKvPool& kv,
-                          cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks) {
+                          const CudaStatePool& state, cudaStream_t stream,
+                          cuda::LinearEngine* linear, CudaStageMarks* marks) {
   const ModelConfig& c = c_;
   const float eps = static_cast<float>(c.rms_norm_eps);
   cuda::EmbeddingGather(embed_, c.vocab_size, c.hidden_size, v.token_ids, v.n_tokens, x_,
                         stream);  // [n, hidden]
   marks->Mark(CudaStage::kOther);
-  for (int64_t layer = 0; layer < c.n_layers; ++layer) Layer(layer, v, kv, stream, linear, marks);
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    Layer(layer, v, kv, state, stream, linear, marks);
+  }
   // The last MLP's residual (kept in x_ for further LM-head chunks).
   const LayerWeights& last = layers_.back();
   cuda::AddRmsNorm(x_, tmp_, last.down_bias, final_norm_, eps, v.n_tokens, c.hidden_size, xn_,
-                   stream);
+                   stream, norm_offset_);
   if (lm_head_rows > 0) LmHead(v.logits_rows, lm_head_rows, stream, linear, marks);
 }
 
@@ -311,7 +508,7 @@ void CudaDecoder::LmHead(const int32_t* logits_rows, int32_t rows, cudaStream_t 
                          cuda::LinearEngine* linear, CudaStageMarks* marks) {
   const ModelConfig& c = c_;
   cuda::GatherRmsNorm(x_, logits_rows, rows, c.hidden_size, final_norm_,
-                      static_cast<float>(c.rms_norm_eps), x_final_, stream);
+                      static_cast<float>(c.rms_norm_eps), x_final_, stream, norm_offset_);
   marks->Mark(CudaStage::kOther);
   linear->Run(x_final_, rows, c.hidden_size, lm_head_, c.vocab_size, logits_, stream);
   marks->Mark(CudaStage::kMatmul);

@@ -10,10 +10,17 @@
 //   -> add -> gather+RMSNorm of the logits rows -> LM head GEMM.
 // Biases are added inside the kernel that consumes each GEMM's output, so every GEMM is plain.
 //
-// Layers supported here: softmax attention (GQA, q/k/v biases, QK-norm, sliding windows, partial
-// RoPE) with a dense SwiGLU MLP, i.e. Llama, Mistral, Qwen2 and Qwen3. Gated DeltaNet,
-// mixture-of-experts layers and the attention output gate run on the CPU in this version;
-// Create says so.
+// Layers supported here: softmax attention (GQA, q/k/v biases, QK-norm, sliding windows; the
+// gated attention of Qwen3.5 with partial RoPE and (1 + w) norms) and Gated DeltaNet layers
+// (Qwen3.5's separate in_proj_qkv / z / b / a, backends/cuda/deltanet.h, the delta rule in its
+// recurrent form for prefill and decode alike), each followed by a dense SwiGLU MLP: Llama,
+// Mistral, Qwen2, Qwen3, Qwen3.5. Mixture-of-experts layers and Qwen3-Next's fused projections
+// run on the CPU in this version; Create says so.
+//
+// A hybrid step:  [attention layer as above, with q|gate split and sigmoid(gate) * attention]
+//   or [add+RMSNorm -> fused in_proj GEMM (qkv | z | b | a) -> causal conv + SiLU (window from
+//   the sequence's state slot) -> q/k L2 norm, gates -> gated delta rule (state slot) -> gated
+//   RMSNorm * SiLU(z) -> out_proj GEMM], then the MLP.
 #pragma once
 
 #ifdef KESTREL_HAS_CUDA
@@ -39,14 +46,16 @@ namespace kestrel {
 
 // Batch metadata as the kernels read it, at fixed offsets of one int32 device array.
 struct DeviceBatchView {
-  const int32_t* token_ids = nullptr;     // [n_tokens]
-  const int32_t* positions = nullptr;     // [n_tokens]
-  const int32_t* slot_mapping = nullptr;  // [n_tokens]
-  const int32_t* seq_starts = nullptr;    // [n_seqs + 1]
-  const int32_t* context_lens = nullptr;  // [n_seqs]
-  const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
-  const int32_t* logits_rows = nullptr;   // [n_logits]
-  const int32_t* sampled_rows = nullptr;  // [n_tokens] (Batch::sampled_rows) or null
+  const int32_t* token_ids = nullptr;      // [n_tokens]
+  const int32_t* positions = nullptr;      // [n_tokens]
+  const int32_t* slot_mapping = nullptr;   // [n_tokens]
+  const int32_t* seq_starts = nullptr;     // [n_seqs + 1]
+  const int32_t* context_lens = nullptr;   // [n_seqs]
+  const int32_t* block_tables = nullptr;   // [n_seqs, max_blocks_per_seq]
+  const int32_t* logits_rows = nullptr;    // [n_logits]
+  const int32_t* sampled_rows = nullptr;   // [n_tokens] (Batch::sampled_rows) or null
+  const int32_t* state_slots = nullptr;    // [n_seqs] recurrent-state models, else null
+  const int32_t* snapshot_slot = nullptr;  // [n_tokens] state snapshot after the row, or -1
   int32_t n_tokens = 0, n_seqs = 0, n_logits = 0;
   int32_t max_blocks_per_seq = 0;
   int32_t max_query_len = 0, max_context_len = 0;
@@ -76,7 +85,7 @@ class CudaWeightPlan {
 };
 
 // Stage timing the runner collects into ForwardStats (CUDA events; no-op unless profiling).
-enum class CudaStage { kAttention, kMatmul, kOther };
+enum class CudaStage { kAttention, kRecurrent, kMatmul, kOther };
 class CudaStageMarks {
  public:
   virtual ~CudaStageMarks() = default;
@@ -97,6 +106,15 @@ struct CudaKvPool {
   __nv_bfloat16* v(int64_t attention_index) const {
     return base + (2 * attention_index + 1) * elements_per_cache;
   }
+};
+
+// The recurrent state slots (models/cache_spec.h), f32: slot s holds every recurrent layer's conv
+// window then delta-rule state; one slot past n_slots is reserved for graph padding rows.
+struct CudaStatePool {
+  float* base = nullptr;
+  int64_t slot_floats = 0;
+  int64_t layer_floats = 0;
+  int64_t conv_floats = 0;
 };
 
 class CudaDecoder {
@@ -126,12 +144,14 @@ class CudaDecoder {
   // Everything from the embedding to the LM head logits of the first `lm_head_rows` of
   // v.logits_rows (into logits()).
   void Forward(const DeviceBatchView& v, int32_t lm_head_rows, const CudaKvPool& kv,
-               cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks);
+               const CudaStatePool& state, cudaStream_t stream, cuda::LinearEngine* linear,
+               CudaStageMarks* marks);
   // The final norm + LM head of `rows` further logits rows (after Forward, same batch).
   void LmHead(const int32_t* logits_rows, int32_t rows, cudaStream_t stream,
               cuda::LinearEngine* linear, CudaStageMarks* marks);
 
   int64_t n_attention_layers() const { return n_attention_layers_; }
+  int64_t n_recurrent_layers() const { return n_recurrent_layers_; }
 
  private:
   // Device pointers of one layer's weights (bf16, inside the runner's weight allocation).
@@ -151,20 +171,41 @@ class CudaDecoder {
     const __nv_bfloat16* down_bias = nullptr;   // (hidden) or null
     int32_t sliding_window = 0;
     int64_t attention_index = 0;  // its K/V caches in the pool
+    // Gated DeltaNet layers: in_proj (conv_dim + value_dim + 2*nv, hidden) = qkv|z|b|a, out_proj
+    // (hidden, value_dim) bf16; f32 constants in small_.
+    bool recurrent = false;
+    int64_t recurrent_index = 0;
+    const __nv_bfloat16* in_proj = nullptr;
+    const __nv_bfloat16* out_proj = nullptr;
+    const float* conv_w = nullptr;     // [conv_dim, K]
+    const float* neg_exp_a = nullptr;  // [nv] -exp(A_log)
+    const float* dt_bias = nullptr;    // [nv]
+    const float* gdn_norm = nullptr;   // [dv]
   };
   struct LayerOffsets {
     size_t input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, gate_bias,
-        up_bias, down, down_bias;
+        up_bias, down, down_bias, in_proj, out_proj;
+    size_t conv_w, neg_exp_a, dt_bias, gdn_norm;  // float offsets in small_host_
   };
 
   CudaDecoder(const ModelConfig& config, const DecoderWeights& weights);
-  void Layer(int64_t layer, const DeviceBatchView& v, const CudaKvPool& kv, cudaStream_t stream,
-             cuda::LinearEngine* linear, CudaStageMarks* marks);
+  void Layer(int64_t layer, const DeviceBatchView& v, const CudaKvPool& kv,
+             const CudaStatePool& state, cudaStream_t stream, cuda::LinearEngine* linear,
+             CudaStageMarks* marks);
+  void Attention(const LayerWeights& w, const DeviceBatchView& v, const CudaKvPool& kv,
+                 cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks);
+  void DeltaNet(const LayerWeights& w, const DeviceBatchView& v, const CudaStatePool& state,
+                cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks);
 
   const ModelConfig& c_;
   const DecoderWeights& w_;  // host views (the runner keeps the checkpoint mapped)
   int64_t q_dim_ = 0, kv_dim_ = 0;
-  int64_t n_attention_layers_ = 0;
+  int64_t qkv_width_ = 0;  // fused attention projection: (gated ? 2 : 1) * q_dim + 2 * kv_dim
+  int64_t gdn_width_ = 0;  // fused Gated DeltaNet projection: conv_dim + value_dim + 2 * nv
+  int64_t n_attention_layers_ = 0, n_recurrent_layers_ = 0;
+  float norm_offset_ = 0.0f;       // 1 for (1 + w) norms
+  std::vector<float> small_host_;  // f32 constants of the recurrent layers, uploaded to small_
+  cuda::DeviceBuffer small_;
 
   size_t embed_off_ = 0, norm_off_ = 0, head_off_ = 0;
   std::vector<LayerOffsets> offsets_;
@@ -179,16 +220,25 @@ class CudaDecoder {
   // Activations (inside the runner's allocation).
   float* x_ = nullptr;                // [n, hidden] residual stream
   __nv_bfloat16* xn_ = nullptr;       // [n, hidden] normalised block input (GEMM input)
-  float* qkv_ = nullptr;              // [n, q_dim + 2*kv_dim] fused projection output
+  float* qkv_ = nullptr;              // [n, max(qkv_width, gdn_width)] fused projection output
   __nv_bfloat16* q_ = nullptr;        // [n, n_heads, head_dim] rotated queries
   __nv_bfloat16* attn_ = nullptr;     // [n, n_heads, head_dim] attention output
-  float* tmp_ = nullptr;              // [n, hidden] o_proj / down_proj output
+  float* tmp_ = nullptr;              // [n, hidden] o_proj / out_proj / down_proj output
   float* gate_up_ = nullptr;          // [n, 2*intermediate]
   __nv_bfloat16* act_ = nullptr;      // [n, intermediate] silu(gate)*up
   __nv_bfloat16* x_final_ = nullptr;  // [n_logits, hidden] final-normed logits rows
   float* logits_ = nullptr;           // [n_logits, vocab]
   void* attention_workspace_ = nullptr;
   size_t attention_workspace_bytes_ = 0;
+  // Gated attention and Gated DeltaNet (only when the model has such layers).
+  float* gate_ = nullptr;             // [n, q_dim] output gate
+  float* conv_out_ = nullptr;         // [n, conv_dim]
+  float* dq_ = nullptr;               // [n, key_dim] normalised queries
+  float* dk_ = nullptr;               // [n, key_dim] normalised keys
+  float* beta_ = nullptr;             // [n, nv]
+  float* g_ = nullptr;                // [n, nv]
+  float* core_ = nullptr;             // [n, value_dim] delta-rule output
+  __nv_bfloat16* gdn_out_ = nullptr;  // [n, value_dim] gated norm output (out_proj input)
 };
 
 }  // namespace kestrel

@@ -16,10 +16,12 @@
 #include <string>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/deltanet.h"
 #include "backends/cuda/embedding.h"
 #include "backends/cuda/pdl.cuh"
 #include "core/check.h"
 #include "models/batch_check.h"
+#include "models/cpu_runner.h"
 #include "models/gpu_sampling_rows.h"
 
 namespace kestrel {
@@ -195,6 +197,21 @@ Status CudaRunner::EnsureMetadata(size_t n_ints) {
   return Status::Ok();
 }
 
+Status CudaRunner::AllocateState(const ModelLoadOptions& options) {
+  if (!cache_spec_.has_recurrent_state()) return Status::Ok();
+  n_state_slots_ = ResolveStateSlots(cache_spec_, options);
+  state_pool_.layer_floats = cache_spec_.state_floats_per_layer();
+  state_pool_.conv_floats = cache_spec_.conv_state_floats;
+  state_pool_.slot_floats = cache_spec_.n_recurrent_layers * state_pool_.layer_floats;
+  // One slot past the pool for padding rows of graph buckets and warm-up runs.
+  const size_t bytes = size_t(n_state_slots_ + 1) * size_t(state_pool_.slot_floats) * 4;
+  KASSIGN(state_, cuda::DeviceBuffer::Allocate(
+                      bytes, "recurrent state (" + std::to_string(n_state_slots_) + " slots)"));
+  KCUDA_CHECK(cudaMemset(state_.get(), 0, bytes));
+  state_pool_.base = state_.as<float>();
+  return Status::Ok();
+}
+
 Status CudaRunner::AllocateKv(const ModelLoadOptions& options, bool show_progress) {
   const ModelConfig& c = config_;
   block_size_ = options.block_size_tokens;
@@ -295,6 +312,7 @@ Result<std::unique_ptr<Model>> LoadCudaModel(ModelConfig config, WeightStore sto
   m->attention_workspace_context_ = static_cast<int32_t>(std::min<int64_t>(
       c.max_position_embeddings > 0 ? c.max_position_embeddings : 32768, 1 << 20));
   KTRY(m->EnsureActivations(std::max<int32_t>(options.max_batch_tokens, kMaxGraphRows)));
+  KTRY(m->AllocateState(options));
   KTRY(m->AllocateKv(options, options.show_progress));
   KCUDA_CHECK(cudaEventCreate(&m->profile_start_));
   KCUDA_CHECK(cudaEventCreateWithFlags(&m->sampling_done_, cudaEventDisableTiming));
@@ -307,7 +325,7 @@ Result<std::unique_ptr<Model>> LoadCudaModel(ModelConfig config, WeightStore sto
 }
 
 DeviceBatchView CudaRunner::StageBatch(const Batch& b, int32_t n_rows, int32_t stride,
-                                       int32_t max_context_len, bool graph) {
+                                       int32_t max_context_len, bool graph, bool warmup) {
   const int32_t n = b.n_tokens();
   const int32_t n_seqs = b.n_seqs();
   // A decode graph bucket: one token per (padded) sequence and logits for every row, device
@@ -322,8 +340,15 @@ DeviceBatchView CudaRunner::StageBatch(const Batch& b, int32_t n_rows, int32_t s
   const size_t o_tok = 0, o_pos = o_tok + rows, o_slot = o_pos + rows, o_start = o_slot + rows;
   const size_t o_ctx = o_start + seqs + 1, o_bt = o_ctx + seqs;
   const size_t o_lg = o_bt + static_cast<size_t>(seqs) * stride;
-  const size_t o_src = o_lg + n_logits;
-  const size_t total = o_src + (has_sampled ? rows : 0);
+  // Recurrent-state models: state slot per sequence, snapshot slot per row, then the state
+  // copies (eager steps only).
+  const bool has_state = n_state_slots_ > 0;
+  const size_t o_sslot = o_lg + n_logits;
+  const size_t o_snap = o_sslot + (has_state ? seqs : 0);
+  const size_t o_src = o_snap + (has_state ? rows : 0);
+  const size_t o_copy = o_src + (has_sampled ? rows : 0);
+  const size_t n_copies = graph ? 0 : b.state_copies.size();
+  const size_t total = o_copy + 2 * n_copies;
   const Status st = EnsureMetadata(total);
   KCHECK_MSG(st.ok(), st.message().c_str());
   // The staging buffer used two steps ago: its upload must have been done.
@@ -357,8 +382,24 @@ DeviceBatchView CudaRunner::StageBatch(const Batch& b, int32_t n_rows, int32_t s
   for (int32_t i = 0; i < n_logits; ++i) {
     h[o_lg + i] = graph ? i : b.logits_indices[i];
   }
+  if (has_state) {
+    // Padding sequences (and a graph's warm-up run, which must not advance any real state) use
+    // the reserved slot past the pool.
+    const int32_t dummy_slot = n_state_slots_;
+    for (int32_t s = 0; s < seqs; ++s) {
+      h[o_sslot + s] = s < n_seqs && !warmup ? b.state_slots[static_cast<size_t>(s)] : dummy_slot;
+    }
+    for (int32_t t = 0; t < rows; ++t) h[o_snap + t] = -1;
+    if (!warmup) {
+      for (const StateSnapshot& sn : b.state_snapshots) h[o_snap + sn.row] = sn.dst_slot;
+    }
+  }
   if (has_sampled) {
     for (int32_t t = 0; t < rows; ++t) h[o_src + t] = t < n ? b.sampled_rows[t] : -1;
+  }
+  for (size_t i = 0; i < n_copies; ++i) {
+    h[o_copy + i] = b.state_copies[i].src_slot;
+    h[o_copy + n_copies + i] = b.state_copies[i].dst_slot;
   }
   int32_t max_q = 0;
   for (int32_t s = 0; s < n_seqs; ++s)
@@ -375,6 +416,11 @@ DeviceBatchView CudaRunner::StageBatch(const Batch& b, int32_t n_rows, int32_t s
   v.block_tables = d + o_bt;
   v.logits_rows = d + o_lg;
   v.sampled_rows = has_sampled ? d + o_src : nullptr;
+  v.state_slots = has_state ? d + o_sslot : nullptr;
+  v.snapshot_slot = has_state ? d + o_snap : nullptr;
+  state_copy_src_ = d + o_copy;
+  state_copy_dst_ = d + o_copy + n_copies;
+  n_state_copies_ = static_cast<int32_t>(n_copies);
   v.n_tokens = rows;
   v.n_seqs = seqs;
   v.n_logits = n_logits;
@@ -555,6 +601,9 @@ void CudaRunner::CollectProfile() {
       case CudaStage::kAttention:
         stats_.attention_s += s;
         break;
+      case CudaStage::kRecurrent:
+        stats_.recurrent_s += s;
+        break;
       case CudaStage::kMatmul:
         stats_.matmul_s += s;
         break;
@@ -569,13 +618,13 @@ void CudaRunner::CollectProfile() {
 
 void CudaRunner::RunForward(const DeviceBatchView& v) {
   // The first logits_capacity_ rows; Forward runs the LM head again for any further chunk.
-  decoder_->Forward(v, std::min(v.n_logits, logits_capacity_), kv_pool_, stream_, linear_.get(),
-                    this);
+  decoder_->Forward(v, std::min(v.n_logits, logits_capacity_), kv_pool_, state_pool_, stream_,
+                    linear_.get(), this);
 }
 
 void CudaRunner::Forward(const Batch& batch, float* logits) {
   CheckBatch(batch, BatchLimits{config_.vocab_size, n_slots_, n_blocks_, block_size_,
-                                n_sampled_rows_, /*n_state_slots=*/0});
+                                n_sampled_rows_, n_state_slots_});
   const ModelConfig& c = config_;
   const int32_t n = batch.n_tokens();
   const int32_t n_seqs = batch.n_seqs();
@@ -604,7 +653,8 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
   for (int32_t i = 0; identity_logits && i < n_logits; ++i) {
     identity_logits = batch.logits_indices[i] == i;
   }
-  const bool graph = use_graphs_ && !profiling_ && decode && n <= kMaxGraphRows && identity_logits;
+  const bool graph = use_graphs_ && !profiling_ && decode && n <= kMaxGraphRows &&
+                     identity_logits && batch.state_copies.empty();
   if (graph) {
     const int32_t rows = NextPow2(n);
     // Context bucket: a power of two (>= kMinGraphContext), capped at the longest context the
@@ -613,13 +663,21 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
         std::min(std::max(NextPow2(max_ctx), kMinGraphContext), attention_workspace_context_);
     const int32_t stride = (ctx + block_size_ - 1) / block_size_;
     // The rows past n are padding: their logits are computed and ignored.
+    auto it = graphs_.find({rows, ctx});
+    if (it == graphs_.end() && n_state_slots_ > 0) {
+      // A recurrent step cannot run twice (it advances the state): the eager warm-up runs on
+      // the reserved state slot (its K/V writes are rewritten by the graph), then the captured
+      // graph runs the step.
+      const DeviceBatchView w = StageBatch(batch, rows, stride, ctx, /*graph=*/true, true);
+      resolve_sampled(w);
+      RunForward(w);
+    }
     const DeviceBatchView v = StageBatch(batch, rows, stride, ctx, /*graph=*/true);
     resolve_sampled(v);
-    auto it = graphs_.find({rows, ctx});
     if (it == graphs_.end()) {
       // First step of this bucket: run it eagerly (which also makes the GEMM engine choose and
       // cache its algorithms outside any capture), then capture the same work for later steps.
-      RunForward(v);
+      if (n_state_slots_ == 0) RunForward(v);
       cudaGraph_t g;
       KCUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       RunForward(v);
@@ -628,6 +686,7 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
       KCUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
       KCUDA_CHECK(cudaGraphDestroy(g));
       graphs_.emplace(std::make_pair(rows, ctx), exec);
+      if (n_state_slots_ > 0) KCUDA_CHECK(cudaGraphLaunch(exec, stream_));
     } else {
       KCUDA_CHECK(cudaGraphLaunch(it->second, stream_));
     }
@@ -636,6 +695,9 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
     const int32_t stride = batch.max_blocks_per_seq;
     const DeviceBatchView v = StageBatch(batch, n, stride, std::max(max_ctx, 1), /*graph=*/false);
     resolve_sampled(v);
+    // Prefix-cache restores: whole slots, before any layer runs.
+    cuda::CopyStateSlots(state_pool_.base, state_pool_.slot_floats, state_copy_src_,
+                         state_copy_dst_, n_state_copies_, stream_);
     RunForward(v);
     last_n_logits_ = std::min(n_logits, logits_capacity_);
     // More logits rows than one LM-head chunk (e.g. `kestrel logits` over a long prompt):
@@ -667,6 +729,7 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
   CollectProfile();  // synchronises when profiling
   // Bytes for the roofline: every layer's weights once, plus the embedding rows gathered.
   stats_.weight_bytes_read += decode_weight_bytes() + (int64_t{n} - 1) * c.hidden_size * 2;
+  stats_.state_bytes += 2 * int64_t{n_seqs} * cache_spec_.state_bytes_per_slot();
   stats_.n_forwards += 1;
   stats_.n_tokens += n;
 }

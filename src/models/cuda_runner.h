@@ -46,6 +46,7 @@ class CudaRunner final : public Model, private CudaStageMarks {
   int32_t block_size_tokens() const override { return block_size_; }
   int32_t n_kv_blocks() const override { return n_blocks_; }
   const CacheSpec& cache_spec() const override { return cache_spec_; }
+  int32_t n_state_slots() const override { return n_state_slots_; }
   const std::vector<std::string>& load_notes() const override { return weights_host_.notes; }
   int64_t decode_weight_bytes() const override;
   // logits == nullptr keeps them on the device for LaunchSampling and returns once the step is
@@ -75,12 +76,14 @@ class CudaRunner final : public Model, private CudaStageMarks {
 
   Status Upload(bool show_progress);
   Status AllocateKv(const ModelLoadOptions& options, bool show_progress);
+  Status AllocateState(const ModelLoadOptions& options);
   Status EnsureActivations(int32_t n_tokens);
   Status EnsureMetadata(size_t n_ints);
   // Packs the batch into pinned memory (padded to n_seqs_padded decode rows when > n_seqs) and
-  // uploads it; returns the device view.
+  // uploads it; returns the device view. warmup: every sequence's state slot is the reserved
+  // one and no snapshot is taken (a graph bucket's eager first run of a recurrent model).
   DeviceBatchView StageBatch(const Batch& b, int32_t n_rows_padded, int32_t max_blocks_stride,
-                             int32_t max_context_len, bool graph);
+                             int32_t max_context_len, bool graph, bool warmup = false);
   // The decoder's forward with the first min(n_logits, logits_capacity_) LM-head rows.
   void RunForward(const DeviceBatchView& v);
   // Event-pair timing of a stage when profiling (no-op otherwise).
@@ -106,6 +109,15 @@ class CudaRunner final : public Model, private CudaStageMarks {
   int64_t n_slots_ = 0;
   cuda::DeviceBuffer kv_;
   CudaKvPool kv_pool_;
+
+  // Recurrent state slots (hybrid models), f32, plus one reserved slot; the last staged batch's
+  // state copies (device arrays inside the metadata).
+  int32_t n_state_slots_ = 0;
+  cuda::DeviceBuffer state_;
+  CudaStatePool state_pool_;
+  const int32_t* state_copy_src_ = nullptr;
+  const int32_t* state_copy_dst_ = nullptr;
+  int32_t n_state_copies_ = 0;
 
   // Activations for up to capacity_tokens_ rows (logits for up to logits_capacity_ rows).
   int32_t capacity_tokens_ = 0;

@@ -36,11 +36,6 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
   KASSIGN(WeightStore store, WeightStore::Open(model_dir));
   if (options.device == Device::kCuda) {
 #ifdef KESTREL_HAS_CUDA
-    if (config.n_layers_of(LayerType::kLinearAttention) > 0 || config.has_moe()) {
-      return Unsupported(model_dir + ": " + config.architecture_class +
-                         " (Gated DeltaNet / mixture-of-experts layers) runs on the CPU only in "
-                         "this version; use --device cpu");
-    }
     return LoadCudaModel(std::move(config), std::move(store), options);
 #else
     return Unsupported("this build of Kestrel has no CUDA backend (configure with "

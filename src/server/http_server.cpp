@@ -3,6 +3,7 @@
 #include "server/http_server.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -61,23 +62,42 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+bool EqualsIgnoreCase(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// A POST body must be declared JSON: a "simple" cross-origin request from a browser (text/plain,
+// form encodings) can be sent without a CORS preflight, so it must not be acted on.
+std::optional<ApiError> CheckJsonContentType(const httplib::Request& req) {
+  std::string type = req.get_header_value("Content-Type");
+  type = type.substr(0, type.find(';'));
+  while (!type.empty() && type.back() == ' ') type.pop_back();
+  if (EqualsIgnoreCase(type, "application/json")) return std::nullopt;
+  ApiError e = BadRequest("Content-Type must be application/json" +
+                          (type.empty() ? std::string() : ", not " + type));
+  e.status = 415;
+  return e;
+}
+
 // nullopt when the request may use /v1/*: the key as `Authorization: Bearer KEY` (OpenAI
-// clients) or `x-api-key: KEY` (Anthropic clients), on every route; either one matching is
-// enough.
+// clients) or, without an Authorization header, `x-api-key: KEY` (Anthropic clients).
 std::optional<ApiError> CheckAuth(const HttpServer::State& s, const httplib::Request& req) {
   if (s.options.api_key.empty()) return std::nullopt;
+  // "Authorization: Bearer KEY" (the scheme is case-insensitive, RFC 9110 11.1); Anthropic
+  // clients send "x-api-key: KEY".
   const std::string header = req.get_header_value("Authorization");
-  const bool has_x_api_key = req.has_header("x-api-key");
-  if (has_x_api_key && ConstantTimeEqual(req.get_header_value("x-api-key"), s.options.api_key)) {
-    return std::nullopt;
+  std::string key;
+  const size_t space = header.find(' ');
+  if (space != std::string::npos && EqualsIgnoreCase(header.substr(0, space), "bearer")) {
+    key = header.substr(header.find_first_not_of(' ', space));
+  } else if (header.empty()) {
+    key = req.get_header_value("x-api-key");
   }
-  constexpr std::string_view kBearer = "Bearer ";
-  if (header.size() <= kBearer.size() || header.compare(0, kBearer.size(), kBearer) != 0) {
-    return Unauthorized(/*key_given=*/has_x_api_key || !header.empty());
-  }
-  if (!ConstantTimeEqual(header.substr(kBearer.size()), s.options.api_key)) {
-    return Unauthorized(/*key_given=*/true);
-  }
+  if (key.empty()) return Unauthorized(/*key_given=*/!header.empty());
+  if (!ConstantTimeEqual(key, s.options.api_key)) return Unauthorized(/*key_given=*/true);
   return std::nullopt;
 }
 
@@ -132,11 +152,17 @@ void RegisterRoutes(HttpServer::State& s) {
       std::string body;
       if (auto e = ReadBody(s, res, reader, &body)) return SendError(res, *e, style);
       if (auto e = CheckAuth(s, req)) return SendError(res, *e, style);
+      if (auto e = CheckJsonContentType(req)) return SendError(res, *e, style);
       if (s.draining.load()) {
         res.set_header("Connection", "close");
         return SendError(res, ServiceUnavailable("The server is shutting down"), style);
       }
       handle(s, body, res);
+      // HTTP/1.0 has no chunked coding (RFC 9112 7.1): stream close-delimited instead.
+      if (req.version == "HTTP/1.0" && res.is_chunked_content_provider_) {
+        res.is_chunked_content_provider_ = false;
+        res.set_header("Connection", "close");
+      }
     };
   };
   http.Post(kChatPath, post(HandleChat));
@@ -170,7 +196,10 @@ void RegisterRoutes(HttpServer::State& s) {
     if (s.draining.load()) return SendJson(res, 503, Json{{"status", "shutting_down"}});
     SendJson(res, 200, Json{{"status", "ok"}});
   });
-  http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+  http.Get("/metrics", [&s](const httplib::Request& req, httplib::Response& res) {
+    if (s.options.protect_metrics) {
+      if (auto e = CheckAuth(s, req)) return SendError(res, *e);
+    }
     res.status = 200;
     res.set_content(FormatPrometheus(s.engine->Metrics(), s.counters.Snapshot()),
                     "text/plain; version=0.0.4");
@@ -242,6 +271,8 @@ void SendJson(httplib::Response& res, int status, const Json& body) {
 }
 
 void SendError(httplib::Response& res, const ApiError& error, ErrorStyle style) {
+  // The engine's queue is full: a client may come back soon (RFC 9110 15.5.29 / 10.2.3).
+  if (error.status == 429) res.set_header("Retry-After", "1");
   SendJson(res, error.status, StyledErrorJson(error, style));
 }
 
@@ -269,9 +300,15 @@ HttpServer::HttpServer(Engine* engine, const Tokenizer* tokenizer,
   const ServerOptions& o = s.options;
   const size_t n_threads = static_cast<size_t>(std::max(o.n_http_threads, 1));
   const size_t max_pending = static_cast<size_t>(std::max(o.max_pending_connections, 1));
+  // A connection that finds every thread busy and the queue full is answered 503 at once.
   s.http.new_task_queue = [n_threads, max_pending] {
-    return new BoundedTaskQueue(n_threads, max_pending);
+    return new BoundedTaskQueue(n_threads, max_pending, [](std::function<void()>& job) {
+      HttpTransport::RejectNextOnThisThread(true);
+      job();
+      HttpTransport::RejectNextOnThisThread(false);
+    });
   };
+  s.http.set_limits(o.transport);
   s.http.set_payload_max_length(o.max_body_bytes);
   s.http.set_read_timeout(o.read_timeout_s, 0);
   s.http.set_write_timeout(o.write_timeout_s, 0);
@@ -305,6 +342,7 @@ Status HttpServer::Bind() {
     return IoError("cannot listen on " + s.options.host + ":" + std::to_string(s.options.port) +
                    (err != 0 ? std::string(": ") + std::strerror(err) : std::string()));
   }
+  s.http.RaiseBacklog();
   s.running.store(true);  // from here on, until Run returns
   return Status::Ok();
 }

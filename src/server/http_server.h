@@ -17,6 +17,7 @@
 
 #include "core/status.h"
 #include "engine/engine.h"
+#include "server/http_transport.h"
 #include "sampling/sampler.h"
 #include "server/parsers/output_parser.h"
 #include "tokenizer/chat_template.h"
@@ -27,14 +28,16 @@ namespace kestrel::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                          // 0 = any free port (see HttpServer::port)
-  std::string api_key;                      // non-empty: /v1/* needs "Authorization: Bearer KEY"
+  std::string api_key;   // non-empty: /v1/* needs "Authorization: Bearer KEY" (or x-api-key)
+  bool protect_metrics = false;  // with api_key: /metrics needs the key too
   size_t max_body_bytes = size_t{8} << 20;  // larger bodies get 413
   int n_http_threads = 64;                  // connections served at once (streams hold one each)
   int max_pending_connections = 256;        // accepted, waiting for a thread; then accept waits
-  int read_timeout_s = 30;                  // per read of a request
+  int read_timeout_s = 10;                  // per read of a request body
   int write_timeout_s = 30;                 // per write of a response
   int keep_alive_timeout_s = 5;
   int keep_alive_max_requests = 1000;
+  TransportLimits transport;  // request-head deadline and size, listen backlog
   // How often a request waiting for tokens checks that its client is still connected.
   std::chrono::milliseconds poll_interval{50};
   // How the model writes tool calls and reasoning; nullopt: read from the chat template

@@ -15,6 +15,7 @@
 
 #include "server/api_error.h"
 #include "server/http_server.h"
+#include "server/http_transport.h"
 #include "server/openai_request.h"
 #include "server/prometheus.h"
 #include "server/response_json.h"
@@ -45,7 +46,7 @@ struct HttpServer::State {
   ParseContext parse_context;
   OutputFormats formats;  // how the model writes tool calls and reasoning
   std::unique_ptr<ResponseStore> responses;
-  httplib::Server http;
+  HttpTransport http;  // httplib under Kestrel's connection layer
   HttpCounters counters;
   ActiveRequests active;
   std::atomic<bool> draining{false};

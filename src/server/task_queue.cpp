@@ -4,8 +4,8 @@
 
 namespace kestrel::server {
 
-BoundedTaskQueue::BoundedTaskQueue(size_t n_threads, size_t max_pending)
-    : max_pending_(std::max<size_t>(max_pending, 1)) {
+BoundedTaskQueue::BoundedTaskQueue(size_t n_threads, size_t max_pending, OverflowHandler on_full)
+    : max_pending_(std::max<size_t>(max_pending, 1)), on_full_(std::move(on_full)) {
   n_threads = std::max<size_t>(n_threads, 1);
   workers_.reserve(n_threads);
   threads_.reserve(n_threads);
@@ -21,6 +21,12 @@ BoundedTaskQueue::~BoundedTaskQueue() {
 
 void BoundedTaskQueue::enqueue(std::function<void()> fn) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (on_full_ && !shutdown_ && idle_.empty() && jobs_.size() >= max_pending_) {
+    lock.unlock();
+    ++n_overflows_;
+    on_full_(fn);
+    return;
+  }
   has_room_.wait(lock,
                  [this] { return !idle_.empty() || jobs_.size() < max_pending_ || shutdown_; });
   // After shutdown the job still runs (inline): it owns an accepted socket that must be closed.

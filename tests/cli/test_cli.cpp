@@ -230,6 +230,18 @@ TEST(Cli, InfoDescribesTheModel) {
   EXPECT_GT(out["parameters"].get<int64_t>(), 0);
 }
 
+TEST(Cli, NegativeThreadCountsAreAOneLineError) {
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"serve"}, {"generate", "--prompt", "x"}, {"bench"}}) {
+    const std::string verb = args[0];
+    for (const char* a : {"--model", kQwen3Fixture.c_str(), "--threads", "-3"}) args.push_back(a);
+    ProcessResult r = RunKestrel(args);
+    EXPECT_EQ(r.exit_code, 1) << verb << ": " << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("--threads"), std::string::npos) << r.err;
+  }
+}
+
 TEST(Cli, InfoDescribesAHybridModel) {
   ProcessResult r = RunKestrel({"info", "--model", kSource + "/tests/data/models/qwen3_5_vl"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -74,12 +74,13 @@ TEST(CudaModel, FixturesMatchTransformers) {
     if (!fs::exists(entry.path() / "reference.json")) continue;
     const std::string dir = entry.path().string();
     SCOPED_TRACE(dir);
-    // Gated DeltaNet and MoE layers run on the CPU only in this version (Model::Load refuses
-    // them on CUDA; tests/model/load_test.cpp checks that message).
+    // MoE layers and Qwen3-Next's fused Gated DeltaNet projections run on the CPU only in this
+    // version (CudaDecoder::Create refuses them; tests/model/load_test.cpp checks the message).
     Result<ModelConfig> config = LoadModelConfig(dir);
     ASSERT_TRUE(config.ok()) << config.status().message();
-    if (config->n_layers_of(LayerType::kLinearAttention) > 0 || config->has_moe()) {
-      std::printf("cuda fixture %s: skipped (hybrid / MoE layers run on the CPU)\n", dir.c_str());
+    if (config->has_moe() || config->linear.fused_projections) {
+      std::printf("cuda fixture %s: skipped (MoE / fused projections run on the CPU)\n",
+                  dir.c_str());
       continue;
     }
     ++n_fixtures;
@@ -95,6 +96,11 @@ TEST(CudaModel, FixturesMatchTransformers) {
     std::vector<float> golden(n_bytes / sizeof(float));
     bin.read(reinterpret_cast<char*>(golden.data()), static_cast<std::streamsize>(n_bytes));
 
+    // The hybrid fixtures (random Gated DeltaNet layers, randomised norms) amplify the bf16
+    // rounding of GEMM inputs: the CPU path with its GEMM inputs rounded to bf16 lands at
+    // 0.049 of the range on them (measured), the dense fixtures at 0.004-0.006.
+    const double tolerance =
+        config->n_layers_of(LayerType::kLinearAttention) > 0 ? 6e-2 : kRangeTolerance;
     std::unique_ptr<Model> model = LoadCuda(dir, 512);
     const int64_t vocab = model->config().vocab_size;
     size_t offset = 0;
@@ -111,8 +117,8 @@ TEST(CudaModel, FixturesMatchTransformers) {
         const double range = testing::Range(want);
         const double diff = testing::MaxAbsDiff(out[0][p], want);
         worst = std::max(worst, diff / range);
-        EXPECT_LE(diff, kRangeTolerance * range) << "position " << p;
-        if (TopMargin(want) > 2 * kRangeTolerance * range) {
+        EXPECT_LE(diff, tolerance * range) << "position " << p;
+        if (TopMargin(want) > 2 * tolerance * range) {
           EXPECT_EQ(testing::Argmax(out[0][p]), testing::Argmax(want)) << "position " << p;
         }
       }
@@ -131,7 +137,7 @@ TEST(CudaModel, FixturesMatchTransformers) {
         } else {
           ++n_near_ties;
           EXPECT_LE(last[static_cast<size_t>(got)] - last[static_cast<size_t>(want)],
-                    2 * kRangeTolerance * range)
+                    2 * tolerance * range)
               << "greedy step " << step << ": reference token " << want << " is not a near-tie";
         }
         if (step + 1 == greedy[i].size()) break;
@@ -144,7 +150,7 @@ TEST(CudaModel, FixturesMatchTransformers) {
         "near-ties\n",
         dir.c_str(), worst, n_exact, n_near_ties);
   }
-  EXPECT_GE(n_fixtures, 6);
+  EXPECT_GE(n_fixtures, 8);  // the 6 dense ones and the Qwen3.5 hybrids
 }
 
 TEST(CudaModel, KestrelTinyGreedyMatchesTransformers) {

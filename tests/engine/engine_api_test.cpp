@@ -170,8 +170,10 @@ TEST_F(EngineApiTest, SeededSamplingIsReproducibleAcrossRunsAndBatchCompositions
 }
 
 TEST_F(EngineApiTest, QueueLimitAndShutdownBeforeStart) {
+  // max_waiting counts beyond the running capacity: 1 running + 1 waiting admitted.
   EngineConfig config;
-  config.max_waiting = 2;
+  config.max_num_seqs = 1;
+  config.max_waiting = 1;
   auto engine = MakeEngine(config, 2048, /*start=*/false);
   auto a = MustSubmit(*engine, Request("a = 1", 4));
   auto b = MustSubmit(*engine, Request("b = 2", 4));

@@ -399,7 +399,7 @@ TEST_F(ServeTest, ChunkedUploadIsBoundedToo) {
   const int fd = Connect(server_->port());
   ASSERT_GE(fd, 0);
   std::thread writer([fd] {
-    std::string head = std::string("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n") +
+    std::string head = std::string("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n") +
                        "Authorization: Bearer " + kApiKey +
                        "\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n";
     SendAll(fd, head);
@@ -428,7 +428,7 @@ TEST_F(ServeTest, DisconnectCancelsTheStream) {
   const std::string body =
       R"({"prompt": "Once upon a time", "max_tokens": 1900, "ignore_eos": true, "stream": true})";
   ASSERT_TRUE(SendAll(
-      fd, std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n") + "Authorization: Bearer " +
+      fd, std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n") + "Authorization: Bearer " +
               kApiKey + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
   const std::string first = ReadUntil(fd, "data: ", 30s);
   ASSERT_NE(first.find("data: "), std::string::npos) << first;
@@ -507,7 +507,7 @@ TEST_F(ServeTest, ZzSigtermDrainsThenExitsCleanly) {
   const std::string body =
       R"({"prompt": "Once upon a time", "max_tokens": 1900, "ignore_eos": true, "stream": true})";
   ASSERT_TRUE(SendAll(
-      fd, std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n") + "Authorization: Bearer " +
+      fd, std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n") + "Authorization: Bearer " +
               kApiKey + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
   ASSERT_NE(ReadUntil(fd, "data: ", 30s).find("data: "), std::string::npos);
   // The stream takes seconds (1900 tokens); the probes below take milliseconds.
@@ -545,7 +545,7 @@ TEST(ServeShutdown, GraceExpiryCancelsRunningStreams) {
   ASSERT_GE(fd, 0);
   const std::string body =
       R"({"prompt": "Once upon a time", "max_tokens": 1900, "ignore_eos": true, "stream": true})";
-  ASSERT_TRUE(SendAll(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+  ASSERT_TRUE(SendAll(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                               std::to_string(body.size()) + "\r\n\r\n" + body));
   ASSERT_NE(ReadUntil(fd, "data: ", 30s).find("data: "), std::string::npos);
   server.Signal(SIGTERM);
@@ -557,6 +557,220 @@ TEST(ServeShutdown, GraceExpiryCancelsRunningStreams) {
   EXPECT_EQ(server.WaitExit(30s), 0) << server.stderr_text();
   EXPECT_NE(server.stderr_text().find("cancelling 1 unfinished request"), std::string::npos)
       << server.stderr_text();
+}
+
+// ---- hardening: framing, slow clients, admission, auth details (docs/server.md) -------------
+
+// Sends `data` on a fresh connection and reads until the server closes it (or the timeout).
+std::string RawExchange(int port, const std::string& data,
+                        std::chrono::milliseconds timeout = 10000ms) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  SendAll(fd, data);
+  std::string got = ReadUntil(fd, "\x01never\x02", timeout);
+  close(fd);
+  return got;
+}
+
+int StatusOf(const std::string& response) {
+  if (response.rfind("HTTP/1.", 0) != 0 || response.size() < 12) return -1;
+  return std::stoi(response.substr(9, 3));
+}
+
+class ServeHardening : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::signal(SIGPIPE, SIG_IGN);
+    server_ = new ServeProcess();
+    // 2 running + 0 waiting: 18 HTTP threads, a 1 s head deadline.
+    started_ = server_->Start({"--api-key", kApiKey, "--protect-metrics", "--max-num-seqs", "2",
+                               "--max-waiting", "0", "--header-timeout", "1"});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(started_) << "kestrel serve did not start:\n" << server_->stderr_text();
+  }
+  static int port() { return server_->port(); }
+  static httplib::Client Client() {
+    httplib::Client c("127.0.0.1", port());
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  static ServeProcess* server_;
+  static bool started_;
+};
+
+ServeProcess* ServeHardening::server_ = nullptr;
+bool ServeHardening::started_ = false;
+
+TEST_F(ServeHardening, FramingErrorsAreRefusedBeforeRouting) {
+  const std::string auth = std::string("Authorization: Bearer ") + kApiKey + "\r\n";
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                           "Content-Type: application/json\r\n";
+  struct Case {
+    std::string request;
+    int status;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {post + "Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello", 400, "Conflicting"},
+      {post + "Content-Length: 5, 6\r\n\r\nhello", 400, "Conflicting"},
+      {post + "Content-Length: -5\r\n\r\nhello", 400, "Invalid Content-Length"},
+      {post + "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400, "together"},
+      {post + "Transfer-Encoding: gzip\r\n\r\n", 400, "chunked"},
+      {std::string("GET /health HTTP/1.1\r\nHost: x\r\nX-A: a") + '\0' + "b\r\n\r\n", 400, "NUL"},
+      {"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400, "folding"},
+      {"GET /health HTTP/1.1\r\nHost: x\r\nX-A : a\r\n\r\n", 400, "colon"},
+      {"GET /health HTTP/1.1\r\n\r\n", 400, "Host"},
+      {"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "Host"},
+      {"GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/1.0 and HTTP/1.1"},
+      {"GET /health HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400, "HTTP/1.0"},
+      {"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n", 431,
+       "exceeds"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.request.substr(0, 80));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string r = RawExchange(port(), c.request);
+    EXPECT_EQ(StatusOf(r), c.status) << r.substr(0, 300);
+    EXPECT_NE(r.find(c.message), std::string::npos) << r;
+    EXPECT_NE(r.find("Connection: close"), std::string::npos) << r;
+    EXPECT_NE(r.find("\"error\""), std::string::npos) << r;
+    // Answered at once, not after a read timeout.
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  }
+  // Identical repeated lengths are one length (RFC 9112 6.3).
+  const std::string body = R"({"prompt": "a", "max_tokens": 1})";
+  const std::string ok = RawExchange(
+      port(), post + "Content-Length: " + std::to_string(body.size()) + "\r\nContent-Length: " +
+                  std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+  EXPECT_EQ(StatusOf(ok), 200) << ok.substr(0, 300);
+}
+
+TEST_F(ServeHardening, SlowHeadsGet408AndCannotStarveOthers) {
+  // A head trickling in: 408 once the 1 s deadline passes, although each line came within the
+  // read timeout.
+  const int fd = Connect(port());
+  ASSERT_GE(fd, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string got;
+  for (int i = 0; i < 8 && got.empty(); ++i) {
+    SendAll(fd, i == 0 ? "GET /health HTTP/1.1\r\n" : "X-Slow: " + std::to_string(i) + "\r\n");
+    got = ReadUntil(fd, "\r\n\r\n", 400ms);
+  }
+  got += ReadUntil(fd, "}}", 2s);
+  close(fd);
+  EXPECT_EQ(StatusOf(got), 408) << got;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+
+  // 300 slow clients (each sends half a head and stalls): every one is answered (408 or 503)
+  // and a normal request is answered within seconds, never left hanging.
+  std::vector<int> slow;
+  for (int i = 0; i < 300; ++i) {
+    const int c = Connect(port());
+    if (c < 0) continue;
+    SendAll(c, "GET /health HTTP/1.1\r\nHost: x\r\n");
+    slow.push_back(c);
+  }
+  EXPECT_EQ(slow.size(), 300u) << "the listen backlog refused connections";
+  const auto t1 = std::chrono::steady_clock::now();
+  const std::string normal = RawExchange(port(), "GET /health HTTP/1.1\r\nHost: x\r\n"
+                                                 "Connection: close\r\n\r\n",
+                                         15000ms);
+  const int status = StatusOf(normal);
+  EXPECT_TRUE(status == 200 || status == 503) << normal;
+  if (status == 503) {
+    EXPECT_NE(normal.find("Retry-After: 1"), std::string::npos) << normal;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 5s);
+  int answered = 0;
+  for (int c : slow) {
+    const std::string r = ReadUntil(c, "}}", 20s);
+    answered += StatusOf(r) == 408 || StatusOf(r) == 503;
+    close(c);
+  }
+  EXPECT_EQ(answered, 300);
+  // And the server is back to normal.
+  auto health = Client().Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST_F(ServeHardening, HttpOneZeroGetsNoChunkedCoding) {
+  const std::string body = R"({"prompt": "a", "max_tokens": 3, "stream": true})";
+  const std::string r = RawExchange(
+      port(), std::string("POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer ") + kApiKey +
+                  "\r\nContent-Type: application/json\r\nContent-Length: " +
+                  std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(StatusOf(r), 200) << r.substr(0, 300);
+  EXPECT_EQ(r.find("Transfer-Encoding"), std::string::npos) << r.substr(0, 300);
+  EXPECT_NE(r.find("Connection: close"), std::string::npos);
+  // The body is the SSE stream itself, not chunk-size lines.
+  const size_t at = r.find("\r\n\r\n");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(r.compare(at + 4, 6, "data: "), 0) << r.substr(at, 40);
+  EXPECT_NE(r.find("data: [DONE]"), std::string::npos);
+}
+
+TEST_F(ServeHardening, AuthSchemeContentTypeAndMetrics) {
+  const std::string body = R"({"prompt": "a", "max_tokens": 1})";
+  for (const char* scheme : {"Bearer ", "bearer ", "BEARER "}) {
+    auto r = Client().Post("/v1/completions", {{"Authorization", scheme + std::string(kApiKey)}},
+                           body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << scheme;
+  }
+  auto x = Client().Post("/v1/completions", {{"x-api-key", kApiKey}}, body, "application/json");
+  ASSERT_TRUE(x);
+  EXPECT_EQ(x->status, 200);
+  const httplib::Headers auth = {{"Authorization", std::string("Bearer ") + kApiKey}};
+  for (const char* type : {"text/plain", "application/x-www-form-urlencoded"}) {
+    auto r = Client().Post("/v1/completions", auth, body, type);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 415) << type;
+    EXPECT_NE(r->body.find("application/json"), std::string::npos) << r->body;
+  }
+  auto charset = Client().Post("/v1/completions", auth, body, "application/json; charset=utf-8");
+  ASSERT_TRUE(charset);
+  EXPECT_EQ(charset->status, 200);
+  // --protect-metrics: /metrics needs the key.
+  auto open = Client().Get("/metrics");
+  ASSERT_TRUE(open);
+  EXPECT_EQ(open->status, 401);
+  auto keyed = Client().Get("/metrics", auth);
+  ASSERT_TRUE(keyed);
+  EXPECT_EQ(keyed->status, 200);
+}
+
+TEST_F(ServeHardening, MaxWaitingCountsOnlyBeyondTheRunningCapacity) {
+  // --max-num-seqs 2 --max-waiting 0: two long requests at once run; a third gets 429.
+  const std::string auth = std::string("Authorization: Bearer ") + kApiKey + "\r\n";
+  const std::string body =
+      R"({"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": true, "stream": true})";
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                              "Content-Type: application/json\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::vector<int> streams;
+  for (int i = 0; i < 2; ++i) {
+    const int fd = Connect(port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, request));
+    EXPECT_EQ(StatusOf(ReadUntil(fd, "data: ", 30s)), 200) << "request " << i;
+    streams.push_back(fd);
+  }
+  auto third = Client().Post("/v1/completions", {{"Authorization", std::string("Bearer ") + kApiKey}},
+                             R"({"prompt": "a", "max_tokens": 1})", "application/json");
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->status, 429) << third->body;
+  EXPECT_EQ(third->get_header_value("Retry-After"), "1");
+  const std::string& msg = third->body;
+  const size_t first = msg.find("retry later");
+  EXPECT_NE(first, std::string::npos) << msg;
+  EXPECT_EQ(msg.find("retry later", first + 1), std::string::npos) << msg;
+  for (int fd : streams) close(fd);  // cancels them
 }
 
 }  // namespace

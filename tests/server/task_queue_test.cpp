@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <set>
 #include <thread>
@@ -22,6 +23,33 @@ TEST(BoundedTaskQueue, RunsEveryJob) {
     q.shutdown();  // runs what is queued, then joins
   }
   EXPECT_EQ(done.load(), 100);
+}
+
+TEST(BoundedTaskQueue, OverflowHandlerTakesWhatFindsNoRoom) {
+  std::atomic<int> overflowed{0}, ran_inline{0};
+  std::thread::id overflow_thread;
+  BoundedTaskQueue q(/*n_threads=*/1, /*max_pending=*/1, [&](std::function<void()>& job) {
+    overflowed.fetch_add(1);
+    overflow_thread = std::this_thread::get_id();
+    job();  // the server answers 503 in the job; here it just runs
+  });
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> started{0};
+  q.enqueue([&started, released] {
+    started.fetch_add(1);
+    released.wait();
+  });
+  while (started.load() == 0) std::this_thread::sleep_for(1ms);
+  q.enqueue([] {});  // the one backlog slot
+  EXPECT_EQ(q.pending(), 1u);
+  q.enqueue([&ran_inline] { ran_inline.fetch_add(1); });  // no room: the handler, at once
+  EXPECT_EQ(overflowed.load(), 1);
+  EXPECT_EQ(ran_inline.load(), 1);
+  EXPECT_EQ(overflow_thread, std::this_thread::get_id());
+  EXPECT_EQ(q.n_overflows(), 1u);
+  release.set_value();
+  q.shutdown();
 }
 
 TEST(BoundedTaskQueue, EnqueueBlocksWhenTheBacklogIsFull) {

@@ -25,6 +25,7 @@ struct NormArgs {
   float eps;
   int64_t d;
   __nv_bfloat16* y;  // [n, d]
+  float weight_offset;  // 1 for zero-centred (1 + w) weights (Qwen3.5), else 0
 };
 
 // Sum over the block (blockDim.x a multiple of 32), returned to every thread. Called once per
@@ -91,6 +92,10 @@ __global__ void __launch_bounds__(1024) RmsNormKernel(NormArgs a) {
     if (j < n_items) {
       float w[kVec];
       LoadBf16<kVec>(a.weight + j * kVec, w);
+      if (a.weight_offset != 0.0f) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) w[e] = __fadd_rn(a.weight_offset, w[e]);
+      }
       float out[kVec];
       // w * (x * inv_rms), both products rounded (no FMA contraction), as the CPU.
 #pragma unroll
@@ -139,17 +144,17 @@ void RunRmsNorm(const NormArgs& a, int64_t n_rows, cudaStream_t stream) {
 void AddRmsNorm(float* x /*[n, d] residual, in/out*/, const float* delta /*[n, d] or nullptr*/,
                 const __nv_bfloat16* delta_bias /*[d] or nullptr*/,
                 const __nv_bfloat16* weight /*[d]*/, float eps, int64_t n, int64_t d,
-                __nv_bfloat16* y /*[n, d]*/, cudaStream_t stream) {
+                __nv_bfloat16* y /*[n, d]*/, cudaStream_t stream, float weight_offset) {
   KCHECK(delta != nullptr || delta_bias == nullptr);
-  const NormArgs a{x, x, delta, delta_bias, nullptr, weight, eps, d, y};
+  const NormArgs a{x, x, delta, delta_bias, nullptr, weight, eps, d, y, weight_offset};
   RunRmsNorm(a, n, stream);
 }
 
 void GatherRmsNorm(const float* x /*[n_tokens, d]*/, const int32_t* rows /*[n_rows] device*/,
                    int64_t n_rows, int64_t d, const __nv_bfloat16* weight /*[d]*/, float eps,
-                   __nv_bfloat16* y /*[n_rows, d]*/, cudaStream_t stream) {
+                   __nv_bfloat16* y /*[n_rows, d]*/, cudaStream_t stream, float weight_offset) {
   KCHECK(n_rows == 0 || rows != nullptr);
-  const NormArgs a{x, nullptr, nullptr, nullptr, rows, weight, eps, d, y};
+  const NormArgs a{x, nullptr, nullptr, nullptr, rows, weight, eps, d, y, weight_offset};
   RunRmsNorm(a, n_rows, stream);
 }
 

@@ -1,0 +1,340 @@
+// Gated DeltaNet and gated attention kernels (see deltanet.h). Every kernel computes each output
+// element in one thread (or one block reduction) in a fixed order, so results do not depend on
+// the batch composition.
+//   CausalConv1dSilu  grid (channel blocks, sequences): a thread walks one channel of one
+//                     sequence through its tokens, its window in registers.
+//   DeltaPrep         one warp per (token, key head) row for the norms; gates elementwise.
+//   GatedDeltaRule    one block per (value head, sequence), dv threads; S [dk, dv] in shared
+//                     memory, thread e owning column e (conflict-free), token by token.
+//   GatedRmsNormSilu  one warp per row.
+//   GatedQkvRope      one block per (token, head), head_dim threads.
+#include "backends/cuda/deltanet.h"
+
+#include <algorithm>
+
+#include "backends/cuda/cuda_check.h"
+#include "core/check.h"
+
+namespace kestrel::cuda {
+namespace {
+
+constexpr int kMaxKernel = 8;
+
+__device__ __forceinline__ float SiluF(float x) {
+  return x / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float SigmoidF(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+__device__ __forceinline__ float WarpSumF(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__global__ void ConvKernel(const float* __restrict__ x, int64_t x_stride, int conv_dim, int kernel,
+                           const float* __restrict__ w, DeltaBatchView b, DeltaStateView s,
+                           float* __restrict__ out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int seq = blockIdx.y;
+  if (c >= conv_dim) return;
+  const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
+  if (begin == end) return;
+  const int hist = kernel - 1;
+  float* window = s.state + b.state_slots[seq] * s.slot_floats + s.layer_offset;
+  float win[kMaxKernel];  // win[0..hist) oldest first
+  const bool fresh = b.positions[begin] == 0;
+  for (int j = 0; j < hist; ++j) win[j] = fresh ? 0.0f : window[j * conv_dim + c];
+  float wt[kMaxKernel];
+  for (int j = 0; j < kernel; ++j) wt[j] = w[c * kernel + j];
+  for (int t = begin; t < end; ++t) {
+    const float in = x[t * x_stride + c];
+    float acc = 0.0f;
+    for (int j = 0; j < hist; ++j) acc += wt[j] * win[j];
+    acc += wt[hist] * in;
+    out[static_cast<int64_t>(t) * conv_dim + c] = SiluF(acc);
+    for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
+    if (hist > 0) win[hist - 1] = in;
+    const int snap = b.snapshot_slot[t];
+    if (snap >= 0) {
+      float* dst = s.state + snap * s.slot_floats + s.layer_offset;
+      for (int j = 0; j < hist; ++j) dst[j * conv_dim + c] = win[j];
+    }
+  }
+  for (int j = 0; j < hist; ++j) window[j * conv_dim + c] = win[j];
+}
+
+// One warp per (token, key head): q and k rows normalised.
+__global__ void NormQkKernel(const float* __restrict__ conv_out, int n_tokens, int nk, int dk,
+                             int conv_dim, float q_scale, float* __restrict__ q,
+                             float* __restrict__ k) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int rows = n_tokens * nk * 2;
+  if (warp >= rows) return;
+  const int which = warp % 2;  // 0: q, 1: k
+  const int th = warp / 2;     // token * nk + head
+  const int t = th / nk, h = th % nk;
+  const float* src = conv_out + static_cast<int64_t>(t) * conv_dim + which * nk * dk + h * dk;
+  float* dst = (which == 0 ? q : k) + static_cast<int64_t>(th) * dk;
+  float ss = 0.0f;
+  for (int j = lane; j < dk; j += 32) ss += src[j] * src[j];
+  ss = WarpSumF(ss);
+  const float inv = 1.0f / sqrtf(ss + 1e-6f);
+  const float scale = which == 0 ? q_scale : 1.0f;
+  for (int j = lane; j < dk; j += 32) dst[j] = src[j] * inv * scale;
+}
+
+__global__ void GatesKernel(const float* __restrict__ ba, int64_t ba_stride, int n_tokens, int nv,
+                            const float* __restrict__ neg_exp_a, const float* __restrict__ dt_bias,
+                            float* __restrict__ beta, float* __restrict__ g) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n_tokens * nv) return;
+  const int t = i / nv, h = i % nv;
+  const float bv = ba[t * ba_stride + h];
+  const float av = ba[t * ba_stride + nv + h] + dt_bias[h];
+  beta[i] = SigmoidF(bv);
+  const float softplus = av > 20.0f ? av : log1pf(expf(av));
+  g[i] = neg_exp_a[h] * softplus;
+}
+
+// Block (value head h, sequence), dv threads; dynamic shared memory: S [dk, dv], q_t, k_t [dk].
+__global__ void DeltaRuleKernel(const float* __restrict__ q, const float* __restrict__ k,
+                                const float* __restrict__ v, int64_t v_stride,
+                                const float* __restrict__ g, const float* __restrict__ beta, int nk,
+                                int dk, int nv, int dv, DeltaBatchView b, DeltaStateView st,
+                                float* __restrict__ out) {
+  extern __shared__ float smem[];
+  float* S = smem;          // [dk, dv]
+  float* qs = S + dk * dv;  // [dk]
+  float* ks = qs + dk;      // [dk]
+  const int h = blockIdx.x, seq = blockIdx.y, e = threadIdx.x;
+  const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
+  if (begin == end) return;
+  const int kh = h / (nv / nk);
+  const int64_t ssm_offset = st.layer_offset + st.conv_floats + static_cast<int64_t>(h) * dk * dv;
+  float* home = st.state + b.state_slots[seq] * st.slot_floats + ssm_offset;
+  const bool fresh = b.positions[begin] == 0;
+  for (int i = threadIdx.x; i < dk * dv; i += blockDim.x) S[i] = fresh ? 0.0f : home[i];
+  __syncthreads();
+  for (int t = begin; t < end; ++t) {
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+      qs[i] = q[(static_cast<int64_t>(t) * nk + kh) * dk + i];
+      ks[i] = k[(static_cast<int64_t>(t) * nk + kh) * dk + i];
+    }
+    __syncthreads();
+    const float decay = expf(g[t * nv + h]);
+    const float bt = beta[t * nv + h];
+    if (e < dv) {
+      float mem = 0.0f;
+      for (int d = 0; d < dk; ++d) {
+        const float sv = S[d * dv + e] * decay;
+        S[d * dv + e] = sv;
+        mem += sv * ks[d];
+      }
+      const float delta = (v[t * v_stride + h * dv + e] - mem) * bt;
+      float o = 0.0f;
+      for (int d = 0; d < dk; ++d) {
+        const float sv = S[d * dv + e] + ks[d] * delta;
+        S[d * dv + e] = sv;
+        o += sv * qs[d];
+      }
+      out[(static_cast<int64_t>(t) * nv + h) * dv + e] = o;
+    }
+    __syncthreads();
+    const int snap = b.snapshot_slot[t];
+    if (snap >= 0) {
+      float* dst = st.state + snap * st.slot_floats + ssm_offset;
+      for (int i = threadIdx.x; i < dk * dv; i += blockDim.x) dst[i] = S[i];
+    }
+  }
+  for (int i = threadIdx.x; i < dk * dv; i += blockDim.x) home[i] = S[i];
+}
+
+__global__ void GatedNormKernel(const float* __restrict__ x, const float* __restrict__ z,
+                                int64_t z_stride, int rows_per_token, int64_t n_rows, int d,
+                                const float* __restrict__ w, float eps, __nv_bfloat16* y) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (r >= n_rows) return;
+  const float* xr = x + r * d;
+  const float* zr = z + (r / rows_per_token) * z_stride + (r % rows_per_token) * d;
+  float ss = 0.0f;
+  for (int j = lane; j < d; j += 32) ss += xr[j] * xr[j];
+  ss = WarpSumF(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+  for (int j = lane; j < d; j += 32) {
+    y[r * d + j] = __float2bfloat16(w[j] * (xr[j] * inv) * SiluF(zr[j]));
+  }
+}
+
+__global__ void CopySlotsKernel(float* state, int64_t slot_floats, const int32_t* src,
+                                const int32_t* dst, int n) {
+  for (int c = 0; c < n; ++c) {
+    const float* from = state + src[c] * slot_floats;
+    float* to = state + dst[c] * slot_floats;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < slot_floats;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      to[i] = from[i];
+    }
+  }
+}
+
+// Block (token, head among q, k, v heads), head_dim threads.
+__global__ void GatedQkvRopeKernel(
+    const float* __restrict__ qkv, const __nv_bfloat16* __restrict__ q_norm,
+    const __nv_bfloat16* __restrict__ k_norm, const int32_t* __restrict__ positions,
+    const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_mapping, GatedQkvShape sh,
+    __nv_bfloat16* q_out, float* gate_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache) {
+  __shared__ float row[256];
+  __shared__ float partial[8];
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int hd = sh.head_dim, j = threadIdx.x;
+  const bool is_q = h < sh.n_heads;
+  const bool is_v = h >= sh.n_heads + sh.n_kv_heads;
+  const int64_t width = static_cast<int64_t>(2 * sh.n_heads + 2 * sh.n_kv_heads) * hd;
+  const float* src;
+  if (is_q) {
+    src = qkv + t * width + static_cast<int64_t>(h) * 2 * hd;
+    gate_out[(t * sh.n_heads + h) * hd + j] = src[hd + j];
+  } else {
+    src = qkv + t * width + static_cast<int64_t>(2 * sh.n_heads) * hd +
+          static_cast<int64_t>(h - sh.n_heads) * hd;
+  }
+  float x = src[j];
+  const __nv_bfloat16* norm = is_q ? q_norm : is_v ? nullptr : k_norm;
+  if (norm != nullptr) {
+    float ss = WarpSumF(x * x);
+    if ((j & 31) == 0) partial[j >> 5] = ss;
+    __syncthreads();
+    ss = 0.0f;
+    for (int w = 0; w < (hd + 31) / 32; ++w) ss += partial[w];
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + sh.eps);
+    x = (sh.norm_offset + __bfloat162float(norm[j])) * (x * inv);
+  }
+  row[j] = x;
+  __syncthreads();
+  if (!is_v && j < sh.rotary_dim) {
+    const int half = sh.rotary_dim / 2;
+    const int i = j < half ? j : j - half;
+    float sn, cs;
+    sincosf(static_cast<float>(positions[t]) * inv_freq[i], &sn, &cs);
+    cs *= sh.attention_scaling;
+    sn *= sh.attention_scaling;
+    x = j < half ? row[j] * cs - row[j + half] * sn : row[j] * cs + row[j - half] * sn;
+  }
+  if (is_q) {
+    q_out[(t * sh.n_heads + h) * hd + j] = __float2bfloat16(x);
+    return;
+  }
+  const int64_t slot = slot_mapping[t];
+  if (slot < 0) return;
+  const int kv_head = is_v ? h - sh.n_heads - sh.n_kv_heads : h - sh.n_heads;
+  const int64_t cache_row =
+      ((slot / sh.block_size) * sh.n_kv_heads + kv_head) * sh.block_size + slot % sh.block_size;
+  (is_v ? v_cache : k_cache)[cache_row * hd + j] = __float2bfloat16(x);
+}
+
+__global__ void SigmoidGateKernel(__nv_bfloat16* x, const float* gate, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) * SigmoidF(gate[i]));
+}
+
+unsigned Blocks(int64_t n, int per) {
+  return static_cast<unsigned>((n + per - 1) / per);
+}
+
+}  // namespace
+
+void CausalConv1dSilu(const float* x, int64_t x_stride, int32_t conv_dim, int32_t kernel,
+                      const float* w, const DeltaBatchView& b, const DeltaStateView& s, float* out,
+                      cudaStream_t stream) {
+  KCHECK(kernel >= 1 && kernel <= kMaxKernel);
+  if (b.n_seqs == 0) return;
+  ConvKernel<<<dim3(Blocks(conv_dim, 128), static_cast<unsigned>(b.n_seqs)), 128, 0, stream>>>(
+      x, x_stride, conv_dim, kernel, w, b, s, out);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void DeltaPrep(const float* conv_out, int32_t n_tokens, int32_t nk, int32_t dk, int32_t nv,
+               int32_t dv, const float* ba, int64_t ba_stride, const float* neg_exp_a,
+               const float* dt_bias, float* q, float* k, float* beta, float* g,
+               cudaStream_t stream) {
+  if (n_tokens == 0) return;
+  const int32_t conv_dim = 2 * nk * dk + nv * dv;
+  const int64_t rows = int64_t{n_tokens} * nk * 2;
+  const float q_scale = 1.0f / sqrtf(static_cast<float>(dk));
+  NormQkKernel<<<Blocks(rows * 32, 256), 256, 0, stream>>>(conv_out, n_tokens, nk, dk, conv_dim,
+                                                           q_scale, q, k);
+  KCUDA_CHECK_LAUNCH();
+  GatesKernel<<<Blocks(int64_t{n_tokens} * nv, 256), 256, 0, stream>>>(ba, ba_stride, n_tokens, nv,
+                                                                       neg_exp_a, dt_bias, beta, g);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_stride,
+                    const float* g, const float* beta, int32_t nk, int32_t dk, int32_t nv,
+                    int32_t dv, const DeltaBatchView& b, const DeltaStateView& s, float* out,
+                    cudaStream_t stream) {
+  KCHECK(dk > 0 && dk <= 256 && dv > 0 && dv <= 256 && nk > 0 && nv % nk == 0);
+  if (b.n_seqs == 0) return;
+  const size_t smem = (size_t(dk) * dv + 2 * size_t(dk)) * sizeof(float);
+  // Above 48 KiB the kernel must opt in, up to the device's limit (227 KiB on Hopper).
+  static size_t opted_in = 48 << 10;
+  if (smem > opted_in) {
+    int device = 0, limit = 0;
+    KCUDA_CHECK(cudaGetDevice(&device));
+    KCUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    KCHECK_MSG(smem <= static_cast<size_t>(limit),
+               "Gated DeltaNet state of one head does not fit in shared memory");
+    KCUDA_CHECK(cudaFuncSetAttribute(DeltaRuleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem)));
+    opted_in = smem;
+  }
+  const int threads = std::max(32, (dv + 31) / 32 * 32);
+  DeltaRuleKernel<<<dim3(static_cast<unsigned>(nv), static_cast<unsigned>(b.n_seqs)), threads, smem,
+                    stream>>>(q, k, v, v_stride, g, beta, nk, dk, nv, dv, b, s, out);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void GatedRmsNormSilu(const float* x, const float* z, int64_t z_stride, int32_t rows_per_token,
+                      int64_t n_rows, int32_t d, const float* w, float eps, __nv_bfloat16* y,
+                      cudaStream_t stream) {
+  if (n_rows == 0) return;
+  GatedNormKernel<<<Blocks(n_rows * 32, 256), 256, 0, stream>>>(x, z, z_stride, rows_per_token,
+                                                                n_rows, d, w, eps, y);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void CopyStateSlots(float* state, int64_t slot_floats, const int32_t* src, const int32_t* dst,
+                    int32_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  CopySlotsKernel<<<Blocks(slot_floats, 256 * 8), 256, 0, stream>>>(state, slot_floats, src, dst,
+                                                                    n);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void GatedQkvRope(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm,
+                  const int32_t* positions, const float* inv_freq, const int32_t* slot_mapping,
+                  int64_t n, const GatedQkvShape& shape, __nv_bfloat16* q_out, float* gate_out,
+                  __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, cudaStream_t stream) {
+  KCHECK(shape.head_dim > 0 && shape.head_dim <= 256 && shape.head_dim % 32 == 0);
+  KCHECK(shape.rotary_dim % 2 == 0 && shape.rotary_dim <= shape.head_dim);
+  if (n == 0) return;
+  const dim3 grid(static_cast<unsigned>(n),
+                  static_cast<unsigned>(shape.n_heads + 2 * shape.n_kv_heads));
+  GatedQkvRopeKernel<<<grid, shape.head_dim, 0, stream>>>(qkv, q_norm, k_norm, positions, inv_freq,
+                                                          slot_mapping, shape, q_out, gate_out,
+                                                          k_cache, v_cache);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void SigmoidGate(__nv_bfloat16* x, const float* gate, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  SigmoidGateKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, gate, n);
+  KCUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kestrel::cuda
