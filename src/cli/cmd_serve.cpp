@@ -309,7 +309,8 @@ void RegisterServe(CLI::App& app, int& exit_code) {
   cmd->add_option("--api-key", f.api_key,
                   "Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/* (default: "
                   "$KESTREL_API_KEY)");
-  cmd->add_flag("--protect-metrics", f.protect_metrics, "With --api-key: /metrics needs the key too");
+  cmd->add_flag("--protect-metrics", f.protect_metrics,
+                "With --api-key: /metrics needs the key too");
   cmd->add_option("--header-timeout", f.header_timeout_s,
                   "Seconds a request's whole head (request line + headers) may take to arrive")
       ->capture_default_str();

@@ -17,8 +17,8 @@
 
 #include "core/status.h"
 #include "engine/engine.h"
-#include "server/http_transport.h"
 #include "sampling/sampler.h"
+#include "server/http_transport.h"
 #include "server/parsers/output_parser.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -27,9 +27,9 @@ namespace kestrel::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                          // 0 = any free port (see HttpServer::port)
-  std::string api_key;   // non-empty: /v1/* needs "Authorization: Bearer KEY" (or x-api-key)
-  bool protect_metrics = false;  // with api_key: /metrics needs the key too
+  int port = 8080;      // 0 = any free port (see HttpServer::port)
+  std::string api_key;  // non-empty: /v1/* needs "Authorization: Bearer KEY" (or x-api-key)
+  bool protect_metrics = false;             // with api_key: /metrics needs the key too
   size_t max_body_bytes = size_t{8} << 20;  // larger bodies get 413
   int n_http_threads = 64;                  // connections served at once (streams hold one each)
   int max_pending_connections = 256;        // accepted, waiting for a thread; then accept waits
