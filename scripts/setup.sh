@@ -43,15 +43,19 @@ for pkg in qwen3 llama3; do
   fi
 done
 
-# Test clients of the end-to-end tests and the load benchmark: the official openai npm SDK, pinned
-# by tests/e2e/package.json + package-lock.json, installed into tests/e2e/node_modules.
+# Test clients of the end-to-end tests and the load benchmark: the official openai and
+# @anthropic-ai/sdk npm SDKs, pinned by tests/e2e/package.json + package-lock.json, installed into
+# tests/e2e/node_modules (npm ci, again whenever an installed version differs from the pin).
 E2E_DIR=tests/e2e
 if [[ -f "$E2E_DIR/package-lock.json" ]]; then
-  want=$(node -p "require('./$E2E_DIR/package.json').dependencies.openai")
-  have=$(node -p "try { require('./$E2E_DIR/node_modules/openai/package.json').version } catch { '' }")
-  if [[ "$want" != "$have" ]]; then
-    echo "setup: installing openai@$want into $E2E_DIR/node_modules"
-    (cd "$E2E_DIR" && npm ci --silent --no-audit --no-fund >/dev/null)
-  fi
+  for pkg in openai @anthropic-ai/sdk; do
+    want=$(node -p "require('./$E2E_DIR/package.json').dependencies['$pkg']")
+    have=$(node -p "try { require('./$E2E_DIR/node_modules/$pkg/package.json').version } catch { '' }")
+    if [[ "$want" != "$have" ]]; then
+      echo "setup: installing $pkg@$want (and the other pinned SDKs) into $E2E_DIR/node_modules"
+      (cd "$E2E_DIR" && npm ci --silent --no-audit --no-fund >/dev/null)
+      break
+    fi
+  done
 fi
 echo "setup: ok"

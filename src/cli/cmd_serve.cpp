@@ -45,6 +45,9 @@ struct ServeFlags {
   std::string served_model_name;
   int shutdown_grace_s = 10;
   bool reference_kernels = false;
+  std::string tool_call_parser = "auto";  // auto (from the chat template) or a format name
+  std::string reasoning_parser = "auto";  // auto, think, none
+  int max_stored_responses = 1024;
 };
 
 void Log(const std::string& line) {
@@ -94,6 +97,19 @@ Status CheckFlags(const ServeFlags& f) {
   if (!(f.state_cache_gib >= 0.0 && std::isfinite(f.state_cache_gib))) {
     return InvalidArgument("--state-cache must be a number of GiB >= 0");
   }
+  server::ToolCallFormat format;
+  if (f.tool_call_parser != "auto" && !server::ParseToolCallFormat(f.tool_call_parser, &format)) {
+    return InvalidArgument(
+        "--tool-call-parser must be auto, hermes, qwen3_coder, llama3_json or "
+        "none, got '" +
+        f.tool_call_parser + "'");
+  }
+  if (f.reasoning_parser != "auto" && f.reasoning_parser != "think" &&
+      f.reasoning_parser != "none") {
+    return InvalidArgument("--reasoning-parser must be auto, think or none, got '" +
+                           f.reasoning_parser + "'");
+  }
+  if (f.max_stored_responses < 0) return InvalidArgument("--max-stored-responses must be >= 0");
   return Status::Ok();
 }
 
@@ -230,6 +246,13 @@ int RunServe(ServeFlags f) {
   server_options.host = f.host;
   server_options.port = f.port;
   server_options.api_key = f.api_key;
+  if (f.tool_call_parser != "auto") {
+    server::ToolCallFormat format = server::ToolCallFormat::kNone;
+    server::ParseToolCallFormat(f.tool_call_parser, &format);
+    server_options.tool_call_format = format;
+  }
+  if (f.reasoning_parser != "auto") server_options.reasoning = f.reasoning_parser == "think";
+  server_options.max_stored_responses = static_cast<size_t>(f.max_stored_responses);
   server_options.protect_metrics = f.protect_metrics;
   server_options.transport.head_timeout_s = f.header_timeout_s;
   // Every admitted or queued request holds a connection thread; the rest serve /health,
@@ -237,6 +260,11 @@ int RunServe(ServeFlags f) {
   server_options.n_http_threads = std::min(f.max_num_seqs + f.max_waiting + 16, 1024);
   server::HttpServer http(&engine, &*tokenizer, chat_template ? &*chat_template : nullptr, served,
                           server_options);
+  const server::OutputFormats formats = http.output_formats();
+  Log(std::string("kestrel: tool calls: ") + server::ToolCallFormatName(formats.tool_calls) +
+      ", reasoning: " + (formats.reasoning ? "<think>" : "none") +
+      (f.tool_call_parser == "auto" && f.reasoning_parser == "auto" ? " (from the chat template)"
+                                                                    : ""));
   if (Status s = server::InstallShutdownSignals(); !s.ok()) return Fail(s);
   if (Status s = http.Bind(); !s.ok()) return Fail(s);
   engine.Start();
@@ -279,10 +307,23 @@ void RegisterServe(CLI::App& app, int& exit_code) {
                   "Hybrid models: GiB of recurrent-state snapshots for prefix caching")
       ->capture_default_str();
   cmd->add_option("--api-key", f.api_key,
-                  "Require 'Authorization: Bearer KEY' on /v1/* (default: $KESTREL_API_KEY)");
-  cmd->add_flag("--protect-metrics", f.protect_metrics, "With --api-key: /metrics needs the key too");
+                  "Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/* (default: "
+                  "$KESTREL_API_KEY)");
+  cmd->add_flag("--protect-metrics", f.protect_metrics,
+                "With --api-key: /metrics needs the key too");
   cmd->add_option("--header-timeout", f.header_timeout_s,
                   "Seconds a request's whole head (request line + headers) may take to arrive")
+      ->capture_default_str();
+  cmd->add_option("--tool-call-parser", f.tool_call_parser,
+                  "How the model writes tool calls: auto (read from the chat template), hermes, "
+                  "qwen3_coder, llama3_json, none")
+      ->capture_default_str();
+  cmd->add_option(
+         "--reasoning-parser", f.reasoning_parser,
+         "Reasoning in <think>...</think>: auto (read from the chat template), think, none")
+      ->capture_default_str();
+  cmd->add_option("--max-stored-responses", f.max_stored_responses,
+                  "/v1/responses kept in memory for previous_response_id (LRU)")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", f.no_prefix_cache, "Disable prefix caching");
   cmd->add_flag("--no-async-scheduling", f.no_async_scheduling,

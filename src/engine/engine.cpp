@@ -519,12 +519,14 @@ void Engine::Impl::ProcessSample(EngineSequence* seq, SampleResult sample) {
     StopMatcher::Output o = seq->stop.Push(seq->detok.Push(token));
     event.text = std::move(o.text);
     stopped = o.stopped;
+    event.stop_index = o.stop_index;
   }
   const bool last = is_eos || stopped || seq->n_generated_tokens() == seq->max_new_tokens();
   if (last && !stopped && tokenizer != nullptr) {
     StopMatcher::Output o = seq->stop.Push(seq->detok.Finish());
     event.text += o.text;
     stopped = o.stopped;
+    event.stop_index = o.stop_index;
     if (!stopped) event.text += seq->stop.Finish();
   }
   event.usage = seq->Usage();

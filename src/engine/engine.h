@@ -71,8 +71,9 @@ struct RequestOutput {
   std::string text;                   // text delta: whole code points, stop strings held back
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;
-  RequestUsage usage;  // so far; final on the finished event
-  Status error;        // a failure after admission (rare; finished is set)
+  int32_t stop_index = -1;  // kStop by a stop string: its index in EngineRequest::stop, else -1
+  RequestUsage usage;       // so far; final on the finished event
+  Status error;             // a failure after admission (rare; finished is set)
 };
 
 // Shared by the HTTP thread (reader) and the engine thread (writer).

@@ -40,7 +40,7 @@ ApiError Unauthorized(bool key_given) {
   return Make(401, "invalid_request_error",
               key_given ? "Incorrect API key provided."
                         : "You didn't provide an API key. Pass it in the Authorization header "
-                          "(Authorization: Bearer YOUR_KEY).",
+                          "(Authorization: Bearer YOUR_KEY) or the x-api-key header.",
               "", "invalid_api_key");
 }
 
@@ -116,6 +116,40 @@ nlohmann::ordered_json ErrorJson(const ApiError& e) {
 
 std::string ErrorBody(const ApiError& e) {
   return Dump(ErrorJson(e));
+}
+
+const char* AnthropicErrorType(int status) {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+    case 529:
+      return "overloaded_error";
+    default:
+      return status >= 500 ? "api_error" : "invalid_request_error";
+  }
+}
+
+nlohmann::ordered_json AnthropicErrorJson(const ApiError& e) {
+  nlohmann::ordered_json inner;
+  inner["type"] = AnthropicErrorType(e.status);
+  inner["message"] = e.message;
+  nlohmann::ordered_json out;
+  out["type"] = "error";
+  out["error"] = std::move(inner);
+  return out;
+}
+
+nlohmann::ordered_json StyledErrorJson(const ApiError& e, ErrorStyle style) {
+  return style == ErrorStyle::kAnthropic ? AnthropicErrorJson(e) : ErrorJson(e);
 }
 
 std::string Dump(const nlohmann::ordered_json& j) {

@@ -41,6 +41,15 @@ ApiError FromStatus(const Status& status, const std::string& param = "");
 nlohmann::ordered_json ErrorJson(const ApiError& e);
 std::string ErrorBody(const ApiError& e);  // ErrorJson serialized
 
+// Error bodies differ per API family: OpenAI's {"error": {message, type, param, code}}, or
+// Anthropic's {"type": "error", "error": {"type", "message"}} on /v1/messages, whose type follows
+// the status (invalid_request_error, authentication_error, not_found_error, request_too_large,
+// rate_limit_error, api_error, overloaded_error).
+enum class ErrorStyle { kOpenAI, kAnthropic };
+const char* AnthropicErrorType(int status);
+nlohmann::ordered_json AnthropicErrorJson(const ApiError& e);
+nlohmann::ordered_json StyledErrorJson(const ApiError& e, ErrorStyle style);
+
 // JSON text that never throws: invalid UTF-8 becomes U+FFFD, non-ASCII is kept raw.
 std::string Dump(const nlohmann::ordered_json& j);
 

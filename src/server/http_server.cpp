@@ -15,24 +15,42 @@ namespace {
 
 constexpr const char* kChatPath = "/v1/chat/completions";
 constexpr const char* kCompletionsPath = "/v1/completions";
+constexpr const char* kResponsesPath = "/v1/responses";
+constexpr const char* kMessagesPath = "/v1/messages";
+constexpr const char* kCountTokensPath = "/v1/messages/count_tokens";
 constexpr const char* kModelsPath = "/v1/models";
+
+bool StartsWith(const std::string& s, std::string_view prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
 
 // Known paths and the methods they take (for 405 and its Allow header).
 const char* AllowedMethods(const std::string& path) {
-  if (path == kChatPath || path == kCompletionsPath) return "POST";
+  if (path == kChatPath || path == kCompletionsPath || path == kResponsesPath ||
+      path == kMessagesPath || path == kCountTokensPath) {
+    return "POST";
+  }
   if (path == kModelsPath || path == "/health" || path == "/metrics") return "GET, HEAD";
-  if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) return "GET, HEAD";
+  if (StartsWith(path, "/v1/models/") && path.size() > 11) return "GET, HEAD";
+  if (StartsWith(path, "/v1/responses/") && path.size() > 14) return "GET, HEAD, DELETE";
   return nullptr;
 }
 
 // The route label of /metrics: the server's patterns only, never a client-chosen path.
 std::string RouteLabel(const std::string& path) {
-  if (path == kChatPath || path == kCompletionsPath || path == kModelsPath || path == "/health" ||
-      path == "/metrics") {
+  if (path == kChatPath || path == kCompletionsPath || path == kResponsesPath ||
+      path == kMessagesPath || path == kCountTokensPath || path == kModelsPath ||
+      path == "/health" || path == "/metrics") {
     return path;
   }
-  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  if (StartsWith(path, "/v1/models/")) return "/v1/models/{id}";
+  if (StartsWith(path, "/v1/responses/")) return "/v1/responses/{id}";
   return "other";
+}
+
+// Anthropic clients get Anthropic-shaped errors on their routes.
+ErrorStyle StyleOf(const std::string& path) {
+  return StartsWith(path, kMessagesPath) ? ErrorStyle::kAnthropic : ErrorStyle::kOpenAI;
 }
 
 // Compares every byte whatever the first difference, so the time taken does not reveal how
@@ -64,7 +82,8 @@ std::optional<ApiError> CheckJsonContentType(const httplib::Request& req) {
   return e;
 }
 
-// nullopt when the request may use /v1/*.
+// nullopt when the request may use /v1/*: the key as `Authorization: Bearer KEY` (OpenAI
+// clients) or, without an Authorization header, `x-api-key: KEY` (Anthropic clients).
 std::optional<ApiError> CheckAuth(const HttpServer::State& s, const httplib::Request& req) {
   if (s.options.api_key.empty()) return std::nullopt;
   // "Authorization: Bearer KEY" (the scheme is case-insensitive, RFC 9110 11.1); Anthropic
@@ -122,20 +141,23 @@ bool IsServedName(const ServedModel& m, const std::string& name) {
   return name == m.id || std::find(m.aliases.begin(), m.aliases.end(), name) != m.aliases.end();
 }
 
+using Handler = void (*)(HttpServer::State&, const std::string&, httplib::Response&);
+
 void RegisterRoutes(HttpServer::State& s) {
   httplib::Server& http = s.http;
-  auto generation = [&s](ApiKind kind) {
-    return [&s, kind](const httplib::Request& req, httplib::Response& res,
-                      const httplib::ContentReader& reader) {
+  auto post = [&s](Handler handle) {
+    return [&s, handle](const httplib::Request& req, httplib::Response& res,
+                        const httplib::ContentReader& reader) {
+      const ErrorStyle style = StyleOf(req.path);
       std::string body;
-      if (auto e = ReadBody(s, res, reader, &body)) return SendError(res, *e);
-      if (auto e = CheckAuth(s, req)) return SendError(res, *e);
-      if (auto e = CheckJsonContentType(req)) return SendError(res, *e);
+      if (auto e = ReadBody(s, res, reader, &body)) return SendError(res, *e, style);
+      if (auto e = CheckAuth(s, req)) return SendError(res, *e, style);
+      if (auto e = CheckJsonContentType(req)) return SendError(res, *e, style);
       if (s.draining.load()) {
         res.set_header("Connection", "close");
-        return SendError(res, ServiceUnavailable("The server is shutting down"));
+        return SendError(res, ServiceUnavailable("The server is shutting down"), style);
       }
-      HandleGeneration(s, kind, body, res);
+      handle(s, body, res);
       // HTTP/1.0 has no chunked coding (RFC 9112 7.1): stream close-delimited instead.
       if (req.version == "HTTP/1.0" && res.is_chunked_content_provider_) {
         res.is_chunked_content_provider_ = false;
@@ -143,8 +165,22 @@ void RegisterRoutes(HttpServer::State& s) {
       }
     };
   };
-  http.Post(kChatPath, generation(ApiKind::kChat));
-  http.Post(kCompletionsPath, generation(ApiKind::kCompletion));
+  http.Post(kChatPath, post(HandleChat));
+  http.Post(kCompletionsPath, post(HandleCompletion));
+  http.Post(kResponsesPath, post(HandleResponses));
+  http.Post(kMessagesPath, post(HandleAnthropicMessages));
+  http.Post(kCountTokensPath, post(HandleAnthropicCountTokens));
+  http.Get(R"(/v1/responses/([^/]+))", [&s](const httplib::Request& req, httplib::Response& res) {
+    if (auto e = CheckAuth(s, req)) return SendError(res, *e);
+    HandleGetResponse(s, req.matches[1], res);
+  });
+  http.Delete(R"(/v1/responses/([^/]+))", [&s](const httplib::Request& req, httplib::Response& res,
+                                               const httplib::ContentReader& reader) {
+    std::string body;
+    if (auto e = ReadBody(s, res, reader, &body)) return SendError(res, *e);
+    if (auto e = CheckAuth(s, req)) return SendError(res, *e);
+    HandleDeleteResponse(s, req.matches[1], res);
+  });
 
   http.Get(kModelsPath, [&s](const httplib::Request& req, httplib::Response& res) {
     if (auto e = CheckAuth(s, req)) return SendError(res, *e);
@@ -173,16 +209,17 @@ void RegisterRoutes(HttpServer::State& s) {
   // stays in sync, then 401 / 404 / 405.
   auto unknown = [&s](const httplib::Request& req, httplib::Response& res,
                       const httplib::ContentReader& reader) {
+    const ErrorStyle style = StyleOf(req.path);
     std::string body;
-    if (auto e = ReadBody(s, res, reader, &body)) return SendError(res, *e);
+    if (auto e = ReadBody(s, res, reader, &body)) return SendError(res, *e, style);
     if (req.path.rfind("/v1/", 0) == 0) {
-      if (auto e = CheckAuth(s, req)) return SendError(res, *e);
+      if (auto e = CheckAuth(s, req)) return SendError(res, *e, style);
     }
     if (const char* allowed = AllowedMethods(req.path)) {
       res.set_header("Allow", allowed);
-      return SendError(res, MethodNotAllowed(req.method, req.path));
+      return SendError(res, MethodNotAllowed(req.method, req.path), style);
     }
-    SendError(res, UnknownRoute(req.method, req.path));
+    SendError(res, UnknownRoute(req.method, req.path), style);
   };
   http.Post(".*", unknown);
   http.Put(".*", unknown);
@@ -207,11 +244,11 @@ void RegisterRoutes(HttpServer::State& s) {
             e = UnknownRoute(req.method, req.path);
           }
         }
-        SendError(res, e);
+        SendError(res, e, StyleOf(req.path));
         return httplib::Server::HandlerResponse::Handled;
       }));
   http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown exception";
         try {
           if (ep) std::rethrow_exception(ep);
@@ -219,7 +256,7 @@ void RegisterRoutes(HttpServer::State& s) {
           what = ex.what();
         } catch (...) {
         }
-        SendError(res, InternalError("Internal error: " + what));
+        SendError(res, InternalError("Internal error: " + what), StyleOf(req.path));
       });
   http.set_logger([&s](const httplib::Request& req, const httplib::Response& res) {
     s.counters.Record(RouteLabel(req.path), res.status);
@@ -233,10 +270,10 @@ void SendJson(httplib::Response& res, int status, const Json& body) {
   res.set_content(Dump(body), "application/json");
 }
 
-void SendError(httplib::Response& res, const ApiError& error) {
+void SendError(httplib::Response& res, const ApiError& error, ErrorStyle style) {
   // The engine's queue is full: a client may come back soon (RFC 9110 15.5.29 / 10.2.3).
   if (error.status == 429) res.set_header("Retry-After", "1");
-  SendJson(res, error.status, ErrorJson(error));
+  SendJson(res, error.status, StyledErrorJson(error, style));
 }
 
 HttpServer::HttpServer(Engine* engine, const Tokenizer* tokenizer,
@@ -252,6 +289,13 @@ HttpServer::HttpServer(Engine* engine, const Tokenizer* tokenizer,
   s.parse_context.vocab_size = s.model.vocab_size;
   s.parse_context.accepted_models.push_back(s.model.id);
   for (const std::string& alias : s.model.aliases) s.parse_context.accepted_models.push_back(alias);
+  if (chat_template != nullptr) s.formats = DetectOutputFormats(*chat_template);
+  if (s.options.tool_call_format) s.formats.tool_calls = *s.options.tool_call_format;
+  if (s.options.reasoning) s.formats.reasoning = *s.options.reasoning;
+  // Byte budget: 64 KiB per stored response on average, at least 64 MiB.
+  s.responses = std::make_unique<ResponseStore>(
+      s.options.max_stored_responses,
+      std::max<size_t>(size_t{64} << 20, s.options.max_stored_responses * (size_t{64} << 10)));
 
   const ServerOptions& o = s.options;
   const size_t n_threads = static_cast<size_t>(std::max(o.n_http_threads, 1));
@@ -301,6 +345,10 @@ Status HttpServer::Bind() {
   s.http.RaiseBacklog();
   s.running.store(true);  // from here on, until Run returns
   return Status::Ok();
+}
+
+OutputFormats HttpServer::output_formats() const {
+  return state_->formats;
 }
 
 int HttpServer::port() const {

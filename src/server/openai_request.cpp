@@ -1,8 +1,9 @@
 // The endpoint-specific parts of the OpenAI schemas: chat messages and tools for
 // /v1/chat/completions, the prompt and legacy options for /v1/completions.
-#include "core/json_file.h"
 #include "server/openai_request.h"
+#include "core/json_file.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "tokenizer/unicode.h"
@@ -162,55 +163,126 @@ std::optional<ApiError> NormalizeMessage(const Json& msg, size_t i, Json* out) {
   return std::nullopt;
 }
 
+std::optional<ApiError> ReadToolChoice(const Json& body, ChatRequest* out) {
+  auto choice = body.find("tool_choice");
+  if (choice == body.end() || choice->is_null()) return std::nullopt;
+  ToolChoice& tc = out->tool_choice;
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c == "auto") {
+      tc.mode = ToolChoice::Mode::kAuto;
+    } else if (c == "none") {
+      tc.mode = ToolChoice::Mode::kNone;
+    } else if (c == "required") {
+      tc.mode = ToolChoice::Mode::kRequired;
+    } else {
+      return BadRequest("Invalid tool_choice '" + tok::Utf8Lossy(c) +
+                            "'; expected 'auto', 'none', 'required' or a named function",
+                        "tool_choice");
+    }
+  } else if (choice->is_object()) {
+    std::optional<std::string> type, name;
+    if (auto e = ReadString(*choice, "type", "tool_choice.type", &type)) return e;
+    if (type.value_or("function") != "function") {
+      return BadRequest("tool_choice type '" + tok::Utf8Lossy(*type) + "' is not supported",
+                        "tool_choice.type");
+    }
+    auto fn = choice->find("function");
+    if (fn == choice->end() || !fn->is_object()) {
+      return BadRequest("'tool_choice.function' must be an object", "tool_choice.function");
+    }
+    if (auto e = ReadString(*fn, "name", "tool_choice.function.name", &name)) return e;
+    if (!name || name->empty()) {
+      return BadRequest("'tool_choice.function.name' is required", "tool_choice.function.name");
+    }
+    tc.mode = ToolChoice::Mode::kFunction;
+    tc.function = *name;
+  } else {
+    return WrongType("tool_choice", "a string or an object", *choice);
+  }
+  return ValidateToolChoice(tc, out->tools, "tool_choice");
+}
+
 std::optional<ApiError> ReadTools(const Json& body, ChatRequest* out) {
   auto it = body.find("tools");
   if (it != body.end() && !it->is_null()) {
-    if (!it->is_array()) return WrongType("tools", "an array", *it);
-    for (size_t i = 0; i < it->size(); ++i) {
-      const Json& tool = (*it)[i];
-      const std::string param = Index("tools", i);
-      if (!tool.is_object()) return WrongType(param, "an object", tool);
-      std::optional<std::string> type;
-      if (auto e = ReadString(tool, "type", param + ".type", &type)) return e;
-      if (type.value_or("function") != "function") {
-        return BadRequest("Tool type '" + tok::Utf8Lossy(*type) + "' is not supported",
-                          param + ".type");
-      }
-      auto fn = tool.find("function");
-      if (fn == tool.end() || !fn->is_object()) {
-        return BadRequest("'" + param + ".function' must be an object", param + ".function");
-      }
-      std::optional<std::string> name;
-      if (auto e = ReadString(*fn, "name", param + ".function.name", &name)) return e;
-      if (!name) {
-        return BadRequest("'" + param + ".function.name' is required", param + ".function.name");
-      }
-    }
+    if (auto e = ValidateTools(*it, "tools")) return e;
     out->tools = *it;
   }
-  // Forcing a tool call needs constrained decoding, which the engine does not have yet.
-  auto choice = body.find("tool_choice");
-  if (choice != body.end() && !choice->is_null()) {
-    if (choice->is_string()) {
-      const std::string c = choice->get<std::string>();
-      if (c == "required") {
-        return BadRequest("tool_choice 'required' is not supported; use 'auto' or 'none'",
-                          "tool_choice");
-      }
-      if (c != "auto" && c != "none") {
-        return BadRequest("Invalid tool_choice '" + tok::Utf8Lossy(c) + "'", "tool_choice");
-      }
-    } else if (choice->is_object()) {
-      return BadRequest("Forcing a named tool is not supported; use tool_choice 'auto'",
-                        "tool_choice");
-    } else {
-      return WrongType("tool_choice", "a string", *choice);
+  if (auto e = ReadToolChoice(body, out)) return e;
+  return ReadBool(body, "parallel_tool_calls", "parallel_tool_calls", &out->parallel_tool_calls);
+}
+
+}  // namespace
+
+std::optional<ApiError> ValidateTools(const Json& tools, const std::string& base) {
+  if (!tools.is_array()) return WrongType(base, "an array", tools);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& tool = tools[i];
+    const std::string param = Index(base, i);
+    if (!tool.is_object()) return WrongType(param, "an object", tool);
+    std::optional<std::string> type;
+    if (auto e = ReadString(tool, "type", param + ".type", &type)) return e;
+    if (type.value_or("function") != "function") {
+      return BadRequest(
+          "Tool type '" + tok::Utf8Lossy(*type) + "' is not supported; only 'function' tools are",
+          param + ".type");
     }
+    auto fn = tool.find("function");
+    if (fn == tool.end() || !fn->is_object()) {
+      return BadRequest("'" + param + ".function' must be an object", param + ".function");
+    }
+    std::optional<std::string> name, description;
+    if (auto e = ReadString(*fn, "name", param + ".function.name", &name)) return e;
+    if (!name || name->empty()) {
+      return BadRequest("'" + param + ".function.name' is required", param + ".function.name");
+    }
+    if (std::find(names.begin(), names.end(), *name) != names.end()) {
+      return BadRequest(
+          "Tool names must be unique; '" + tok::Utf8Lossy(*name) + "' appears more than once",
+          param + ".function.name");
+    }
+    names.push_back(*name);
+    if (auto e = ReadString(*fn, "description", param + ".function.description", &description)) {
+      return e;
+    }
+    if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object()) {
+      return WrongType(param + ".function.parameters", "an object (a JSON schema)", *p);
+    }
+    bool strict = false;
+    if (auto e = ReadBool(*fn, "strict", param + ".function.strict", &strict)) return e;
   }
   return std::nullopt;
 }
 
-}  // namespace
+std::vector<std::string> ToolNames(const Json& tools) {
+  std::vector<std::string> names;
+  if (!tools.is_array()) return names;
+  for (const Json& tool : tools) {
+    if (!tool.is_object()) continue;
+    auto fn = tool.find("function");
+    if (fn == tool.end() || !fn->is_object()) continue;
+    auto name = fn->find("name");
+    if (name != fn->end() && name->is_string()) names.push_back(name->get<std::string>());
+  }
+  return names;
+}
+
+std::optional<ApiError> ValidateToolChoice(const ToolChoice& choice, const Json& tools,
+                                           const std::string& param) {
+  const std::vector<std::string> names = ToolNames(tools);
+  if (choice.mode == ToolChoice::Mode::kRequired && names.empty()) {
+    return BadRequest("tool_choice 'required' needs at least one tool in 'tools'", param);
+  }
+  if (choice.mode == ToolChoice::Mode::kFunction &&
+      std::find(names.begin(), names.end(), choice.function) == names.end()) {
+    return BadRequest("tool_choice names the function '" + tok::Utf8Lossy(choice.function) +
+                          "', which is not one of the tools",
+                      param);
+  }
+  return std::nullopt;
+}
 
 std::optional<ApiError> ParseChatRequest(const Json& body, const ParseContext& ctx,
                                          ChatRequest* out) {
@@ -291,9 +363,7 @@ std::optional<ApiError> ParseCompletionRequest(const Json& body, const ParseCont
   }
 
   // Legacy options that the engine does not implement are refused rather than ignored.
-  bool echo = false;
-  if (auto e = ReadBool(body, "echo", "echo", &echo)) return e;
-  if (echo) return BadRequest("'echo' is not supported", "echo");
+  if (auto e = ReadBool(body, "echo", "echo", &out->echo)) return e;
   std::optional<std::string> suffix;
   if (auto e = ReadString(body, "suffix", "suffix", &suffix)) return e;
   if (suffix && !suffix->empty()) return BadRequest("'suffix' is not supported", "suffix");
@@ -310,6 +380,12 @@ std::optional<ApiError> ParseCompletionRequest(const Json& body, const ParseCont
   }
   std::optional<int64_t> logprobs;
   if (auto e = ReadInt(body, "logprobs", "logprobs", 0, 20, &logprobs)) return e;
+  if (out->echo && logprobs) {
+    return BadRequest(
+        "'echo' together with 'logprobs' is not supported: prompt log-probabilities are not "
+        "computed",
+        "echo");
+  }
   SamplingParams& s = out->options.sampling;
   if (logprobs) {
     out->logprobs = static_cast<int32_t>(*logprobs);

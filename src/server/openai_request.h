@@ -32,6 +32,10 @@ struct ParseContext {
   std::vector<std::string> accepted_models;  // "model" must be one of these (or omitted)
 };
 
+// Choices per request (`n`): each is its own engine sequence (they share the prompt's cached
+// blocks).
+inline constexpr int64_t kMaxChoices = 16;
+
 // Fields shared by both endpoints.
 struct GenerationOptions {
   std::string model;                  // as sent ("" when omitted)
@@ -42,12 +46,25 @@ struct GenerationOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // vLLM extension
+  int32_t n = 1;               // choices, 1..kMaxChoices
+};
+
+// What the model may or must call (`tool_choice`). kRequired and kFunction are validated (a
+// named function must be one of the tools) and carried in the request for the constrained
+// decoding of the grammar engine, which enforces them; until it is wired in, they are not
+// enforced (docs/server.md).
+struct ToolChoice {
+  enum class Mode { kAuto, kNone, kRequired, kFunction };
+  Mode mode = Mode::kAuto;
+  std::string function;  // kFunction: the name
 };
 
 struct ChatRequest {
   GenerationOptions options;
   Json messages;  // normalized for the chat template (content as a string, arguments parsed)
-  Json tools;     // null or the array as sent
+  Json tools;     // null or the array as sent (validated)
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;        // false: only the first tool call of a message is kept
   Json template_kwargs = Json::object();  // chat_template_kwargs
   bool add_generation_prompt = true;
   bool logprobs = false;
@@ -58,6 +75,7 @@ struct CompletionRequest {
   GenerationOptions options;
   std::variant<std::string, std::vector<int32_t>> prompt;
   std::optional<int32_t> logprobs;  // number of alternatives (0..20) when set
+  bool echo = false;                // the prompt's text is prepended to each choice's text
 };
 
 // Bytes of a request body -> JSON object. 400 for invalid UTF-8, nesting deeper than
@@ -79,6 +97,16 @@ std::variant<int32_t, ApiError> ResolveMaxTokens(int64_t n_prompt_tokens,
                                                  std::optional<int64_t> max_tokens,
                                                  int64_t context_tokens,
                                                  const std::string& prompt_param);
+
+// An OpenAI chat `tools` array: [{"type": "function", "function": {"name": non-empty string,
+// "description"?: string, "parameters"?: object, "strict"?: bool}}], names unique. `param` names
+// the field in errors ("tools").
+std::optional<ApiError> ValidateTools(const Json& tools, const std::string& param);
+// The names of the functions of a validated tools array.
+std::vector<std::string> ToolNames(const Json& tools);
+// A kFunction choice must name one of the tools; kRequired needs at least one tool.
+std::optional<ApiError> ValidateToolChoice(const ToolChoice& choice, const Json& tools,
+                                           const std::string& param);
 
 namespace detail {
 // Shared field readers (request_fields.cpp), exposed for chat_request.cpp and

@@ -248,12 +248,8 @@ std::optional<ApiError> ParseCommonFields(const Json& body, const ParseContext& 
 
   if (auto e = ReadStop(body, &out->stop)) return e;
   std::optional<int64_t> n;
-  if (auto e = ReadInt(body, "n", "n", std::numeric_limits<int64_t>::min(), kMaxInt, &n)) {
-    return e;
-  }
-  if (n && *n != 1) {
-    return BadRequest("Only n=1 is supported, got " + std::to_string(*n), "n");
-  }
+  if (auto e = ReadInt(body, "n", "n", 1, kMaxChoices, &n)) return e;
+  out->n = static_cast<int32_t>(n.value_or(1));
   if (auto e = ReadStreamFields(body, out)) return e;
   if (auto e = ReadBool(body, "ignore_eos", "ignore_eos", &out->ignore_eos)) return e;
   if (auto e = ReadResponseFormat(body)) return e;

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <random>
 
 #include "tokenizer/unicode.h"
 
@@ -42,13 +41,7 @@ Json NullableReason(const char* finish_reason) {
 }  // namespace
 
 std::string NewResponseId(ApiKind kind) {
-  static constexpr char kAlphabet[] =
-      "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  std::string id = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
-  std::uniform_int_distribution<size_t> pick(0, sizeof(kAlphabet) - 2);
-  for (int i = 0; i < 24; ++i) id += kAlphabet[pick(rng)];
-  return id;
+  return RandomId(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
 }
 
 int64_t UnixSeconds() {
@@ -59,6 +52,19 @@ int64_t UnixSeconds() {
 
 const char* FinishReasonText(FinishReason reason) {
   return reason == FinishReason::kLength ? "length" : "stop";
+}
+
+const char* ChoiceFinishReason(const ChoiceOutput& choice) {
+  return choice.ended_with_tool_calls() ? "tool_calls" : FinishReasonText(choice.finish_reason());
+}
+
+RequestUsage CombinedUsage(const std::vector<const RequestUsage*>& choices) {
+  RequestUsage total;
+  if (choices.empty()) return total;
+  total.prompt_tokens = choices[0]->prompt_tokens;
+  total.cached_tokens = choices[0]->cached_tokens;
+  for (const RequestUsage* u : choices) total.completion_tokens += u->completion_tokens;
+  return total;
 }
 
 Json UsageJson(const RequestUsage& usage) {
@@ -145,15 +151,21 @@ std::optional<ApiError> EventError(const RequestOutput& event) {
 }
 
 ResponseAccumulator::ResponseAccumulator(ResponseMeta meta, TokenBytesFn token_bytes)
-    : meta_(std::move(meta)), logprobs_(meta_.kind, meta_.top_logprobs, std::move(token_bytes)) {}
+    : meta_(std::move(meta)) {
+  choices_.reserve(static_cast<size_t>(meta_.n_choices));
+  for (int32_t i = 0; i < meta_.n_choices; ++i) {
+    choices_.push_back(Choice{ChoiceOutput(meta_.parsing, "call_"),
+                              LogprobsBuilder(meta_.kind, meta_.top_logprobs, token_bytes)});
+  }
+}
 
-void ResponseAccumulator::Add(const RequestOutput& event) {
-  text_ += event.text;
-  if (meta_.logprobs) logprobs_.Add(event.samples);
+void ResponseAccumulator::Add(size_t index, const RequestOutput& event) {
+  Choice& c = choices_.at(index);
+  if (c.output.finished() || error_) return;
+  c.output.Add(event);
+  if (meta_.logprobs) c.logprobs.Add(event.samples);
   if (event.finished) {
-    finished_ = true;
-    finish_reason_ = event.finish_reason;
-    usage_ = event.usage;
+    ++n_finished_;
     error_ = EventError(event);
   }
 }
@@ -161,24 +173,77 @@ void ResponseAccumulator::Add(const RequestOutput& event) {
 Json ResponseAccumulator::Build() {
   const bool chat = meta_.kind == ApiKind::kChat;
   Json j = Header(meta_, chat ? "chat.completion" : "text_completion");
-  Json choice = Json::object();
-  choice["index"] = 0;
-  if (chat) {
-    choice["message"] = Json{{"role", "assistant"}, {"content", text_}};
-  } else {
-    choice["text"] = text_;
+  j["choices"] = Json::array();
+  std::vector<const RequestUsage*> usages;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice& c = choices_[i];
+    Json choice = Json::object();
+    choice["index"] = i;
+    if (chat) {
+      choice["message"] = ChatMessageJson(c.output);
+    } else {
+      choice["text"] = meta_.echo + c.output.message().content;
+    }
+    choice["logprobs"] = meta_.logprobs ? c.logprobs.Take() : Json();
+    choice["finish_reason"] = ChoiceFinishReason(c.output);
+    j["choices"].push_back(std::move(choice));
+    usages.push_back(&c.output.usage());
   }
-  choice["logprobs"] = meta_.logprobs ? logprobs_.Take() : Json();
-  choice["finish_reason"] = FinishReasonText(finish_reason_);
-  j["choices"] = Json::array({std::move(choice)});
-  j["usage"] = UsageJson(usage_);
+  j["usage"] = UsageJson(CombinedUsage(usages));
   return j;
 }
 
-Json ChatChunk(const ResponseMeta& meta, Json delta, Json logprobs, const char* finish_reason) {
+Json ChatMessageJson(const ChoiceOutput& choice) {
+  const ParsedMessage& m = choice.message();
+  Json message = Json::object();
+  message["role"] = "assistant";
+  if (m.content.empty() && !m.tool_calls.empty()) {
+    message["content"] = nullptr;
+  } else {
+    message["content"] = m.content;
+  }
+  if (!m.reasoning.empty()) message["reasoning_content"] = m.reasoning;
+  if (!m.tool_calls.empty()) {
+    Json calls = Json::array();
+    for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+      Json call = Json::object();
+      call["id"] = choice.tool_call_id(i);
+      call["type"] = "function";
+      call["function"] =
+          Json{{"name", m.tool_calls[i].name}, {"arguments", m.tool_calls[i].arguments}};
+      calls.push_back(std::move(call));
+    }
+    message["tool_calls"] = std::move(calls);
+  }
+  return message;
+}
+
+Json ChatDeltaJson(const OutputPiece& piece, const ChoiceOutput& choice) {
+  switch (piece.kind) {
+    case OutputPiece::Kind::kReasoning:
+      return Json{{"reasoning_content", piece.text}};
+    case OutputPiece::Kind::kContent:
+      return Json{{"content", piece.text}};
+    case OutputPiece::Kind::kToolCall:
+      break;
+  }
+  Json call = Json::object();
+  call["index"] = piece.tool_index;
+  if (piece.starts_call()) {
+    call["id"] = choice.tool_call_id(static_cast<size_t>(piece.tool_index));
+    call["type"] = "function";
+    call["function"] = Json{{"name", piece.tool_name}, {"arguments", piece.text}};
+  } else {
+    call["function"] = Json{{"arguments", piece.text}};
+  }
+  return Json{{"tool_calls", Json::array({std::move(call)})}};
+}
+
+Json ChatChunk(const ResponseMeta& meta, Json delta, Json logprobs, const char* finish_reason,
+               size_t index) {
   Json j = Header(meta, "chat.completion.chunk");
   Json choice = Json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["delta"] = std::move(delta);
   choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = NullableReason(finish_reason);
@@ -188,10 +253,10 @@ Json ChatChunk(const ResponseMeta& meta, Json delta, Json logprobs, const char* 
 }
 
 Json CompletionChunk(const ResponseMeta& meta, const std::string& text, Json logprobs,
-                     const char* finish_reason) {
+                     const char* finish_reason, size_t index) {
   Json j = Header(meta, "text_completion");
   Json choice = Json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["text"] = text;
   choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = NullableReason(finish_reason);

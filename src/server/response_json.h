@@ -1,5 +1,11 @@
 // OpenAI response objects built from engine events: chat.completion / text_completion bodies,
 // their streaming chunks, usage and logprobs. Pure (no HTTP), so the shapes are unit-tested.
+//
+// A request has n choices (one engine sequence each), answered in the order their events come.
+// Chat output goes through the output parser (choice_output.h): `reasoning_content`, `content`
+// and `tool_calls` (ids "call_...", finish_reason "tool_calls"), streamed as deltas the way the
+// OpenAI SDK accumulates them: a call's first delta carries index, id, type and name, later ones
+// argument fragments.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "server/api_error.h"
+#include "server/choice_output.h"
 #include "server/openai_request.h"
 
 namespace kestrel::server {
@@ -24,6 +31,9 @@ struct ResponseMeta {
   bool logprobs = false;       // chat: logprobs; completions: logprobs set
   int32_t top_logprobs = 0;    // alternatives per token
   bool include_usage = false;  // streaming: usage chunk at the end, "usage": null before
+  int32_t n_choices = 1;
+  OutputParserOptions parsing;  // chat: how reasoning and tool calls are read from the text
+  std::string echo;             // completions: prompt text shown before each choice's text
 };
 
 // Raw bytes of a token (may be a partial UTF-8 sequence); Tokenizer::TokenBytes in the server.
@@ -33,7 +43,12 @@ std::string NewResponseId(ApiKind kind);  // random, "chatcmpl-" / "cmpl-" + 24 
 int64_t UnixSeconds();
 // "stop" or "length" (a cancelled request has no finish reason a client can see).
 const char* FinishReasonText(FinishReason reason);
+// The finish reason of a choice: "tool_calls" when it stopped after calling tools.
+const char* ChoiceFinishReason(const ChoiceOutput& choice);
 Json UsageJson(const RequestUsage& usage);
+// The usage of n choices of one prompt: the prompt (and its cached tokens) counted once, as
+// OpenAI does, from the first choice; completion tokens summed.
+RequestUsage CombinedUsage(const std::vector<const RequestUsage*>& choices);
 
 // Logprobs of a run of tokens in the endpoint's format:
 //   chat:        {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
@@ -63,19 +78,22 @@ class LogprobsBuilder {
 class ResponseAccumulator {
  public:
   ResponseAccumulator(ResponseMeta meta, TokenBytesFn token_bytes);
-  void Add(const RequestOutput& event);
-  bool finished() const { return finished_; }
-  // After the finished event: the error of a failed request, if any.
+  void Add(const RequestOutput& event) { Add(0, event); }
+  void Add(size_t choice, const RequestOutput& event);
+  // Every choice has finished, or one failed.
+  bool finished() const { return error_.has_value() || n_finished_ == choices_.size(); }
+  // After a failed event: its error.
   const std::optional<ApiError>& error() const { return error_; }
   Json Build();  // chat.completion or text_completion
 
  private:
+  struct Choice {
+    ChoiceOutput output;
+    LogprobsBuilder logprobs;
+  };
   ResponseMeta meta_;
-  LogprobsBuilder logprobs_;
-  std::string text_;
-  bool finished_ = false;
-  FinishReason finish_reason_ = FinishReason::kLength;
-  RequestUsage usage_;
+  std::vector<Choice> choices_;
+  size_t n_finished_ = 0;
   std::optional<ApiError> error_;
 };
 
@@ -83,10 +101,18 @@ class ResponseAccumulator {
 // causes while a client listens: shutdown after the grace period). nullopt for a normal finish.
 std::optional<ApiError> EventError(const RequestOutput& event);
 
-// Streaming chunks. `delta_text` is the text of this chunk; `logprobs` null or the builder's run.
-Json ChatChunk(const ResponseMeta& meta, Json delta, Json logprobs, const char* finish_reason);
+// The assistant message of a chat choice: content (null when the message is only tool calls),
+// reasoning_content and tool_calls when there are any.
+Json ChatMessageJson(const ChoiceOutput& choice);
+// The delta of one output piece of choice output (a tool call's first delta: index, id, type,
+// name and the first fragment; later ones: index and the fragment).
+Json ChatDeltaJson(const OutputPiece& piece, const ChoiceOutput& choice);
+
+// Streaming chunks of choice `index`; `logprobs` null or the builder's run.
+Json ChatChunk(const ResponseMeta& meta, Json delta, Json logprobs, const char* finish_reason,
+               size_t index = 0);
 Json CompletionChunk(const ResponseMeta& meta, const std::string& text, Json logprobs,
-                     const char* finish_reason);
+                     const char* finish_reason, size_t index = 0);
 Json UsageChunk(const ResponseMeta& meta, const RequestUsage& usage);
 
 }  // namespace kestrel::server

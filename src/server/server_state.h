@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <variant>
+#include <vector>
 
 #include <httplib.h>
 
@@ -17,6 +19,7 @@
 #include "server/openai_request.h"
 #include "server/prometheus.h"
 #include "server/response_json.h"
+#include "server/response_store.h"
 
 namespace kestrel::server {
 
@@ -41,6 +44,8 @@ struct HttpServer::State {
   ServedModel model;
   ServerOptions options;
   ParseContext parse_context;
+  OutputFormats formats;  // how the model writes tool calls and reasoning
+  std::unique_ptr<ResponseStore> responses;
   HttpTransport http;  // httplib under Kestrel's connection layer
   HttpCounters counters;
   ActiveRequests active;
@@ -51,11 +56,59 @@ struct HttpServer::State {
 };
 
 void SendJson(httplib::Response& res, int status, const Json& body);
-void SendError(httplib::Response& res, const ApiError& error);
+void SendError(httplib::Response& res, const ApiError& error,
+               ErrorStyle style = ErrorStyle::kOpenAI);
 
-// POST /v1/chat/completions and /v1/completions, after the body was read and the client
-// authenticated: parse, build the prompt, submit, answer (JSON or SSE).
-void HandleGeneration(HttpServer::State& state, ApiKind kind, const std::string& body,
-                      httplib::Response& res);
+// Turns the engine events of a request's choices into the bytes of its answer: SSE frames as
+// they come (streaming) or one body at the end. Pure; one implementation per API.
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+  virtual std::string Begin() = 0;  // written first (e.g. role chunks); may be empty
+  // The bytes an event of choice `choice` adds (possibly none).
+  virtual std::string Add(size_t choice, const RequestOutput& event) = 0;
+  // Everything is written (every choice ended, or one failed).
+  virtual bool finished() const = 0;
+};
+
+// A request ready to run: one engine request per choice, and its writer.
+struct Generation {
+  std::vector<EngineRequest> requests;
+  std::unique_ptr<ResponseWriter> writer;
+  bool stream = false;
+  std::string prompt_param;  // names the prompt in an error of Submit
+  ErrorStyle error_style = ErrorStyle::kOpenAI;
+};
+
+// Submits every choice and answers through the writer (chunked, with disconnect checks), or
+// sends the error of a refused submission.
+void RunGeneration(HttpServer::State& state, Generation generation, httplib::Response& res);
+
+// A chat request's prompt ids and how its output is parsed: tools are rendered unless
+// tool_choice is none, tool calls are parsed when tools are rendered, reasoning when the model
+// writes it (starting inside <think> when the prompt opened it).
+struct ChatPrompt {
+  std::vector<int32_t> ids;
+  OutputParserOptions parsing;
+};
+std::variant<ChatPrompt, ApiError> BuildChatPrompt(const HttpServer::State& state,
+                                                   const ChatRequest& request);
+
+// One engine request per choice (n): max_tokens resolved against the context, seeds drawn or
+// derived (seed + i) so that sampled choices differ.
+std::variant<std::vector<EngineRequest>, ApiError> MakeEngineRequests(
+    const HttpServer::State& state, std::vector<int32_t> prompt_ids,
+    const GenerationOptions& options, const std::string& prompt_param);
+
+// The endpoints, after the body was read and the client authenticated.
+void HandleChat(HttpServer::State& state, const std::string& body, httplib::Response& res);
+void HandleCompletion(HttpServer::State& state, const std::string& body, httplib::Response& res);
+void HandleAnthropicMessages(HttpServer::State& state, const std::string& body,
+                             httplib::Response& res);
+void HandleAnthropicCountTokens(HttpServer::State& state, const std::string& body,
+                                httplib::Response& res);
+void HandleResponses(HttpServer::State& state, const std::string& body, httplib::Response& res);
+void HandleGetResponse(HttpServer::State& state, const std::string& id, httplib::Response& res);
+void HandleDeleteResponse(HttpServer::State& state, const std::string& id, httplib::Response& res);
 
 }  // namespace kestrel::server

@@ -17,24 +17,32 @@ std::string SseJsonFrame(const Json& payload);   // serialized on one line (JSON
 std::string SseErrorFrames(const ApiError& error);
 
 // Frames of one streamed request, in order:
-//   chat: a first chunk with delta {"role": "assistant", "content": ""};
-//   a chunk per event that carries text (or tokens, when logprobs are asked for);
-//   a final chunk with an empty delta and the finish_reason;
-//   with include_usage, a chunk with "choices": [] and the usage;
+//   chat: a first chunk per choice with delta {"role": "assistant", "content": ""};
+//   completions with echo: a first chunk per choice with the prompt's text;
+//   per event, a chunk per output piece (reasoning_content, content or a tool_calls delta), or
+//   one with empty content when the event only carries logprobs;
+//   per choice, when it ends, a chunk with an empty delta and its finish_reason;
+//   after the last choice, with include_usage, a chunk with "choices": [] and the usage;
 //   data: [DONE].
 // Text deltas come from the engine whole-code-point and with stop strings already removed.
-// A failed or cancelled request ends with an error frame and [DONE] instead.
+// A failed or cancelled choice ends the stream with an error frame and [DONE].
 class StreamEncoder {
  public:
   StreamEncoder(ResponseMeta meta, TokenBytesFn token_bytes);
 
-  std::string Start();                          // the role chunk (chat), nothing for completions
-  std::string Add(const RequestOutput& event);  // frames for one event, possibly none
+  std::string Start();  // role chunks (chat), echo chunks (completions)
+  std::string Add(const RequestOutput& event) { return Add(0, event); }
+  std::string Add(size_t choice, const RequestOutput& event);  // frames, possibly none
   bool finished() const { return finished_; }
 
  private:
+  struct Choice {
+    ChoiceOutput output;
+    LogprobsBuilder logprobs;
+  };
   ResponseMeta meta_;
-  LogprobsBuilder logprobs_;
+  std::vector<Choice> choices_;
+  size_t n_finished_ = 0;
   bool finished_ = false;
 };
 

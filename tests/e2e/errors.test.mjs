@@ -87,7 +87,7 @@ test('400: wrong types and missing fields', T, async () => {
     ['/v1/chat/completions', { ...chat, seed: 'abc' }, 'seed a string'],
     ['/v1/chat/completions', { ...chat, logit_bias: { notanid: 1 } }, 'logit_bias key not an id'],
     ['/v1/chat/completions', { ...chat, logit_bias: { 5: 'x' } }, 'logit_bias value a string'],
-    ['/v1/chat/completions', { ...chat, n: 2 }, 'n = 2 (n=1 only)'],
+    ['/v1/chat/completions', { ...chat, n: 17 }, 'n = 17 (at most 16)'],
     ['/v1/chat/completions', { ...chat, stream_options: { include_usage: 'yes' }, stream: true }, 'include_usage a string'],
     ['/v1/chat/completions', { ...chat, logprobs: true, top_logprobs: -1 }, 'top_logprobs negative'],
     ['/v1/completions', { ...comp, prompt: 5 }, 'prompt a number'],
@@ -97,7 +97,7 @@ test('400: wrong types and missing fields', T, async () => {
     ['/v1/completions', { ...comp, prompt: [1, 2, 10_000_000] }, 'prompt id outside the vocabulary'],
     ['/v1/completions', { ...comp, prompt: [1, -2] }, 'prompt id negative'],
     ['/v1/completions', { ...comp, max_tokens: null, temperature: [] }, 'temperature an array'],
-    ['/v1/completions', { ...comp, n: 3 }, 'n = 3'],
+    ['/v1/completions', { ...comp, n: 0 }, 'n = 0'],
   ];
   for (const [path, body, what] of cases) await expectStatus(400, path, { json: body }, what);
   await stillServing();

@@ -77,6 +77,8 @@ TEST_F(EngineApiTest, StopStringEndsTheRequestAndIsNeverEmitted) {
   with_stop.stop = {"never appears \x01", stop};
   const Collected cut = Collect(*MustSubmit(*engine, with_stop));
   EXPECT_EQ(cut.reason, FinishReason::kStop);
+  EXPECT_EQ(cut.stop_index, 1);  // which stop string ended it
+  EXPECT_EQ(full.stop_index, -1);
   EXPECT_EQ(cut.text, full.text.substr(0, first));
   EXPECT_EQ(cut.text.find(stop), std::string::npos);
   ASSERT_LE(cut.tokens.size(), full.tokens.size());
@@ -97,6 +99,7 @@ TEST_F(EngineApiTest, EosStopsUnlessIgnored) {
   EXPECT_EQ(stopped.reason, FinishReason::kStop);
   EXPECT_EQ(stopped.tokens, (std::vector<int32_t>{8002}));
   EXPECT_EQ(stopped.text, "");  // EOS is not text
+  EXPECT_EQ(stopped.stop_index, -1);
   r.ignore_eos = true;
   const Collected ignored = Collect(*MustSubmit(*engine, r));
   EXPECT_EQ(ignored.reason, FinishReason::kLength);

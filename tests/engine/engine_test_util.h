@@ -42,6 +42,7 @@ struct Collected {
   bool finished = false;
   FinishReason reason = FinishReason::kLength;
   RequestUsage usage;
+  int32_t stop_index = -1;
   Status error;
   int n_events = 0;
 };
@@ -65,6 +66,7 @@ inline Collected Collect(RequestHandle& handle,
     c.text += ev.text;
     c.finished = ev.finished;
     c.reason = ev.finish_reason;
+    c.stop_index = ev.stop_index;
     c.usage = ev.usage;
     c.error = ev.error;
   }

@@ -148,7 +148,7 @@ TEST(ChatRequest, SharesTheCommonFields) {
   EXPECT_EQ(req.options.stop, (std::vector<std::string>{"x"}));
   EXPECT_TRUE(req.options.stream);
   ExpectChatError(ChatBody(R"("temperature": "x")"), "temperature");
-  ExpectChatError(ChatBody(R"("n": 3)"), "n");
+  ExpectChatError(ChatBody(R"("n": 17)"), "n");  // at most kMaxChoices
 }
 
 TEST(ChatRequest, RejectsBadMessages) {
@@ -257,12 +257,12 @@ TEST(CompletionRequest, RefusesUnsupportedLegacyOptions) {
   CompletionRequest req;
   EXPECT_FALSE(
       ParseCompletion(R"({"prompt": "a", "echo": false, "suffix": "", "best_of": 1})", &req));
-  ExpectCompletionError(R"({"prompt": "a", "echo": true})", "echo");
+  ExpectCompletionError(R"({"prompt": "a", "echo": true, "logprobs": 1})", "echo");
   ExpectCompletionError(R"({"prompt": "a", "echo": "no"})", "echo");
   ExpectCompletionError(R"({"prompt": "a", "suffix": "end"})", "suffix");
   ExpectCompletionError(R"({"prompt": "a", "suffix": 1})", "suffix");
   ExpectCompletionError(R"({"prompt": "a", "best_of": 2})", "best_of");
-  ExpectCompletionError(R"({"prompt": "a", "n": 2})", "n");
+  ExpectCompletionError(R"({"prompt": "a", "n": 17})", "n");
 }
 
 TEST(CompletionRequest, LogprobsIsACount) {
@@ -281,6 +281,70 @@ TEST(CompletionRequest, LogprobsIsACount) {
   ExpectCompletionError(R"({"prompt": "a", "logprobs": true})", "logprobs");
   ExpectCompletionError(R"({"prompt": "a", "logprobs": 21})", "logprobs");
   ExpectCompletionError(R"({"prompt": "a", "logprobs": "3"})", "logprobs");
+}
+
+TEST(ChatRequest, ValidatesTools) {
+  const std::string f = R"({"type": "function", "function": {"name": "f"}})";
+  ExpectChatError(ChatBody(R"("tools": {"name": "f"})"), "tools");
+  ExpectChatError(ChatBody(R"("tools": [{"type": "retrieval"}])"), "tools[0].type");
+  ExpectChatError(ChatBody(R"("tools": [{"type": "function"}])"), "tools[0].function");
+  ExpectChatError(ChatBody(R"("tools": [{"type": "function", "function": {"name": ""}}])"),
+                  "tools[0].function.name");
+  ExpectChatError(
+      ChatBody(R"("tools": [{"type": "function", "function": {"name": "f", "parameters": []}}])"),
+      "tools[0].function.parameters");
+  ExpectChatError(ChatBody("\"tools\": [" + f + ", " + f + "]"), "tools[1].function.name");
+  ExpectChatError(
+      ChatBody(R"("tools": [{"type": "function", "function": {"name": "f", "description": 1}}])"),
+      "tools[0].function.description");
+}
+
+TEST(ChatRequest, ToolChoiceAndParallelCalls) {
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}])";
+  ChatRequest req;
+  ASSERT_FALSE(ParseChat(ChatBody(tools), &req).has_value());
+  EXPECT_EQ(req.tool_choice.mode, ToolChoice::Mode::kAuto);
+  EXPECT_TRUE(req.parallel_tool_calls);
+  ASSERT_FALSE(ParseChat(ChatBody(tools + R"(, "tool_choice": "required",
+      "parallel_tool_calls": false)"),
+                         &req)
+                   .has_value());
+  EXPECT_EQ(req.tool_choice.mode, ToolChoice::Mode::kRequired);
+  EXPECT_FALSE(req.parallel_tool_calls);
+  ChatRequest named;
+  ASSERT_FALSE(ParseChat(ChatBody(tools + R"(, "tool_choice": {"type": "function",
+      "function": {"name": "f"}})"),
+                         &named)
+                   .has_value());
+  EXPECT_EQ(named.tool_choice.mode, ToolChoice::Mode::kFunction);
+  EXPECT_EQ(named.tool_choice.function, "f");
+  ChatRequest none;
+  ASSERT_FALSE(ParseChat(ChatBody(tools + R"(, "tool_choice": "none")"), &none).has_value());
+  EXPECT_EQ(none.tool_choice.mode, ToolChoice::Mode::kNone);
+  // A named function must be a tool; required needs tools.
+  ExpectChatError(ChatBody(tools + R"(, "tool_choice": {"type": "function",
+      "function": {"name": "g"}})"),
+                  "tool_choice");
+  ExpectChatError(ChatBody(tools + R"(, "tool_choice": {"type": "function", "function": {}})"),
+                  "tool_choice.function.name");
+  ExpectChatError(ChatBody(R"("tool_choice": "required")"), "tool_choice");
+  ExpectChatError(ChatBody(tools + R"(, "parallel_tool_calls": "no")"), "parallel_tool_calls");
+}
+
+TEST(ChatRequest, SeveralChoices) {
+  ChatRequest req;
+  ASSERT_FALSE(ParseChat(ChatBody(R"("n": 16)"), &req).has_value());
+  EXPECT_EQ(req.options.n, 16);
+  ASSERT_FALSE(ParseChat(ChatBody(""), &req).has_value());
+  ExpectChatError(ChatBody(R"("n": 0)"), "n");
+}
+
+TEST(CompletionRequest, Echo) {
+  CompletionRequest req;
+  ASSERT_FALSE(ParseCompletion(R"({"prompt": "a", "echo": true, "n": 2})", &req).has_value());
+  EXPECT_TRUE(req.echo);
+  EXPECT_EQ(req.options.n, 2);
 }
 
 }  // namespace

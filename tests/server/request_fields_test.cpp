@@ -215,7 +215,7 @@ TEST(CommonFields, OutOfRangeValuesNameTheField) {
   ExpectError(R"("max_tokens": 0)", 400, "max_tokens");
   ExpectError(R"("max_tokens": -5)", 400, "max_tokens");
   ExpectError(R"("max_completion_tokens": 0)", 400, "max_completion_tokens");
-  ExpectError(R"("n": 2)", 400, "n");
+  ExpectError(R"("n": 17)", 400, "n");
   ExpectError(R"("n": 0)", 400, "n");
   ExpectError(R"("logit_bias": {"abc": 1})", 400, "logit_bias");
   ExpectError(R"("logit_bias": {"-1": 1})", 400, "logit_bias");

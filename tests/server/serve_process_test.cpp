@@ -336,7 +336,7 @@ TEST_F(ServeTest, BadRequests) {
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}],
                                    "max_tokens": 0})",
        400, "max_tokens"},
-      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", 400,
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "n": 17})", 400,
        "n"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}],
                                    "max_tokens": 100000})",
@@ -344,7 +344,7 @@ TEST_F(ServeTest, BadRequests) {
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}],
                                    "model": "gpt-4o"})",
        404, "model"},
-      {"/v1/completions", R"({"prompt": "hi", "echo": true})", 400, "echo"},
+      {"/v1/completions", R"({"prompt": "hi", "echo": true, "logprobs": 2})", 400, "echo"},
       {"/v1/completions", R"({"prompt": [1, 99999]})", 400, "prompt[1]"},
       {"/v1/completions", LongPrompt(3000), 400, "prompt"},  // context is 2048
   };
