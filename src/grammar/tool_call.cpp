@@ -39,9 +39,10 @@ Result<Grammar> ToolCallGrammar(ToolCallSyntax syntax, std::span<const ToolSpec>
   if (syntax == ToolCallSyntax::kHermes) {
     const Expr block = Expr::Sequence(
         {Expr::Literal("<tool_call>\n"), Expr::Ref(call), Expr::Literal("\n</tool_call>")});
-    root = parallel
-               ? Expr::Sequence({block, Expr::Star(Expr::Sequence({Expr::Literal("\n"), block}))})
-               : block;
+    // At most kMaxParallelToolCalls calls: a weak model must not loop on calls until max_tokens.
+    const Expr more =
+        Expr::Repeat(Expr::Sequence({Expr::Literal("\n"), block}), 0, kMaxParallelToolCalls - 1);
+    root = parallel ? Expr::Sequence({block, more}) : block;
   } else {
     root = Expr::Ref(call);
   }

@@ -1,8 +1,8 @@
 // Grammars that force a tool call (`tool_choice: "required"` or a named function) in the syntax
 // the model's chat template uses, with arguments that validate against each tool's JSON schema:
 //   kHermes      <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>
-//                (Qwen2.5 / Qwen3 / Hermes templates); with parallel calls, more blocks follow,
-//                each after "\n"
+//                (Qwen2.5 / Qwen3 / Hermes templates); with parallel calls, up to
+//                kMaxParallelToolCalls blocks, each after "\n"
 //   kLlama3Json  {"name": "NAME", "parameters": {...}}   (Llama 3.x JSON tool calls; one call)
 // The call object's keys come in that order; `arguments` / `parameters` is the tool's
 // `parameters` schema (an object; an empty schema admits any object), under the same JSON Schema
@@ -21,6 +21,9 @@
 namespace kestrel::grammar {
 
 enum class ToolCallSyntax { kHermes, kLlama3Json };
+
+// Calls one forced answer may hold with parallel tool calls.
+inline constexpr uint32_t kMaxParallelToolCalls = 8;
 
 struct ToolSpec {
   std::string name;

@@ -86,6 +86,11 @@ void HandleAnthropicMessages(HttpServer::State& s, const std::string& body,
   if (const ApiError* e = std::get_if<ApiError>(&requests)) {
     return SendError(res, *e, ErrorStyle::kAnthropic);
   }
+  // tool_choice any / tool: a forced call.
+  if (auto e = AttachGrammar(s, OutputConstraint{}, &req.chat,
+                             &std::get<std::vector<EngineRequest>>(requests))) {
+    return SendError(res, *e, ErrorStyle::kAnthropic);
+  }
   AnthropicMeta meta;
   meta.id = RandomId("msg_");
   meta.model = s.model.id;
@@ -125,6 +130,10 @@ void HandleResponses(HttpServer::State& s, const std::string& body, httplib::Res
   ChatPrompt& p = std::get<ChatPrompt>(prompt);
   auto requests = MakeEngineRequests(s, std::move(p.ids), req.chat.options, "input");
   if (const ApiError* e = std::get_if<ApiError>(&requests)) return SendError(res, *e);
+  if (auto e = AttachGrammar(s, OutputConstraint{}, &req.chat,
+                             &std::get<std::vector<EngineRequest>>(requests))) {
+    return SendError(res, *e);
+  }
 
   ResponsesMeta meta;
   meta.id = RandomId("resp_");

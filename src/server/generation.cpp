@@ -249,6 +249,36 @@ std::variant<std::vector<EngineRequest>, ApiError> MakeEngineRequests(
   return requests;
 }
 
+std::optional<ApiError> AttachGrammar(HttpServer::State& s, const OutputConstraint& constraint,
+                                      const ChatRequest* chat,
+                                      std::vector<EngineRequest>* requests) {
+  std::shared_ptr<const grammar::CompiledGrammar> g;
+  auto take = [&g](std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> r)
+      -> std::optional<ApiError> {
+    if (const ApiError* e = std::get_if<ApiError>(&r)) return *e;
+    g = std::get<0>(std::move(r));
+    return std::nullopt;
+  };
+  if (auto e = take(s.grammars->ForConstraint(constraint))) return e;
+  if (chat != nullptr && chat->tool_choice.mode != ToolChoice::Mode::kAuto &&
+      chat->tool_choice.mode != ToolChoice::Mode::kNone) {
+    if (g != nullptr) {
+      return BadRequest("tool_choice '" +
+                            std::string(chat->tool_choice.mode == ToolChoice::Mode::kRequired
+                                            ? "required"
+                                            : "function") +
+                            "' and " + constraint.param + " cannot both constrain the output",
+                        "tool_choice");
+    }
+    if (auto e = take(s.grammars->ForToolChoice(s.formats.tool_calls, chat->tools,
+                                                chat->tool_choice, chat->parallel_tool_calls))) {
+      return e;
+    }
+  }
+  for (EngineRequest& r : *requests) r.grammar = g;
+  return std::nullopt;
+}
+
 void RunGeneration(HttpServer::State& s, Generation gen, httplib::Response& res) {
   if (s.draining.load()) {
     return SendError(res, ServiceUnavailable("The server is shutting down"), gen.error_style);
@@ -302,6 +332,12 @@ void HandleChat(HttpServer::State& s, const std::string& body, httplib::Response
   ChatPrompt& p = std::get<ChatPrompt>(prompt);
   auto requests = MakeEngineRequests(s, std::move(p.ids), req.options, "messages");
   if (const ApiError* e = std::get_if<ApiError>(&requests)) return SendError(res, *e);
+  OutputConstraint constraint;
+  if (auto e = ParseOutputConstraint(json, &constraint)) return SendError(res, *e);
+  if (auto e = AttachGrammar(s, constraint, &req,
+                             &std::get<std::vector<EngineRequest>>(requests))) {
+    return SendError(res, *e);
+  }
 
   ResponseMeta meta = OpenAIMeta(s, ApiKind::kChat, req.options);
   meta.parsing = std::move(p.parsing);
@@ -331,6 +367,12 @@ void HandleCompletion(HttpServer::State& s, const std::string& body, httplib::Re
   }
   auto requests = MakeEngineRequests(s, std::move(std::get<PromptIds>(ids)), req.options, "prompt");
   if (const ApiError* e = std::get_if<ApiError>(&requests)) return SendError(res, *e);
+  OutputConstraint constraint;
+  if (auto e = ParseOutputConstraint(json, &constraint)) return SendError(res, *e);
+  if (auto e = AttachGrammar(s, constraint, nullptr,
+                             &std::get<std::vector<EngineRequest>>(requests))) {
+    return SendError(res, *e);
+  }
 
   Generation gen;
   gen.requests = std::move(std::get<std::vector<EngineRequest>>(requests));

@@ -7,6 +7,7 @@
 #include "core/json_file.h"
 #include "engine/stop_matcher.h"
 #include "server/openai_request.h"
+#include "server/structured_output.h"
 #include "tokenizer/unicode.h"
 
 namespace kestrel::server {
@@ -108,18 +109,10 @@ std::optional<ApiError> ReadStreamFields(const Json& body, GenerationOptions* ou
                           &out->include_usage);
 }
 
+// response_format / structured_outputs: checked here, compiled by the handler (AttachGrammar).
 std::optional<ApiError> ReadResponseFormat(const Json& body) {
-  auto it = body.find("response_format");
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_object()) return WrongType("response_format", "an object", *it);
-  std::optional<std::string> type;
-  if (auto e = detail::ReadString(*it, "type", "response_format.type", &type)) return e;
-  if (type.value_or("text") != "text") {
-    return BadRequest("response_format type '" + *type +
-                          "' is not supported (structured outputs are not implemented)",
-                      "response_format");
-  }
-  return std::nullopt;
+  OutputConstraint c;
+  return ParseOutputConstraint(body, &c);
 }
 
 }  // namespace

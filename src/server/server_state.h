@@ -19,6 +19,7 @@
 #include "server/openai_request.h"
 #include "server/prometheus.h"
 #include "server/response_json.h"
+#include "server/structured_output.h"
 #include "server/response_store.h"
 
 namespace kestrel::server {
@@ -45,6 +46,7 @@ struct HttpServer::State {
   ServerOptions options;
   ParseContext parse_context;
   OutputFormats formats;  // how the model writes tool calls and reasoning
+  std::unique_ptr<GrammarCache> grammars;  // structured output (response_format, tool_choice)
   std::unique_ptr<ResponseStore> responses;
   HttpTransport http;  // httplib under Kestrel's connection layer
   HttpCounters counters;
@@ -101,6 +103,13 @@ std::variant<std::vector<EngineRequest>, ApiError> MakeEngineRequests(
     const GenerationOptions& options, const std::string& prompt_param);
 
 // The endpoints, after the body was read and the client authenticated.
+// The grammar a request's output must follow (structured_output.h), set on every choice's
+// engine request: `constraint` from response_format / structured_outputs, or a forced tool call
+// (chat: tool_choice required / named). Both at once is a 400.
+std::optional<ApiError> AttachGrammar(HttpServer::State& state, const OutputConstraint& constraint,
+                                      const ChatRequest* chat,
+                                      std::vector<EngineRequest>* requests);
+
 void HandleChat(HttpServer::State& state, const std::string& body, httplib::Response& res);
 void HandleCompletion(HttpServer::State& state, const std::string& body, httplib::Response& res);
 void HandleAnthropicMessages(HttpServer::State& state, const std::string& body,

@@ -52,6 +52,11 @@ TEST(ToolCallGrammar, HermesSyntaxWithSchemaValidArguments) {
   auto parallel = CompileOrDie(*ToolCallGrammar(ToolCallSyntax::kHermes, Tools(), true));
   EXPECT_TRUE(FullMatch(parallel, one + "\n" + one));
   EXPECT_TRUE(FullMatch(parallel, one));
+  std::string eight = one, nine;
+  for (uint32_t i = 1; i < kMaxParallelToolCalls; ++i) eight += "\n" + one;
+  nine = eight + "\n" + one;
+  EXPECT_TRUE(FullMatch(parallel, eight));
+  EXPECT_FALSE(FullMatch(parallel, nine));
 }
 
 TEST(ToolCallGrammar, NamedToolAndLlama3Syntax) {

@@ -223,8 +223,20 @@ TEST(CommonFields, OutOfRangeValuesNameTheField) {
   ExpectError(R"("logit_bias": {"5": -100.5})", 400, "logit_bias");
   ExpectError(R"("logit_bias": {"1000": 1})", 400, "logit_bias");  // vocabulary is 1000
   ExpectError(R"("stream_options": {"include_usage": true})", 400, "stream_options");
-  ExpectError(R"("response_format": {"type": "json_object"})", 400, "response_format");
+  ExpectError(R"("response_format": {"type": "yaml"})", 400, "response_format.type");
+  ExpectError(R"("response_format": {"type": "json_schema"})", 400, "response_format.json_schema");
+  ExpectError(R"("structured_outputs": {"regex": 5})", 400, "structured_outputs.regex");
+  ExpectError(R"("structured_outputs": {"regex": "a", "choice": ["b"]})", 400,
+              "structured_outputs");
+  ExpectError(R"("structured_outputs": {"xml": "a"})", 400, "structured_outputs.xml");
+  ExpectError(R"("response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"})",
+              400, "structured_outputs");
   EXPECT_FALSE(ParseWith(R"("response_format": {"type": "text"})").has_value());
+  EXPECT_FALSE(ParseWith(R"("response_format": {"type": "json_object"})").has_value());
+  EXPECT_FALSE(ParseWith(R"("response_format": {"type": "json_schema", "json_schema":
+                         {"name": "x", "schema": {"type": "object"}}})")
+                   .has_value());
+  EXPECT_FALSE(ParseWith(R"("structured_outputs": {"choice": ["a", "b"]})").has_value());
 }
 
 TEST(CommonFields, StopStringsFollowTheMatcherLimits) {
