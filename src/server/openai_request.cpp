@@ -11,18 +11,12 @@
 namespace kestrel::server {
 namespace {
 
+using detail::Index;
 using detail::ReadBool;
 using detail::ReadInt;
 using detail::ReadString;
 using detail::TypeName;
-
-ApiError WrongType(const std::string& param, const char* expected, const Json& got) {
-  return BadRequest("'" + param + "' must be " + expected + ", got " + TypeName(got), param);
-}
-
-std::string Index(const std::string& base, size_t i) {
-  return base + "[" + std::to_string(i) + "]";
-}
+using detail::WrongType;
 
 // A message's content: a string, or an array of {"type": "text", "text": ...} parts joined with
 // newlines (what vLLM gives templates that expect a string). Null only where allowed.

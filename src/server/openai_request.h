@@ -120,6 +120,10 @@ std::optional<ApiError> ReadInt(const Json& obj, const char* key, const std::str
                                 int64_t min_value, int64_t max_value, std::optional<int64_t>* out);
 std::optional<ApiError> ReadString(const Json& obj, const char* key, const std::string& param,
                                    std::optional<std::string>* out);
+// "'param' must be <expected>, got <type>" (400 naming param).
+ApiError WrongType(const std::string& param, const char* expected, const Json& got);
+// "base[i]": the parameter name of an array element.
+std::string Index(const std::string& base, size_t i);
 // model, sampling fields, max_tokens / max_completion_tokens, stop, n, stream, stream_options,
 // ignore_eos, response_format, user. Logprob fields differ per endpoint and are read by the
 // callers.

@@ -14,13 +14,10 @@ namespace kestrel::server {
 namespace {
 
 using detail::TypeName;
+using detail::WrongType;
 
 std::string Quoted(const std::string& param) {
   return "'" + param + "'";
-}
-
-ApiError WrongType(const std::string& param, const char* expected, const Json& got) {
-  return BadRequest(Quoted(param) + " must be " + expected + ", got " + TypeName(got), param);
 }
 
 std::optional<ApiError> ReadNumber(const Json& obj, const char* key, float* out) {
@@ -118,6 +115,14 @@ std::optional<ApiError> ReadResponseFormat(const Json& body) {
 }  // namespace
 
 namespace detail {
+
+ApiError WrongType(const std::string& param, const char* expected, const Json& got) {
+  return BadRequest("'" + param + "' must be " + expected + ", got " + TypeName(got), param);
+}
+
+std::string Index(const std::string& base, size_t i) {
+  return base + "[" + std::to_string(i) + "]";
+}
 
 const char* TypeName(const Json& j) {
   switch (j.type()) {

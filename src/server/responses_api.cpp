@@ -14,21 +14,15 @@
 namespace kestrel::server {
 namespace {
 
+using detail::Index;
 using detail::ReadBool;
 using detail::ReadInt;
 using detail::ReadString;
 using detail::TypeName;
-
-ApiError WrongType(const std::string& param, const char* expected, const Json& got) {
-  return BadRequest("'" + param + "' must be " + expected + ", got " + TypeName(got), param);
-}
+using detail::WrongType;
 
 ApiError Required(const std::string& param) {
   return BadRequest("'" + param + "' is required", param);
-}
-
-std::string Index(const std::string& base, size_t i) {
-  return base + "[" + std::to_string(i) + "]";
 }
 
 // Arguments text as the chat templates take it: a JSON object when it is one (as vLLM does).
