@@ -10,6 +10,7 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "engine/stop_matcher.h"
+#include "grammar/jump_forward.h"
 #include "grammar/matcher.h"
 #include "kv/kv_cache_manager.h"
 
@@ -156,6 +157,11 @@ struct Engine::Impl {
   // tokens, stop checks, text, events, finished sequences out.
   void FinishSampling();
   void ProcessSample(EngineSequence* seq, SampleResult sample);
+  // Text, stop checks and the event of the token the event holds (the sequence's last); true
+  // when it ended the request.
+  bool EmitToken(EngineSequence* seq, RequestOutput event, Clock::time_point now);
+  // Structured output: appends the tokens the grammar forces after the last one.
+  void JumpForward(EngineSequence* seq, Clock::time_point now);
   void CheckCancellations();
   // Takes seq out of the scheduler and `active`, and sends its finished event.
   void Finish(EngineSequence* seq, RequestOutput event);
@@ -439,6 +445,13 @@ void Engine::Impl::LaunchSampling(const SchedulerOutput& out) {
       sampled_samplers.push_back(&scratch_sampler);
       continue;
     }
+    if (seq->n_computed_tokens < seq->n_tokens()) {
+      // Jump-forward appended tokens after this step was planned: its logits come before them,
+      // so the row is computed and thrown away; the next step computes the forced tokens.
+      sampled_seqs.push_back(nullptr);
+      sampled_samplers.push_back(&scratch_sampler);
+      continue;
+    }
     if (seq->matcher) {
       // The mask of what the grammar allows after the tokens so far (all known here: the
       // previous step's sampling has been processed).
@@ -506,7 +519,12 @@ void Engine::Impl::ProcessSample(EngineSequence* seq, SampleResult sample) {
   }
   seq->last_token = now;
   ++live.generation_tokens;
+  if (EmitToken(seq, std::move(event), now)) return;
+  if (config.jump_forward) JumpForward(seq, now);
+}
 
+bool Engine::Impl::EmitToken(EngineSequence* seq, RequestOutput event, Clock::time_point now) {
+  const int32_t token = event.token_ids.back();
   // EOS (unless ignored), then stop strings on the text; text deltas hold back what could still
   // become a stop string.
   // With a grammar, the grammar decides: an EOS id it accepted ends the output.
@@ -539,6 +557,32 @@ void Engine::Impl::ProcessSample(EngineSequence* seq, SampleResult sample) {
     finished_this_step.push_back(seq);
   }
   seq->handle->Push(std::move(event));
+  return last;
+}
+
+void Engine::Impl::JumpForward(EngineSequence* seq, Clock::time_point now) {
+  if (!seq->matcher || tokenizer == nullptr) return;
+  // The tokens the grammar forces next (keys, punctuation, the rest of an enum value) are
+  // appended at once: the next step computes them as one chunk instead of a decode step each.
+  // Each takes the random draw and the penalty bookkeeping masked sampling would have, so the
+  // sampler continues as if it had drawn them.
+  const grammar::JumpForward jf = grammar::ComputeJumpForward(*seq->matcher, *tokenizer);
+  for (int32_t forced : jf.tokens) {
+    if (seq->n_generated_tokens() >= seq->max_new_tokens()) return;
+    if (!seq->matcher->AcceptToken(forced)) return;
+    seq->AppendToken(forced);
+    seq->sampler.NextR53();
+    seq->sampler.Accept(forced);
+    ++live.generation_tokens;
+    ++live.jump_forward_tokens;
+    RequestOutput event;
+    event.token_ids.push_back(forced);
+    SampleResult r;
+    r.token = forced;
+    r.logprob = 0.0f;  // the only token the grammar allowed
+    event.samples.push_back(std::move(r));
+    if (EmitToken(seq, std::move(event), now)) return;
+  }
 }
 
 void Engine::Impl::RemoveFromActive(EngineSequence* seq) {

@@ -34,6 +34,9 @@ struct EngineConfig {
   // the next step on the device), so the host's per-step work (stop checks, detokenising, events,
   // scheduling, staging) overlaps the device's. Same tokens either way.
   bool async_scheduling = true;
+  // Structured output: append the tokens a grammar forces (keys, punctuation) without a decode
+  // step each (docs/structured-output.md).
+  bool jump_forward = true;
 };
 
 enum class FinishReason { kStop, kLength, kCancelled };

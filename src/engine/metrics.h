@@ -34,6 +34,7 @@ struct EngineMetrics {
   uint64_t prompt_tokens = 0;           // admitted prompt tokens
   uint64_t prompt_tokens_cached = 0;    // of which served from the prefix cache
   uint64_t generation_tokens = 0;
+  uint64_t jump_forward_tokens = 0;     // of which appended by grammar jump-forward
   uint64_t preemptions = 0;
   uint64_t steps = 0;
   int64_t waiting = 0;                  // queue length now

@@ -113,6 +113,9 @@ std::string FormatPrometheus(const EngineMetrics& m,
          static_cast<double>(m.prompt_tokens_cached));
   Scalar(&out, "kestrel_generation_tokens_total", "counter", "Tokens generated.",
          static_cast<double>(m.generation_tokens));
+  Scalar(&out, "kestrel_jump_forward_tokens_total", "counter",
+         "Generated tokens a grammar forced, appended without a decode step each.",
+         static_cast<double>(m.jump_forward_tokens));
   Scalar(&out, "kestrel_preemptions_total", "counter", "Sequences preempted for KV space.",
          static_cast<double>(m.preemptions));
   Scalar(&out, "kestrel_engine_steps_total", "counter", "Engine steps run.",

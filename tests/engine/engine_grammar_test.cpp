@@ -160,6 +160,35 @@ TEST_F(EngineGrammarTest, RegexChoiceAndJsonObject) {
   }
 }
 
+TEST_F(EngineGrammarTest, JumpForwardAppendsForcedTokensWithoutADecodeStepEach) {
+  // A choice with one long option: after its first token everything is forced.
+  const std::vector<std::string> one = {"def read_config(path): return open(path).read()"};
+  auto forced = Compile(grammar::ChoiceGrammar(one));
+  auto schema = Compile(grammar::JsonSchemaToGrammar(kToolSchema));
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    std::vector<Collected> outs;
+    std::vector<EngineMetrics> metrics;
+    for (bool jump : {false, true}) {
+      EngineConfig c = Config(async);
+      c.jump_forward = jump;
+      Engine engine(testing::LoadModel(testing::TinyModelDir(), 8192), tokenizer_, {8002, 8000}, c);
+      engine.Start();
+      outs.push_back(testing::RunOneByOne(engine, {Request("x = ", 60, forced, 3)})[0]);
+      const Collected call = testing::RunOneByOne(engine, {Request("y = ", 200, schema, 4)})[0];
+      ExpectValidToolCall(call, jump ? "jump-forward" : "masked");
+      metrics.push_back(testing::WaitIdle(engine));
+    }
+    EXPECT_EQ(outs[0].text, one[0]);
+    EXPECT_EQ(outs[1].text, one[0]);
+    EXPECT_EQ(outs[1].reason, FinishReason::kStop);
+    EXPECT_EQ(metrics[0].jump_forward_tokens, 0u);
+    EXPECT_GT(metrics[1].jump_forward_tokens, 10u);
+    // Fewer engine steps for the same (or shorter) outputs.
+    EXPECT_LT(metrics[1].steps, metrics[0].steps);
+  }
+}
+
 TEST_F(EngineGrammarTest, GrammarsAreRefusedWithoutTheModelsVocabulary) {
   Engine engine(testing::LoadModel(testing::TinyModelDir(), 8192), tokenizer_, {8002, 8000},
                 Config(false));
