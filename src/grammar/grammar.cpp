@@ -294,6 +294,24 @@ void Grammar::SetBody(int32_t rule, Expr body) {
   rules_[rule].body = std::move(body);
 }
 
+namespace {
+void RemapRules(Expr* e, int32_t offset) {
+  if (e->kind == Expr::Kind::kRuleRef) e->rule += offset;
+  for (Expr& child : e->children) RemapRules(&child, offset);
+}
+}  // namespace
+
+int32_t Grammar::Import(const Grammar& other) {
+  const int32_t offset = static_cast<int32_t>(rules_.size());
+  for (const Rule& r : other.rules()) AddRule(r.name);
+  for (size_t i = 0; i < other.rules().size(); ++i) {
+    Expr body = other.rules()[i].body;
+    RemapRules(&body, offset);
+    SetBody(offset + static_cast<int32_t>(i), std::move(body));
+  }
+  return offset + other.root();
+}
+
 int32_t Grammar::FindRule(std::string_view name) const {
   for (size_t i = 0; i < rules_.size(); ++i) {
     if (rules_[i].name == name) return static_cast<int32_t>(i);

@@ -96,6 +96,9 @@ class Grammar {
   // Adds a rule with its body; returns its index.
   int32_t AddRule(std::string_view name, Expr body);
   int32_t FindRule(std::string_view name) const;  // -1 when absent
+  // Appends every rule of `other` (renamed where a name is taken, references remapped) and
+  // returns the index its root has here.
+  int32_t Import(const Grammar& other);
 
   const std::vector<Rule>& rules() const { return rules_; }
   const Rule& rule(int32_t i) const { return rules_[i]; }

@@ -4,6 +4,12 @@
 //                (Qwen2.5 / Qwen3 / Hermes templates); with parallel calls, up to
 //                kMaxParallelToolCalls blocks, each after "\n"
 //   kLlama3Json  {"name": "NAME", "parameters": {...}}   (Llama 3.x JSON tool calls; one call)
+//   kXml         <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...
+//                </function>\n</tool_call>   (Qwen3-Coder / Qwen3.5): the schema's properties in
+//                declared order, required ones always, optional ones at most once; a string
+//                VALUE is any text without "</" or "<<" (so a value cannot hold a closing tag;
+//                minLength / maxLength bound its characters), any other
+//                VALUE is JSON that validates against the property's schema
 // The call object's keys come in that order; `arguments` / `parameters` is the tool's
 // `parameters` schema (an object; an empty schema admits any object), under the same JSON Schema
 // subset and whitespace policy as response_format (front_ends.h).
@@ -20,7 +26,7 @@
 
 namespace kestrel::grammar {
 
-enum class ToolCallSyntax { kHermes, kLlama3Json };
+enum class ToolCallSyntax { kHermes, kLlama3Json, kXml };
 
 // Calls one forced answer may hold with parallel tool calls.
 inline constexpr uint32_t kMaxParallelToolCalls = 8;

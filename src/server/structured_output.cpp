@@ -206,6 +206,8 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> GrammarC
     syntax = grammar::ToolCallSyntax::kHermes;
   } else if (format == ToolCallFormat::kLlama3Json) {
     syntax = grammar::ToolCallSyntax::kLlama3Json;
+  } else if (format == ToolCallFormat::kQwen3Coder) {
+    syntax = grammar::ToolCallSyntax::kXml;
   } else {
     return std::shared_ptr<const grammar::CompiledGrammar>();  // not enforced (docs/server.md)
   }
@@ -227,7 +229,7 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> GrammarC
     specs.push_back(std::move(spec));
   }
   const std::string key = "tools:" + std::to_string(static_cast<int>(syntax)) +
-                          (parallel && syntax == grammar::ToolCallSyntax::kHermes ? ":p:" : ":1:") +
+                          (parallel && syntax != grammar::ToolCallSyntax::kLlama3Json ? ":p:" : ":1:") +
                           key_tools.dump();
   Result<std::shared_ptr<const grammar::CompiledGrammar>> g =
       Get(key, [&] { return grammar::ToolCallGrammar(syntax, specs, parallel); });

@@ -145,6 +145,26 @@ test('tool_choice required / named always yields schema-valid calls', T, async (
   for (const call of done.choices[0].message.tool_calls) checkCall(call, ['get_weather', 'get_time']);
 });
 
+test('tool_choice required with the Qwen3-Coder XML syntax (--tool-call-parser qwen3_coder)', T, async () => {
+  const xml = await new Server({ args: ['--tool-call-parser', 'qwen3_coder'] }).start();
+  try {
+    const c = new OpenAI({ apiKey: 'unused', baseURL: xml.baseURL, maxRetries: 0, timeout: ms(90_000) });
+    const r = await c.chat.completions.create({
+      model: MODEL, messages: [{ role: 'user', content: 'Weather?' }], tools: TOOLS,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } }, parallel_tool_calls: false,
+      n: 3, temperature: 1, max_tokens: 400, seed: 21,
+    });
+    for (const choice of r.choices) {
+      assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice.message));
+      assert.equal(choice.message.tool_calls.length, 1);
+      checkCall(choice.message.tool_calls[0], ['get_weather']);
+    }
+  } finally {
+    const r = await xml.stop();
+    assert.equal(r?.code, 0);
+  }
+});
+
 test('bad schemas, regexes and conflicting constraints are 400s naming the problem', T, async () => {
   const cases = [
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', not: {} } } } }, /not/],

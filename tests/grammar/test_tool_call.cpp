@@ -68,6 +68,31 @@ TEST(ToolCallGrammar, NamedToolAndLlama3Syntax) {
   EXPECT_FALSE(FullMatch(g, R"({"name": "read_file", "arguments": {"path": "x"}})"));
 }
 
+TEST(ToolCallGrammar, Qwen3CoderXmlSyntax) {
+  auto g = CompileOrDie(*ToolCallGrammar(ToolCallSyntax::kXml, Tools(), /*parallel=*/false));
+  ASSERT_NE(g, nullptr);
+  const std::string call =
+      "<tool_call>\n<function=read_file>\n<parameter=path>\na dir/b.txt\nline two\n"
+      "</parameter>\n<parameter=line>\n12\n</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(FullMatch(g, call));
+  // The optional parameter may be left out; the required one may not.
+  EXPECT_TRUE(FullMatch(g,
+                        "<tool_call>\n<function=read_file>\n<parameter=path>\nx\n</parameter>\n"
+                        "</function>\n</tool_call>"));
+  EXPECT_FALSE(FullMatch(g,
+                         "<tool_call>\n<function=read_file>\n<parameter=line>\n3\n"
+                         "</parameter>\n</function>\n</tool_call>"));
+  // Typed values validate; string values cannot hold a closing tag.
+  EXPECT_FALSE(FullMatch(g,
+                         "<tool_call>\n<function=read_file>\n<parameter=path>\nx\n</parameter>\n"
+                         "<parameter=line>\n0\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(FullMatch(g,
+                         "<tool_call>\n<function=read_file>\n<parameter=path>\na</b\n"
+                         "</parameter>\n</function>\n</tool_call>"));
+  EXPECT_TRUE(FullMatch(g, "<tool_call>\n<function=list>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(FullMatch(g, "<tool_call>\n<function=rm>\n</function>\n</tool_call>"));
+}
+
 TEST(ToolCallGrammar, ErrorsNameTheTool) {
   EXPECT_FALSE(ToolCallGrammar(ToolCallSyntax::kHermes, {}, false).ok());
   const std::vector<ToolSpec> bad = {
