@@ -15,6 +15,8 @@ struct CudaBenchOptions {
   // The serving engine end to end (kestrel serve without HTTP) at these batch sizes, with
   // asynchronous scheduling off and on; empty: skipped.
   std::vector<int64_t> engine_batch_sizes;
+  // Time to first token cold and after a prefix-cache hit, at these prompt lengths; empty: skipped.
+  std::vector<int64_t> prefix_hit_tokens;
   int32_t decode_tokens = 32;
   int repeats = 3;
   bool no_graphs = false;

@@ -89,4 +89,66 @@ json BenchEngineDecode(std::shared_ptr<Model> model, const std::vector<int64_t>&
   return rows;
 }
 
+json BenchPrefixHit(std::shared_ptr<Model> model, const std::vector<int64_t>& lengths, int repeats,
+                    uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t vocab = model->config().vocab_size;
+  EngineConfig config;
+  config.max_num_seqs = 1;
+  config.max_batched_tokens = 8192;
+  config.prefix_caching = true;
+  config.async_scheduling = false;
+  Engine engine(std::move(model), nullptr, {}, config);
+  engine.Start();
+  // Seconds from Submit to the first token, and the prompt tokens served from the cache.
+  auto first_token = [&engine](std::vector<int32_t> prompt, int32_t* cached) {
+    EngineRequest req;
+    req.prompt_ids = std::move(prompt);
+    req.sampling.temperature = 0.0f;
+    req.max_new_tokens = 1;
+    req.ignore_eos = true;
+    const Clock::time_point t0 = Clock::now();
+    Result<std::shared_ptr<RequestHandle>> h = engine.Submit(std::move(req));
+    KCHECK_MSG(h.ok(), h.status().message().c_str());
+    RequestOutput ev;
+    double seconds = -1;
+    while (!ev.finished) {
+      if (!(*h)->Next(&ev, std::chrono::milliseconds(100))) continue;
+      if (seconds < 0 && !ev.token_ids.empty()) {
+        seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+    }
+    KCHECK_MSG(ev.error.ok(), ev.error.message().c_str());
+    *cached = ev.usage.cached_tokens;
+    return seconds;
+  };
+  json rows = json::array();
+  for (int64_t n : lengths) {
+    std::vector<double> cold, hit;
+    int32_t cached = 0;
+    for (int r = 0; r < repeats + 1; ++r) {  // the first round warms up
+      std::vector<int32_t> prompt = RandomIds(n, vocab, rng);
+      int32_t cold_cached = 0;
+      const double c = first_token(prompt, &cold_cached);
+      KCHECK(cold_cached == 0);
+      std::vector<int32_t> extended = prompt;
+      extended.push_back(RandomIds(1, vocab, rng)[0]);
+      const double h = first_token(std::move(extended), &cached);
+      if (r == 0) continue;
+      cold.push_back(c);
+      hit.push_back(h);
+    }
+    const double c = Median(cold), h = Median(hit);
+    rows.push_back({{"tokens", n},
+                    {"cold_ttft_s", c},
+                    {"hit_ttft_s", h},
+                    {"cached_tokens", cached},
+                    {"speedup", h > 0 ? c / h : 0.0}});
+    std::fprintf(stderr, "prefix hit %6lld tokens: cold %8.1f ms, hit %7.1f ms (%d cached), %.1fx\n",
+                 static_cast<long long>(n), 1e3 * c, 1e3 * h, cached, h > 0 ? c / h : 0.0);
+  }
+  engine.Shutdown(false);
+  return rows;
+}
+
 }  // namespace kestrel::cli

@@ -21,4 +21,11 @@ namespace kestrel::cli {
 nlohmann::json BenchEngineDecode(std::shared_ptr<Model> model, const std::vector<int64_t>& batches,
                                  int32_t new_tokens, int repeats, uint64_t seed);
 
+// Time to first token of a prompt of each length from cold caches, then of the same prompt plus
+// one token, which hits the prefix cache up to its last full block (hybrid models: restoring the
+// recurrent-state snapshot of that block); medians over `repeats` fresh random prompts. Rows:
+// tokens, cold_ttft_s, hit_ttft_s, cached_tokens, speedup.
+nlohmann::json BenchPrefixHit(std::shared_ptr<Model> model, const std::vector<int64_t>& lengths,
+                              int repeats, uint64_t seed);
+
 }  // namespace kestrel::cli

@@ -30,6 +30,7 @@ struct BenchFlags {
   std::vector<int64_t> decode_contexts;  // default: 128,1024 (cpu); 128,2048,8192 (cuda)
   std::vector<int64_t> batch_sizes;      // cuda; default 1,2,4,...,256
   std::vector<int64_t> engine_batches;   // default 1,64 (cuda), none (cpu); 0 = none
+  std::vector<int64_t> prefix_hit_tokens;  // cuda: TTFT cold vs a prefix-cache hit; default none
   bool no_graphs = false;
   bool no_profile = false;
   int32_t decode_tokens = 32;
@@ -83,6 +84,12 @@ int RunBench(BenchFlags f) {
     o.decode_tokens = f.decode_tokens;
     o.repeats = f.repeats;
     o.no_graphs = f.no_graphs;
+    for (int64_t v : f.prefix_hit_tokens) {
+      if (v < 32 || v > (int64_t{1} << 20)) return Fail("--prefix-hit values must be in [32, 2^20]");
+    }
+    o.prefix_hit_tokens = f.prefix_hit_tokens;
+    // A hybrid model's prefix hits need state snapshots: the serve default budget.
+    if (!f.prefix_hit_tokens.empty()) f.load.state_snapshot_bytes = kDefaultStateSnapshotBytes;
     o.profile = !f.no_profile;
     f.load.kv_cache_tokens = 0;  // the GPU's memory budget decides
     f.load.need_tokenizer = false;
@@ -272,6 +279,9 @@ void RegisterBench(CLI::App& app, int& exit_code) {
   cmd->add_option("--decode-context", f.decode_contexts, "Context lengths to decode at")
       ->delimiter(',');
   cmd->add_option("--decode-tokens", f.decode_tokens, "Tokens per decode measurement");
+  cmd->add_option("--prefix-hit", f.prefix_hit_tokens,
+                  "Prompt lengths: time to first token cold and after a prefix-cache hit (cuda)")
+      ->delimiter(',');
   cmd->add_option("--repeats", f.repeats, "Repeats per figure (median reported)");
   cmd->add_flag("--reference", f.load.reference_kernels, "Use the scalar reference kernels");
   cmd->add_option("--threads", f.load.n_threads, "CPU threads (default: all cores)");

@@ -304,9 +304,13 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
     }
   }
   out["decode"] = decode;
+  // The engine benchmarks share the model (`model` stays valid).
+  std::shared_ptr<Model> shared = std::move(loaded.model);
+  if (!o.prefix_hit_tokens.empty()) {
+    out["prefix_hit"] = BenchPrefixHit(shared, o.prefix_hit_tokens, o.repeats, rng());
+  }
   if (!o.engine_batch_sizes.empty()) {
-    // Last: the engine takes the model.
-    out["engine_decode"] = BenchEngineDecode(std::move(loaded.model), o.engine_batch_sizes,
+    out["engine_decode"] = BenchEngineDecode(std::move(shared), o.engine_batch_sizes,
                                              /*new_tokens=*/128, o.repeats, rng());
   }
   WriteLine(out.dump(2));
