@@ -17,12 +17,9 @@ using detail::Index;
 using detail::ReadBool;
 using detail::ReadInt;
 using detail::ReadString;
+using detail::Required;
 using detail::TypeName;
 using detail::WrongType;
-
-ApiError Required(const std::string& param) {
-  return BadRequest("'" + param + "' is required", param);
-}
 
 // Text of a string or an array of {"type": "text", "text"} blocks, joined with newlines
 // (system prompts, tool results).

@@ -290,9 +290,7 @@ HttpServer::HttpServer(Engine* engine, const Tokenizer* tokenizer,
   s.parse_context.accepted_models.push_back(s.model.id);
   for (const std::string& alias : s.model.aliases) s.parse_context.accepted_models.push_back(alias);
   if (chat_template != nullptr) s.formats = DetectOutputFormats(*chat_template);
-  // The token trie of the served vocabulary, once (structured output compiles grammars over it).
-  s.grammars = std::make_unique<GrammarCache>(
-      tokenizer != nullptr ? grammar::Vocabulary::FromTokenizer(*tokenizer) : nullptr);
+  s.grammars = std::make_unique<GrammarCache>(tokenizer);
   if (s.options.tool_call_format) s.formats.tool_calls = *s.options.tool_call_format;
   if (s.options.reasoning) s.formats.reasoning = *s.options.reasoning;
   // Byte budget: 64 KiB per stored response on average, at least 64 MiB.

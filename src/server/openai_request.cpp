@@ -163,13 +163,7 @@ std::optional<ApiError> ReadToolChoice(const Json& body, ChatRequest* out) {
   ToolChoice& tc = out->tool_choice;
   if (choice->is_string()) {
     const std::string c = choice->get<std::string>();
-    if (c == "auto") {
-      tc.mode = ToolChoice::Mode::kAuto;
-    } else if (c == "none") {
-      tc.mode = ToolChoice::Mode::kNone;
-    } else if (c == "required") {
-      tc.mode = ToolChoice::Mode::kRequired;
-    } else {
+    if (!detail::ToolChoiceModeOf(c, &tc.mode)) {
       return BadRequest("Invalid tool_choice '" + tok::Utf8Lossy(c) +
                             "'; expected 'auto', 'none', 'required' or a named function",
                         "tool_choice");

@@ -124,6 +124,10 @@ std::optional<ApiError> ReadString(const Json& obj, const char* key, const std::
 ApiError WrongType(const std::string& param, const char* expected, const Json& got);
 // "base[i]": the parameter name of an array element.
 std::string Index(const std::string& base, size_t i);
+// "'param' is required" (400 naming param).
+ApiError Required(const std::string& param);
+// The string forms of tool_choice: "auto", "none", "required"; false for anything else.
+bool ToolChoiceModeOf(const std::string& text, ToolChoice::Mode* mode);
 // model, sampling fields, max_tokens / max_completion_tokens, stop, n, stream, stream_options,
 // ignore_eos, response_format, user. Logprob fields differ per endpoint and are read by the
 // callers.

@@ -124,6 +124,23 @@ std::string Index(const std::string& base, size_t i) {
   return base + "[" + std::to_string(i) + "]";
 }
 
+ApiError Required(const std::string& param) {
+  return BadRequest("'" + param + "' is required", param);
+}
+
+bool ToolChoiceModeOf(const std::string& text, ToolChoice::Mode* mode) {
+  if (text == "auto") {
+    *mode = ToolChoice::Mode::kAuto;
+  } else if (text == "none") {
+    *mode = ToolChoice::Mode::kNone;
+  } else if (text == "required") {
+    *mode = ToolChoice::Mode::kRequired;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 const char* TypeName(const Json& j) {
   switch (j.type()) {
     case Json::value_t::null:

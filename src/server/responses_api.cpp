@@ -18,12 +18,9 @@ using detail::Index;
 using detail::ReadBool;
 using detail::ReadInt;
 using detail::ReadString;
+using detail::Required;
 using detail::TypeName;
 using detail::WrongType;
-
-ApiError Required(const std::string& param) {
-  return BadRequest("'" + param + "' is required", param);
-}
 
 // Arguments text as the chat templates take it: a JSON object when it is one (as vLLM does).
 Json ArgumentsForTemplate(const std::string& text) {
@@ -210,13 +207,7 @@ std::optional<ApiError> ReadToolChoice(const Json& body, ChatRequest* out) {
   ToolChoice& tc = out->tool_choice;
   if (it->is_string()) {
     const std::string c = it->get<std::string>();
-    if (c == "auto") {
-      tc.mode = ToolChoice::Mode::kAuto;
-    } else if (c == "none") {
-      tc.mode = ToolChoice::Mode::kNone;
-    } else if (c == "required") {
-      tc.mode = ToolChoice::Mode::kRequired;
-    } else {
+    if (!detail::ToolChoiceModeOf(c, &tc.mode)) {
       return BadRequest("Invalid tool_choice '" + tok::Utf8Lossy(c) + "'", "tool_choice");
     }
   } else if (it->is_object()) {

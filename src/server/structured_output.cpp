@@ -117,8 +117,15 @@ std::optional<ApiError> ParseOutputConstraint(const Json& body, OutputConstraint
   return std::nullopt;
 }
 
-GrammarCache::GrammarCache(std::shared_ptr<const grammar::Vocabulary> vocabulary, size_t capacity)
-    : vocabulary_(std::move(vocabulary)), capacity_(std::max<size_t>(capacity, 1)) {}
+GrammarCache::GrammarCache(const Tokenizer* tokenizer, size_t capacity)
+    : tokenizer_(tokenizer), capacity_(std::max<size_t>(capacity, 1)) {}
+
+const grammar::Vocabulary* GrammarCache::vocabulary() {
+  if (tokenizer_ == nullptr) return nullptr;
+  std::call_once(vocabulary_once_,
+                 [this] { vocabulary_ = grammar::Vocabulary::FromTokenizer(*tokenizer_); });
+  return vocabulary_.get();
+}
 
 size_t GrammarCache::size() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -156,7 +163,7 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> GrammarC
     const OutputConstraint& c) {
   using Kind = OutputConstraint::Kind;
   if (c.kind == Kind::kNone) return std::shared_ptr<const grammar::CompiledGrammar>();
-  if (vocabulary_ == nullptr) {
+  if (vocabulary() == nullptr) {
     return BadRequest("Structured output needs the model's tokenizer", c.param);
   }
   std::string key;
@@ -211,7 +218,7 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> GrammarC
   } else {
     return std::shared_ptr<const grammar::CompiledGrammar>();  // not enforced (docs/server.md)
   }
-  if (vocabulary_ == nullptr) {
+  if (vocabulary() == nullptr) {
     return BadRequest("A forced tool call needs the model's tokenizer", "tool_choice");
   }
   std::vector<grammar::ToolSpec> specs;
@@ -228,9 +235,10 @@ std::variant<std::shared_ptr<const grammar::CompiledGrammar>, ApiError> GrammarC
     key_tools.push_back({name, f.contains("parameters") ? f["parameters"] : Json()});
     specs.push_back(std::move(spec));
   }
-  const std::string key = "tools:" + std::to_string(static_cast<int>(syntax)) +
-                          (parallel && syntax != grammar::ToolCallSyntax::kLlama3Json ? ":p:" : ":1:") +
-                          key_tools.dump();
+  const std::string key =
+      "tools:" + std::to_string(static_cast<int>(syntax)) +
+      (parallel && syntax != grammar::ToolCallSyntax::kLlama3Json ? ":p:" : ":1:") +
+      key_tools.dump();
   Result<std::shared_ptr<const grammar::CompiledGrammar>> g =
       Get(key, [&] { return grammar::ToolCallGrammar(syntax, specs, parallel); });
   if (!g.ok()) return BadRequest("Invalid tools: " + g.status().message(), "tools");

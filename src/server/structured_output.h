@@ -24,6 +24,7 @@
 #include "server/api_error.h"
 #include "server/openai_request.h"
 #include "server/parsers/tool_call_parser.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kestrel::server {
 
@@ -39,10 +40,12 @@ struct OutputConstraint {
 // at once, or a malformed one, is a 400 naming the field.
 std::optional<ApiError> ParseOutputConstraint(const Json& body, OutputConstraint* out);
 
-// Compiled grammars by their source, least recently used evicted past `capacity`.
+// Compiled grammars by their source, least recently used evicted past `capacity`. The token trie
+// of the tokenizer's vocabulary is built at the first grammar (tens of milliseconds at 150k
+// tokens), not at start-up.
 class GrammarCache {
  public:
-  GrammarCache(std::shared_ptr<const grammar::Vocabulary> vocabulary, size_t capacity = 64);
+  explicit GrammarCache(const Tokenizer* tokenizer, size_t capacity = 64);
 
   // The grammar for a response_format / structured_outputs constraint (nullptr for kNone), or a
   // 400 naming what the schema, regex or grammar gets wrong.
@@ -60,6 +63,10 @@ class GrammarCache {
   Result<std::shared_ptr<const grammar::CompiledGrammar>> Get(const std::string& key,
                                                               const Build& build);
 
+  const grammar::Vocabulary* vocabulary();  // null without a tokenizer
+
+  const Tokenizer* tokenizer_;
+  std::once_flag vocabulary_once_;
   std::shared_ptr<const grammar::Vocabulary> vocabulary_;
   size_t capacity_;
   mutable std::mutex mu_;
