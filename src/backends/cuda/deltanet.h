@@ -57,6 +57,14 @@ void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_st
                     int32_t dv, const DeltaBatchView& b, const DeltaStateView& s, float* out,
                     cudaStream_t stream);
 
+// The same contract as GatedDeltaRule, in the chunked form for prefill (deltanet_chunked.cu):
+// 64 rows per sequential step, the delta rule's triangular system solved per chunk by forward
+// substitution (the WY form). Equal to GatedDeltaRule up to f32 rounding.
+void GatedDeltaRuleChunked(const float* q, const float* k, const float* v, int64_t v_stride,
+                           const float* g, const float* beta, int32_t nk, int32_t dk, int32_t nv,
+                           int32_t dv, const DeltaBatchView& b, const DeltaStateView& s, float* out,
+                           cudaStream_t stream);
+
 // y[r, :] = bf16(w * (x * inv_rms) * silu(z)) for rows of d; z at z + (r / rows_per_token) *
 // z_stride + (r % rows_per_token) * d (a slice of the fused projection output).
 void GatedRmsNormSilu(const float* x, const float* z, int64_t z_stride, int32_t rows_per_token,
