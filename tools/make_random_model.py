@@ -188,6 +188,47 @@ PRESETS["qwen3.5-27b"] = {
     "tokenizer_dir": "tests/data/npm/qwen3",
 }
 
+# Qwen3.5-35B-A3B-shaped hybrid MoE (40 layers: 3 Gated DeltaNet then 1 gated attention; every
+# layer a 256-expert top-8 MoE with a gated shared expert; about 35B parameters, 3B active per
+# token; 70 GB in bf16). The experts use the fused transformers-5 layout (experts.gate_up_proj
+# [E, 2I, H], experts.down_proj [E, H, I]). Scale it down with e.g. --set num_hidden_layers=20.
+PRESETS["qwen3.5-35b-a3b"] = {
+    "config": {
+        "architectures": ["Qwen3_5MoeForCausalLM"],
+        "model_type": "qwen3_5_moe_text",
+        "attention_bias": False,
+        "attn_output_gate": True,
+        "bos_token_id": 248044,
+        "eos_token_id": 248044,
+        "full_attention_interval": 4,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,
+        "moe_intermediate_size": 512,
+        "num_attention_heads": 16,
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 2,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000000,
+        "shared_expert_intermediate_size": 512,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 248320,
+    },
+    "generation": {"bos_token_id": 248044, "eos_token_id": 248044, "do_sample": True,
+                   "temperature": 0.6, "top_k": 20, "top_p": 0.95},
+    "tokenizer_dir": "tests/data/npm/qwen3",
+}
+
 # A tiny Qwen3-shaped model for --smoke: real vocabulary (so the real tokenizer fits),
 # untied head, q dim (4*16=64) != hidden (48), GQA 2:1, and small shards to exercise sharding.
 SMOKE_CONFIG = dict(
@@ -203,7 +244,7 @@ SMOKE_CONFIG = dict(
     tie_word_embeddings=False,
 )
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text", "qwen3_5_moe_text")
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -266,14 +307,15 @@ def tensor_plan(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
     nh = int(cfg["num_attention_heads"])
     nkv = int(cfg.get("num_key_value_heads") or nh)
     hd = int(cfg.get("head_dim") or (H // nh))
-    I = int(cfg["intermediate_size"])
+    I = int(cfg.get("intermediate_size", 0))
     V = int(cfg["vocab_size"])
     tied = bool(cfg.get("tie_word_embeddings", False))
     qkv_bias = mt == "qwen2" or bool(cfg.get("attention_bias", False))
     o_bias = mt != "qwen2" and bool(cfg.get("attention_bias", False))
     mlp_bias = bool(cfg.get("mlp_bias", False))
-    qk_norm = mt in ("qwen3", "qwen3_5_text")
-    hybrid = mt == "qwen3_5_text"
+    qk_norm = mt in ("qwen3", "qwen3_5_text", "qwen3_5_moe_text")
+    hybrid = mt in ("qwen3_5_text", "qwen3_5_moe_text")
+    moe = mt == "qwen3_5_moe_text"
 
     plan = [("model.embed_tokens.weight", (V, H), "normal")]
     if hybrid:
@@ -308,9 +350,22 @@ def tensor_plan(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
                          (a + "q_norm.weight", (hd,), "normal"),
                          (a + "k_norm.weight", (hd,), "normal")]
             plan.append((p + "post_attention_layernorm.weight", (H,), "normal"))
-            plan += [(p + "mlp.gate_proj.weight", (I, H), "normal"),
-                     (p + "mlp.up_proj.weight", (I, H), "normal"),
-                     (p + "mlp.down_proj.weight", (H, I), "normal")]
+            if moe:
+                E, Ie = int(cfg["num_experts"]), int(cfg["moe_intermediate_size"])
+                Is = int(cfg.get("shared_expert_intermediate_size", 0))
+                m = p + "mlp."
+                plan += [(m + "gate.weight", (E, H), "normal"),
+                         (m + "experts.gate_up_proj", (E, 2 * Ie, H), "normal"),
+                         (m + "experts.down_proj", (E, H, Ie), "normal")]
+                if Is:
+                    plan += [(m + "shared_expert.gate_proj.weight", (Is, H), "normal"),
+                             (m + "shared_expert.up_proj.weight", (Is, H), "normal"),
+                             (m + "shared_expert.down_proj.weight", (H, Is), "normal"),
+                             (m + "shared_expert_gate.weight", (1, H), "normal")]
+            else:
+                plan += [(p + "mlp.gate_proj.weight", (I, H), "normal"),
+                         (p + "mlp.up_proj.weight", (I, H), "normal"),
+                         (p + "mlp.down_proj.weight", (H, I), "normal")]
         plan.append(("model.norm.weight", (H,), "normal"))
         if not tied:
             plan.append(("lm_head.weight", (V, H), "normal"))

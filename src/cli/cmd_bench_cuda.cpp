@@ -69,6 +69,16 @@ FlopModel Flops(const ModelConfig& c) {
       n_recurrent * hidden *
           static_cast<double>(la.conv_dim() + 2 * la.value_dim() + 2 * la.n_value_heads) +
       static_cast<double>(c.n_layers) * 3 * inter * hidden;
+  // MoE layers instead: the router (+ shared-expert gate), top_k experts and the shared expert
+  // per token.
+  if (c.has_moe()) {
+    double n_moe = 0;
+    for (bool m : c.layer_moe) n_moe += m ? 1 : 0;
+    const MoeConfig& m = c.moe;
+    f.layer_macs += n_moe * (-3 * inter * hidden + hidden * static_cast<double>(m.n_experts + 1) +
+                             3.0 * hidden * static_cast<double>(m.top_k * m.expert_intermediate +
+                                                                m.shared_expert_intermediate));
+  }
   f.head_macs = static_cast<double>(c.vocab_size) * hidden;
   f.attn_dim_layers = n_attention * q_dim;
   return f;
@@ -137,11 +147,12 @@ void FillDecodeBatch(BenchBatch& b, int32_t rows, int32_t pos, int32_t nb, int32
 }
 
 json Breakdown(const ForwardStats& st) {
-  const double total = st.attention_s + st.recurrent_s + st.matmul_s + st.other_s;
+  const double total = st.attention_s + st.recurrent_s + st.matmul_s + st.moe_s + st.other_s;
   if (total <= 0) return json::object();
   return {{"attention", st.attention_s / total},
           {"recurrent", st.recurrent_s / total},
           {"gemm", st.matmul_s / total},
+          {"moe", st.moe_s / total},
           {"other", st.other_s / total},
           {"ms_per_forward", 1e3 * total / std::max<int64_t>(1, st.n_forwards)}};
 }
@@ -272,11 +283,27 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
       }
       const double step_s = Median(rates);
       const double mean_ctx = ctx + 1 + (steps + 1) / 2.0;
+      // Profiled steps (no graphs, stage events): the breakdown, and for MoE models the weight
+      // bytes the steps read, counting only the experts their tokens were routed to.
+      json breakdown;
+      double weight_bytes = static_cast<double>(model.decode_weight_bytes());
+      if (o.profile || cfg.has_moe()) {
+        model.ResetStats();
+        model.set_profiling(true);
+        for (int32_t i = 1; i <= 4; ++i) step(ctx + i);
+        model.set_profiling(false);
+        const ForwardStats& st = model.stats();
+        breakdown = Breakdown(st);
+        if (cfg.has_moe() && st.n_forwards > 0) {
+          // Less the embedding rows beyond one per step (counted by the runner).
+          weight_bytes = static_cast<double>(st.weight_bytes_read) / st.n_forwards -
+                         (rows - 1.0) * cfg.hidden_size * 2.0;
+        }
+      }
       // Weights, the K/V of the attention layers, and each sequence's recurrent state read
       // and written.
       const double bytes =
-          static_cast<double>(model.decode_weight_bytes()) +
-          rows * mean_ctx * static_cast<double>(model.kv_bytes_per_token()) +
+          weight_bytes + rows * mean_ctx * static_cast<double>(model.kv_bytes_per_token()) +
           rows * 2.0 * static_cast<double>(model.cache_spec().state_bytes_per_slot());
       const double gbs = bytes / step_s / 1e9;
       const double fl = rows * (2.0 * (flops.layer_macs + flops.head_macs) +
@@ -289,13 +316,8 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
                   {"fraction_of_copy_bw", gbs / roof->copy_gb_per_s},
                   {"tflop_per_s", fl / step_s / 1e12},
                   {"fraction_of_gemm_peak", fl / step_s / 1e12 / roof->gemm_tflop_per_s}};
-      if (o.profile) {
-        model.ResetStats();
-        model.set_profiling(true);
-        for (int32_t i = 1; i <= 4; ++i) step(ctx + i);
-        model.set_profiling(false);
-        row["breakdown"] = Breakdown(model.stats());
-      }
+      if (cfg.has_moe()) row["weight_bytes_per_step"] = weight_bytes;
+      if (o.profile) row["breakdown"] = breakdown;
       std::fprintf(stderr,
                    "decode batch %4d ctx %6d: %8.3f ms/step %9.1f tok/s  %7.0f GB/s  %.3f of "
                    "copy bw\n",

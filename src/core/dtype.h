@@ -50,6 +50,11 @@ inline uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// x[i] = the nearest bf16 value of x[i] (round to nearest even), in place.
+inline void RoundToBf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = Bf16ToF32(F32ToBf16(x[i]));
+}
+
 inline float F16ToF32(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;

@@ -9,6 +9,7 @@
 
 #include "backends/cpu/deltanet.h"
 #include "core/check.h"
+#include "core/dtype.h"
 #include "models/rope.h"
 
 namespace kestrel {
@@ -131,7 +132,21 @@ void CpuDecoder::EnsureScratch(int64_t n, int64_t max_context) {
 
 void CpuDecoder::LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJob> jobs) {
   const Clock::time_point t0 = Clock::now();
-  cpu::LinearGroup(ops_, m_rows, std::span<const cpu::LinearJob>(jobs.begin(), jobs.size()));
+  if (bf16_activations_) {  // the same GEMMs over bf16-rounded copies of their inputs
+    cpu::LinearJob rounded[cpu::kMaxLinearGroup];
+    KCHECK(jobs.size() <= cpu::kMaxLinearGroup);
+    size_t j = 0;
+    for (const cpu::LinearJob& job : jobs) {
+      std::vector<float>& copy = rounded_[j];
+      copy.assign(job.x, job.x + m_rows * job.w->shape[1]);
+      RoundToBf16(copy.data(), static_cast<int64_t>(copy.size()));
+      rounded[j] = job;
+      rounded[j++].x = copy.data();
+    }
+    cpu::LinearGroup(ops_, m_rows, std::span<const cpu::LinearJob>(rounded, j));
+  } else {
+    cpu::LinearGroup(ops_, m_rows, std::span<const cpu::LinearJob>(jobs.begin(), jobs.size()));
+  }
   stats_->matmul_s += SecondsSince(t0);
   for (const cpu::LinearJob& job : jobs) {
     stats_->weight_bytes_read += static_cast<int64_t>(
@@ -229,6 +244,11 @@ void CpuDecoder::Attention(int64_t layer, const Batch& batch) {
   }
   cpu::ApplyRope(s.q.data(), n, c_.n_heads, hd, s.rope_cos.data(), s.rope_sin.data(), n_half);
   cpu::ApplyRope(s.k.data(), n, c_.n_kv_heads, hd, s.rope_cos.data(), s.rope_sin.data(), n_half);
+  if (bf16_activations_) {  // the CUDA path's bf16 queries and K/V cache
+    RoundToBf16(s.q.data(), n * q_dim);
+    RoundToBf16(s.k.data(), n * c_.n_kv_heads * hd);
+    RoundToBf16(s.v.data(), n * c_.n_kv_heads * hd);
+  }
   stats_->other_s += SecondsSince(t0);
 
   // K/V into the paged pool, then attention of every token over its sequence's cache.

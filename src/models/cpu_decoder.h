@@ -63,6 +63,8 @@ class CpuDecoder {
   // Sizes the scratch for contexts up to max_context tokens now, so that Forward allocates
   // nothing for them.
   void Reserve(int64_t n_tokens, int64_t max_context);
+  // ModelLoadOptions::bf16_activations.
+  void set_bf16_activations(bool on) { bf16_activations_ = on; }
 
  private:
   void Layer(int64_t layer, const Batch& batch);
@@ -80,6 +82,8 @@ class CpuDecoder {
   CpuCaches* caches_;
   ForwardStats* stats_;
   float norm_offset_ = 0.0f;          // 1 for zero-centred RMSNorm weights
+  bool bf16_activations_ = false;
+  std::vector<float> rounded_[cpu::kMaxLinearGroup];  // bf16-rounded GEMM inputs
   std::vector<int64_t> cache_index_;  // [n_layers] index among layers of the same type
   std::vector<float> inv_freq_;       // [rotary_dim/2]
   float rope_attention_scale_ = 1.0f;

@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/deltanet.h"
 #include "backends/cuda/embedding.h"
+#include "backends/cuda/moe.h"
 #include "backends/cuda/norm.h"
 #include "backends/cuda/rope.h"
 #include "core/check.h"
@@ -61,6 +62,10 @@ Status RequireBf16(const TensorView& t, const std::string& what) {
 }  // namespace
 
 size_t CudaWeightPlan::Place(std::initializer_list<const TensorView*> parts) {
+  return Place(std::vector<const TensorView*>(parts));
+}
+
+size_t CudaWeightPlan::Place(const std::vector<const TensorView*>& parts) {
   size_t bytes = 0;
   for (const TensorView* t : parts) bytes += t->size_bytes();
   const size_t off = total_;
@@ -97,17 +102,19 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const ModelConfig& c,
     return Unsupported("--device cuda runs gated attention with head_dim a multiple of 32");
   }
   if (c.has_moe()) {
-    return Unsupported(c.architecture_class +
-                       ": mixture-of-experts layers run on the CPU only in this version; use "
-                       "--device cpu");
+    const MoeConfig& m = c.moe;
+    if (m.n_experts > cuda::kMoeMaxExperts || m.top_k > cuda::kMoeMaxTopK) {
+      return Unsupported("--device cuda runs up to " + std::to_string(cuda::kMoeMaxExperts) +
+                         " experts with top-k up to " + std::to_string(cuda::kMoeMaxTopK) +
+                         ", not " + std::to_string(m.n_experts) + " / " +
+                         std::to_string(m.top_k));
+    }
+    if (m.expert_intermediate % 8 != 0 || m.shared_expert_intermediate % 8 != 0) {
+      return Unsupported("--device cuda needs expert widths that are multiples of 8");
+    }
   }
   const LinearAttentionConfig& la = c.linear;
   if (c.n_layers_of(LayerType::kLinearAttention) > 0) {
-    if (la.fused_projections) {
-      return Unsupported(c.architecture_class +
-                         ": fused in_proj_qkvz / in_proj_ba Gated DeltaNet layers run on the CPU "
-                         "only in this version; use --device cpu");
-    }
     if (la.key_head_dim > 256 || la.value_head_dim > 256 || la.conv_kernel > 8) {
       return Unsupported(
           "--device cuda runs Gated DeltaNet heads up to 256 wide, conv kernels up "
@@ -125,9 +132,22 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const ModelConfig& c,
           &l.mlp.up_bias, &l.mlp.down_proj, &l.mlp.down_bias}) {
       KTRY(RequireBf16(*t, "a tensor of " + where));
     }
+    if (l.moe) {
+      const MoeWeights& m = l.moe_w;
+      for (const TensorView* t : {&m.router, &m.shared_expert.gate_proj, &m.shared_expert.up_proj,
+                                  &m.shared_expert.down_proj, &m.shared_expert_gate}) {
+        KTRY(RequireBf16(*t, "a tensor of " + where));
+      }
+      for (const MlpWeights& e : m.experts) {
+        for (const TensorView* t : {&e.gate_proj, &e.up_proj, &e.down_proj}) {
+          KTRY(RequireBf16(*t, "an expert of " + where));
+        }
+      }
+    }
     if (l.type == LayerType::kLinearAttention) {
-      for (const TensorView* t : {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b,
-                                  &l.gdn.in_proj_a, &l.gdn.out_proj}) {
+      for (const TensorView* t :
+           {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b, &l.gdn.in_proj_a,
+            &l.gdn.in_proj_qkvz, &l.gdn.in_proj_ba, &l.gdn.out_proj}) {
         KTRY(RequireBf16(*t, "a tensor of " + where));
       }
       continue;
@@ -154,7 +174,50 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const ModelConfig& c,
     d->gdn_width_ = la.conv_dim() + la.value_dim() + 2 * la.n_value_heads;
   }
   d->norm_offset_ = c.norm_weight_offset ? 1.0f : 0.0f;
+  d->mlp_inter_ = std::max(c.intermediate_size, c.moe.shared_expert_intermediate);
+  if (c.has_moe()) {
+    d->router_width_ = c.moe.n_experts + (c.moe.shared_expert_intermediate > 0 ? 1 : 0);
+    for (const DecoderLayerWeights& l : w.layers) d->n_moe_layers_ += l.moe ? 1 : 0;
+  }
   return d;
+}
+
+int64_t CudaDecoder::moe_expert_bytes() const {
+  return 3 * c_.moe.expert_intermediate * c_.hidden_size * 2;
+}
+
+// Rows [row0, row0 + rows) of a row-major 2-D tensor.
+namespace {
+TensorView RowSlice(const TensorView& t, int64_t row0, int64_t rows) {
+  TensorView v = t;
+  v.shape[0] = rows;
+  v.data = static_cast<const uint8_t*>(t.data) +
+           row0 * t.shape[1] * static_cast<int64_t>(DTypeSize(t.dtype));
+  return v;
+}
+}  // namespace
+
+std::vector<const TensorView*> CudaDecoder::FusedDeltaNetRows(const DeltaNetWeights& g) {
+  // in_proj_qkvz per key head gk: q (dk) | k (dk) | v (group*dv) | z (group*dv);
+  // in_proj_ba per key head: b (group) | a (group). Re-laid as all q | all k | v | z | b | a.
+  const LinearAttentionConfig& la = c_.linear;
+  const int64_t nk = la.n_key_heads, dk = la.key_head_dim, dv = la.value_head_dim;
+  const int64_t group = la.n_value_heads / nk;
+  const int64_t per = 2 * dk + 2 * group * dv;
+  std::vector<const TensorView*> parts;
+  auto add = [&](const TensorView& t, int64_t row0, int64_t rows) {
+    slices_.push_back(RowSlice(t, row0, rows));
+    parts.push_back(&slices_.back());
+  };
+  for (int64_t gk = 0; gk < nk; ++gk) add(g.in_proj_qkvz, gk * per, dk);
+  for (int64_t gk = 0; gk < nk; ++gk) add(g.in_proj_qkvz, gk * per + dk, dk);
+  for (int64_t gk = 0; gk < nk; ++gk) add(g.in_proj_qkvz, gk * per + 2 * dk, group * dv);
+  for (int64_t gk = 0; gk < nk; ++gk) {
+    add(g.in_proj_qkvz, gk * per + 2 * dk + group * dv, group * dv);
+  }
+  for (int64_t gk = 0; gk < nk; ++gk) add(g.in_proj_ba, gk * 2 * group, group);
+  for (int64_t gk = 0; gk < nk; ++gk) add(g.in_proj_ba, gk * 2 * group + group, group);
+  return parts;
 }
 
 void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
@@ -164,15 +227,19 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
   constexpr size_t kNone = CudaWeightPlan::kNone;
   offsets_.assign(w_.layers.size(),
                   LayerOffsets{kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
-                               kNone, kNone, kNone, kNone, kNone, 0, 0, 0, 0});
+                               kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
+                               kNone, 0, 0, 0, 0});
   small_host_.clear();
+  slices_.clear();
   for (size_t i = 0; i < w_.layers.size(); ++i) {
     const DecoderLayerWeights& l = w_.layers[i];
     LayerOffsets& o = offsets_[i];
     o.input_norm = plan->Place({&l.input_norm});
     if (l.type == LayerType::kLinearAttention) {
       const DeltaNetWeights& g = l.gdn;
-      o.in_proj = plan->Place({&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a});
+      o.in_proj = c_.linear.fused_projections
+                      ? plan->Place(FusedDeltaNetRows(g))
+                      : plan->Place({&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a});
       o.out_proj = plan->Place({&g.out_proj});
       o.conv_w = AppendF32(g.conv1d, &small_host_);
       const size_t a_log = AppendF32(g.a_log, &small_host_);
@@ -193,6 +260,24 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
       o.o_bias = plan->PlaceOptional({&a.o_bias});
     }
     o.post_norm = plan->Place({&l.post_norm});
+    if (l.moe) {
+      const MoeWeights& m = l.moe_w;
+      const bool shared = !m.shared_expert.gate_proj.empty();
+      o.router = shared ? plan->Place({&m.router, &m.shared_expert_gate}) : plan->Place({&m.router});
+      std::vector<const TensorView*> gate_up, down;
+      for (const MlpWeights& e : m.experts) {
+        gate_up.push_back(&e.gate_proj);
+        gate_up.push_back(&e.up_proj);
+        down.push_back(&e.down_proj);
+      }
+      o.experts_gate_up = plan->Place(gate_up);
+      o.experts_down = plan->Place(down);
+      if (shared) {
+        o.shared_gate_up = plan->Place({&m.shared_expert.gate_proj, &m.shared_expert.up_proj});
+        o.shared_down = plan->Place({&m.shared_expert.down_proj});
+      }
+      continue;
+    }
     o.gate_up = plan->Place({&l.mlp.gate_proj, &l.mlp.up_proj});
     o.gate_bias = plan->PlaceOptional({&l.mlp.gate_bias});
     o.up_bias = plan->PlaceOptional({&l.mlp.up_bias});
@@ -230,9 +315,16 @@ void CudaDecoder::BindWeights(const uint8_t* base) {
     l.recurrent = w_.layers[i].type == LayerType::kLinearAttention;
     l.in_proj = at(o.in_proj);
     l.out_proj = at(o.out_proj);
+    l.moe = w_.layers[i].moe;
+    l.router = at(o.router);
+    l.experts_gate_up = at(o.experts_gate_up);
+    l.experts_down = at(o.experts_down);
+    l.shared_gate_up = at(o.shared_gate_up);
+    l.shared_down = at(o.shared_down);
   }
-  int64_t n_attention = 0, n_recurrent = 0;
+  int64_t n_attention = 0, n_recurrent = 0, n_moe = 0;
   for (LayerWeights& l : layers_) {
+    if (l.moe) l.moe_index = n_moe++;
     if (l.recurrent) {
       l.recurrent_index = n_recurrent++;
     } else {
@@ -270,14 +362,24 @@ Status CudaDecoder::UploadConstants() {
 namespace {
 struct ActivationLayout {
   size_t x, xn, qkv, q, attn, tmp, gate_up, act, x_final, logits, workspace, workspace_bytes;
-  size_t gate, conv_out, dq, dk, beta, g, core, gdn_out, total;
+  size_t gate, conv_out, dq, dk, beta, g, core, gdn_out;
+  size_t router, topk_ids, topk_w, expert_begin, active, n_active, rows, pos, expert_x, expert_gate_up,
+      expert_act, expert_out, shared_out, active_log, total;
 };
 
-ActivationLayout Layout(const ModelConfig& c, int64_t q_dim, int64_t fused_width, bool gated,
-                        bool recurrent, int32_t n_tokens, int32_t n_logits, int32_t max_context) {
+// Widths the layout needs beyond the config.
+struct LayoutDims {
+  int64_t q_dim, fused_width, mlp_inter, router_width, n_moe_layers;
+  bool gated, recurrent;
+};
+
+ActivationLayout Layout(const ModelConfig& c, const LayoutDims& d, int32_t n_tokens,
+                        int32_t n_logits, int32_t max_context) {
   const int64_t n = n_tokens;
   const int64_t hidden = c.hidden_size;
-  const int64_t inter = c.intermediate_size;
+  const int64_t inter = d.mlp_inter;
+  const int64_t q_dim = d.q_dim, fused_width = d.fused_width;
+  const bool gated = d.gated, recurrent = d.recurrent;
   const LinearAttentionConfig& la = c.linear;
   ActivationLayout l{};
   size_t total = 0;
@@ -310,22 +412,44 @@ ActivationLayout Layout(const ModelConfig& c, int64_t q_dim, int64_t fused_width
   l.g = reserve(r * la.n_value_heads * 4);
   l.core = reserve(r * la.value_dim() * 4);
   l.gdn_out = reserve(r * la.value_dim() * 2);
+  // MoE: routing of n * top_k pairs, the permuted expert rows, the shared expert's output.
+  const bool moe = d.n_moe_layers > 0;
+  const int64_t pairs = moe ? n * c.moe.top_k : 0;
+  const int64_t experts = moe ? c.moe.n_experts : 0;
+  l.router = reserve(moe ? n * d.router_width * 4 : 0);
+  l.topk_ids = reserve(pairs * 4);
+  l.topk_w = reserve(pairs * 4);
+  l.expert_begin = reserve(moe ? (experts + 1) * 4 : 0);
+  l.active = reserve(experts * 4);
+  l.n_active = reserve(moe ? 4 : 0);
+  l.rows = reserve(pairs * 4);
+  l.pos = reserve(pairs * 4);
+  // The per-expert GEMMs' rounded-up row counts reach up to kMoeGemmRowAlign rows past the end.
+  const int64_t padded = moe ? pairs + CudaDecoder::kMoeGemmRowAlign : 0;
+  l.expert_x = reserve(padded * hidden * 2);
+  l.expert_gate_up = reserve(padded * 2 * c.moe.expert_intermediate * 4);
+  l.expert_act = reserve(padded * c.moe.expert_intermediate * 2);
+  l.expert_out = reserve(padded * hidden * 4);
+  l.shared_out = reserve(moe && c.moe.shared_expert_intermediate > 0 ? n * hidden * 4 : 0);
+  l.active_log = reserve(d.n_moe_layers * 4);
   l.total = total;
   return l;
 }
 }  // namespace
 
 size_t CudaDecoder::ActivationBytes(int32_t n_tokens, int32_t n_logits, int32_t max_context) const {
-  return Layout(c_, q_dim_, std::max(qkv_width_, gdn_width_), c_.attention_output_gate,
-                n_recurrent_layers_ > 0, n_tokens, n_logits, max_context)
-      .total;
+  const LayoutDims d{q_dim_,         std::max(qkv_width_, gdn_width_), mlp_inter_,
+                     router_width_,  n_moe_layers_,
+                     c_.attention_output_gate, n_recurrent_layers_ > 0};
+  return Layout(c_, d, n_tokens, n_logits, max_context).total;
 }
 
 void CudaDecoder::BindActivations(uint8_t* b, int32_t n_tokens, int32_t n_logits,
                                   int32_t max_context) {
-  const ActivationLayout l =
-      Layout(c_, q_dim_, std::max(qkv_width_, gdn_width_), c_.attention_output_gate,
-             n_recurrent_layers_ > 0, n_tokens, n_logits, max_context);
+  const LayoutDims d{q_dim_,         std::max(qkv_width_, gdn_width_), mlp_inter_,
+                     router_width_,  n_moe_layers_,
+                     c_.attention_output_gate, n_recurrent_layers_ > 0};
+  const ActivationLayout l = Layout(c_, d, n_tokens, n_logits, max_context);
   x_ = reinterpret_cast<float*>(b + l.x);
   xn_ = reinterpret_cast<__nv_bfloat16*>(b + l.xn);
   qkv_ = reinterpret_cast<float*>(b + l.qkv);
@@ -346,6 +470,20 @@ void CudaDecoder::BindActivations(uint8_t* b, int32_t n_tokens, int32_t n_logits
   g_ = reinterpret_cast<float*>(b + l.g);
   core_ = reinterpret_cast<float*>(b + l.core);
   gdn_out_ = reinterpret_cast<__nv_bfloat16*>(b + l.gdn_out);
+  router_ = reinterpret_cast<float*>(b + l.router);
+  routing_.topk_ids = reinterpret_cast<int32_t*>(b + l.topk_ids);
+  routing_.topk_w = reinterpret_cast<float*>(b + l.topk_w);
+  routing_.expert_begin = reinterpret_cast<int32_t*>(b + l.expert_begin);
+  routing_.active = reinterpret_cast<int32_t*>(b + l.active);
+  routing_.n_active = reinterpret_cast<int32_t*>(b + l.n_active);
+  routing_.rows = reinterpret_cast<int32_t*>(b + l.rows);
+  routing_.pos = reinterpret_cast<int32_t*>(b + l.pos);
+  expert_x_ = reinterpret_cast<__nv_bfloat16*>(b + l.expert_x);
+  expert_gate_up_ = reinterpret_cast<float*>(b + l.expert_gate_up);
+  expert_act_ = reinterpret_cast<__nv_bfloat16*>(b + l.expert_act);
+  expert_out_ = reinterpret_cast<float*>(b + l.expert_out);
+  shared_out_ = reinterpret_cast<float*>(b + l.shared_out);
+  moe_active_log_ = reinterpret_cast<int32_t*>(b + l.active_log);
 }
 
 void CudaDecoder::Layer(int64_t layer, const DeviceBatchView& v, const CudaKvPool& kv,
@@ -373,6 +511,10 @@ void CudaDecoder::Layer(int64_t layer, const DeviceBatchView& v, const CudaKvPoo
   cuda::AddRmsNorm(x_, tmp_, w.recurrent ? nullptr : w.o_bias, w.post_norm, eps, n, hidden, xn_,
                    stream, norm_offset_);
   marks->Mark(CudaStage::kOther);
+  if (w.moe) {
+    Moe(w, v, stream, linear, marks);  // tmp_ = the experts' weighted sum
+    return;
+  }
   linear->Run(xn_, n, hidden, w.gate_up, 2 * inter, gate_up_, stream);  // [n, 2*intermediate]
   marks->Mark(CudaStage::kMatmul);
   cuda::SiluMul(gate_up_, w.gate_bias, w.up_bias, n, inter, act_, stream);
@@ -477,13 +619,81 @@ void CudaDecoder::DeltaNet(const LayerWeights& w, const DeviceBatchView& v,
                          static_cast<int32_t>(la.conv_kernel), w.conv_w, bv, sv, conv_out_, stream);
   cuda::DeltaPrep(conv_out_, static_cast<int32_t>(n), nk, dk, nv, dv, qkv_ + conv_dim + value_dim,
                   gdn_width_, w.neg_exp_a, w.dt_bias, dq_, dk_, beta_, g_, stream);
-  cuda::GatedDeltaRule(dq_, dk_, conv_out_ + 2 * la.key_dim(), conv_dim, g_, beta_, nk, dk, nv, dv,
-                       bv, sv, core_, stream);
+  // Chunks of 64 rows where a sequence brings many (prefill); token by token otherwise.
+  auto rule = v.max_query_len >= kChunkedDeltaRuleMinRows ? cuda::GatedDeltaRuleChunked
+                                                          : cuda::GatedDeltaRule;
+  rule(dq_, dk_, conv_out_ + 2 * la.key_dim(), conv_dim, g_, beta_, nk, dk, nv, dv, bv, sv, core_,
+       stream);
   cuda::GatedRmsNormSilu(core_, qkv_ + conv_dim, gdn_width_, nv, n * nv, dv, w.gdn_norm,
                          static_cast<float>(c.rms_norm_eps), gdn_out_, stream);
   marks->Mark(CudaStage::kRecurrent);
   linear->Run(gdn_out_, n, value_dim, w.out_proj, c.hidden_size, tmp_, stream);  // [n, hidden]
   marks->Mark(CudaStage::kMatmul);
+}
+
+void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStream_t stream,
+                      cuda::LinearEngine* linear, CudaStageMarks* marks) {
+  const MoeConfig& m = c_.moe;
+  const int32_t n = v.n_tokens;
+  const int64_t hidden = c_.hidden_size;
+  const int32_t n_e = static_cast<int32_t>(m.n_experts), top_k = static_cast<int32_t>(m.top_k);
+  const int32_t inter = static_cast<int32_t>(m.expert_intermediate);
+  const int64_t shared_inter = m.shared_expert_intermediate;
+  const bool shared = w.shared_gate_up != nullptr;
+  // Router logits and, in the last column, the shared expert's gate logit.
+  linear->Run(xn_, n, hidden, w.router, router_width_, router_, stream);  // [n, router_width]
+  if (shared) {
+    linear->Run(xn_, n, hidden, w.shared_gate_up, 2 * shared_inter, gate_up_, stream);
+    marks->Mark(CudaStage::kMatmul);
+    cuda::SiluMul(gate_up_, nullptr, nullptr, n, shared_inter, act_, stream);
+    marks->Mark(CudaStage::kOther);
+    linear->Run(act_, n, shared_inter, w.shared_down, hidden, shared_out_, stream);  // [n, hidden]
+  }
+  marks->Mark(CudaStage::kMatmul);
+  cuda::MoeRoute(router_, router_width_, n, n_e, top_k, m.norm_topk_prob, routing_,
+                 moe_active_log_ + w.moe_index, stream);
+  const int32_t pairs = n * top_k;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KCUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (n >= kMoeGemmMinTokens && capture == cudaStreamCaptureStatusNone) {
+    // Many rows per expert (prefill): each routed expert's rows as one tensor-core GEMM. The
+    // row counts come back to the host first (one synchronisation per layer; eager steps only).
+    // Each expert's m is rounded up to a multiple of kMoeGemmRowAlign, so that few GEMM shapes
+    // (and cuBLASLt heuristic queries) occur: the extra rows belong to the next expert, which
+    // is computed after and overwrites them, or to the padding past the last.
+    std::vector<int32_t> begin(static_cast<size_t>(n_e) + 1);
+    KCUDA_CHECK(cudaMemcpyAsync(begin.data(), routing_.expert_begin, begin.size() * 4,
+                                cudaMemcpyDeviceToHost, stream));
+    KCUDA_CHECK(cudaStreamSynchronize(stream));
+    cuda::MoeGatherRows(xn_, routing_.rows, pairs, static_cast<int32_t>(hidden), expert_x_,
+                        stream);  // [pairs, hidden] in expert order
+    const size_t gu_stride = size_t(2) * inter * hidden, down_stride = size_t(hidden) * inter;
+    auto run_experts = [&](const __nv_bfloat16* x, int64_t k, const __nv_bfloat16* weights,
+                           size_t w_stride, int64_t n_out, float* y) {
+      for (int32_t e = 0; e < n_e; ++e) {
+        const int32_t m = begin[size_t(e) + 1] - begin[size_t(e)];
+        if (m == 0) continue;
+        const int32_t rows = (m + kMoeGemmRowAlign - 1) / kMoeGemmRowAlign * kMoeGemmRowAlign;
+        linear->RunCublasLt(x + int64_t{begin[size_t(e)]} * k, rows, k, weights + e * w_stride,
+                            n_out, y + int64_t{begin[size_t(e)]} * n_out, stream);
+      }
+    };
+    run_experts(expert_x_, hidden, w.experts_gate_up, gu_stride, 2 * inter, expert_gate_up_);
+    cuda::SiluMul(expert_gate_up_, nullptr, nullptr, pairs, inter, expert_act_, stream);
+    run_experts(expert_act_, inter, w.experts_down, down_stride, hidden, expert_out_);
+  } else {
+    // Few rows (decode; every graph-captured step): one grouped launch per GEMM that reads only
+    // the routed experts. A token picks an expert at most once; at most n * top_k get rows.
+    const int32_t max_active = std::min(n_e, pairs);
+    cuda::MoeLinear(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up,
+                    2 * inter, routing_, n, max_active, expert_gate_up_, stream);
+    cuda::SiluMul(expert_gate_up_, nullptr, nullptr, pairs, inter, expert_act_, stream);
+    cuda::MoeLinear(expert_act_, nullptr, inter, w.experts_down, static_cast<int32_t>(hidden),
+                    routing_, n, max_active, expert_out_, stream);  // [pairs, hidden]
+  }
+  cuda::MoeCombine(expert_out_, routing_, n, top_k, static_cast<int32_t>(hidden),
+                   shared ? shared_out_ : nullptr, router_ + n_e, router_width_, tmp_, stream);
+  marks->Mark(CudaStage::kMoe);
 }
 
 void CudaDecoder::Forward(const DeviceBatchView& v, int32_t lm_head_rows, const CudaKvPool& kv,

@@ -13,9 +13,15 @@
 // Layers supported here: softmax attention (GQA, q/k/v biases, QK-norm, sliding windows; the
 // gated attention of Qwen3.5 with partial RoPE and (1 + w) norms) and Gated DeltaNet layers
 // (Qwen3.5's separate in_proj_qkv / z / b / a, backends/cuda/deltanet.h, the delta rule in its
-// recurrent form for prefill and decode alike), each followed by a dense SwiGLU MLP: Llama,
-// Mistral, Qwen2, Qwen3, Qwen3.5. Mixture-of-experts layers and Qwen3-Next's fused projections
-// run on the CPU in this version; Create says so.
+// recurrent form for prefill and decode alike; Qwen3-Next's fused in_proj_qkvz / in_proj_ba are
+// re-laid into the same q|k|v|z|b|a rows at upload), each followed by a dense SwiGLU MLP or a
+// mixture of experts (backends/cuda/moe.h): Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Qwen3.5,
+// Qwen3.5-MoE, Qwen3-Next.
+//
+// A MoE channel mixer:  [router | shared-expert gate] GEMM -> shared expert (gate|up GEMM ->
+//   SiLU*up -> down GEMM) -> softmax top-k + counting sort by expert -> grouped gate|up GEMM over
+//   the routed experts only -> SiLU*up -> grouped down GEMM -> weighted sum per token
+//   (+ sigmoid(gate) * shared).
 //
 // A hybrid step:  [attention layer as above, with q|gate split and sigmoid(gate) * attention]
 //   or [add+RMSNorm -> fused in_proj GEMM (qkv | z | b | a) -> causal conv + SiLU (window from
@@ -30,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -37,6 +44,7 @@
 
 #include "backends/cuda/device_buffer.h"
 #include "backends/cuda/linear.h"
+#include "backends/cuda/moe.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "models/config.h"
@@ -74,6 +82,7 @@ class CudaWeightPlan {
   };
   // Offset of the group (its parts one after the other).
   size_t Place(std::initializer_list<const TensorView*> parts);
+  size_t Place(const std::vector<const TensorView*>& parts);
   // kNone when the first part is empty (an optional tensor the checkpoint lacks).
   size_t PlaceOptional(std::initializer_list<const TensorView*> parts);
   size_t total_bytes() const { return total_; }
@@ -85,7 +94,7 @@ class CudaWeightPlan {
 };
 
 // Stage timing the runner collects into ForwardStats (CUDA events; no-op unless profiling).
-enum class CudaStage { kAttention, kRecurrent, kMatmul, kOther };
+enum class CudaStage { kAttention, kRecurrent, kMatmul, kMoe, kOther };
 class CudaStageMarks {
  public:
   virtual ~CudaStageMarks() = default;
@@ -122,6 +131,12 @@ class CudaDecoder {
   // Decode rows the attention kernel's split-K workspace is sized for; larger pure-decode
   // batches take the prefill kernel, which needs none.
   static constexpr int32_t kMaxDecodeAttentionRows = 256;
+  // Steps with a sequence of at least this many rows take the chunked delta rule.
+  static constexpr int32_t kChunkedDeltaRuleMinRows = 32;
+  // MoE steps of at least this many tokens (not under graph capture) run each routed expert as
+  // one cuBLASLt GEMM, its row count rounded up to kMoeGemmRowAlign; fewer take MoeLinear.
+  static constexpr int32_t kMoeGemmMinTokens = 128;
+  static constexpr int32_t kMoeGemmRowAlign = 32;
 
   // Unsupported (one line, naming the layer and what it lacks) for layers this file does not
   // run, or weights other than BF16.
@@ -152,6 +167,11 @@ class CudaDecoder {
 
   int64_t n_attention_layers() const { return n_attention_layers_; }
   int64_t n_recurrent_layers() const { return n_recurrent_layers_; }
+  // MoE layers, the bytes of one routed expert (gate, up and down), and per MoE layer the
+  // number of experts the last Forward routed rows to (device array, [n_moe_layers]).
+  int64_t n_moe_layers() const { return n_moe_layers_; }
+  int64_t moe_expert_bytes() const;
+  const int32_t* moe_active_log() const { return moe_active_log_; }
 
  private:
   // Device pointers of one layer's weights (bf16, inside the runner's weight allocation).
@@ -181,10 +201,21 @@ class CudaDecoder {
     const float* neg_exp_a = nullptr;  // [nv] -exp(A_log)
     const float* dt_bias = nullptr;    // [nv]
     const float* gdn_norm = nullptr;   // [dv]
+    // MoE layers: router (n_experts (+1 shared-expert gate row), hidden); the experts one after
+    // the other, gate|up (n_experts, 2*moe_inter, hidden) and down (n_experts, hidden,
+    // moe_inter); the shared expert's gate|up (2*shared_inter, hidden) and down.
+    bool moe = false;
+    int64_t moe_index = 0;
+    const __nv_bfloat16* router = nullptr;
+    const __nv_bfloat16* experts_gate_up = nullptr;
+    const __nv_bfloat16* experts_down = nullptr;
+    const __nv_bfloat16* shared_gate_up = nullptr;
+    const __nv_bfloat16* shared_down = nullptr;
   };
   struct LayerOffsets {
     size_t input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, gate_bias,
-        up_bias, down, down_bias, in_proj, out_proj;
+        up_bias, down, down_bias, in_proj, out_proj, router, experts_gate_up, experts_down,
+        shared_gate_up, shared_down;
     size_t conv_w, neg_exp_a, dt_bias, gdn_norm;  // float offsets in small_host_
   };
 
@@ -196,13 +227,20 @@ class CudaDecoder {
                  cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks);
   void DeltaNet(const LayerWeights& w, const DeviceBatchView& v, const CudaStatePool& state,
                 cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks);
+  void Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStream_t stream,
+           cuda::LinearEngine* linear, CudaStageMarks* marks);
+  // Qwen3-Next's fused projections as row slices in q|k|v|z|b|a order (for PlanWeights).
+  std::vector<const TensorView*> FusedDeltaNetRows(const DeltaNetWeights& g);
 
   const ModelConfig& c_;
   const DecoderWeights& w_;  // host views (the runner keeps the checkpoint mapped)
   int64_t q_dim_ = 0, kv_dim_ = 0;
   int64_t qkv_width_ = 0;  // fused attention projection: (gated ? 2 : 1) * q_dim + 2 * kv_dim
   int64_t gdn_width_ = 0;  // fused Gated DeltaNet projection: conv_dim + value_dim + 2 * nv
-  int64_t n_attention_layers_ = 0, n_recurrent_layers_ = 0;
+  int64_t n_attention_layers_ = 0, n_recurrent_layers_ = 0, n_moe_layers_ = 0;
+  int64_t router_width_ = 0;     // n_experts (+1 with a shared expert: its gate's logit)
+  int64_t mlp_inter_ = 0;        // the widest dense / shared-expert MLP (gate_up_, act_)
+  std::deque<TensorView> slices_;  // row views that weight-plan pieces point at
   float norm_offset_ = 0.0f;       // 1 for (1 + w) norms
   std::vector<float> small_host_;  // f32 constants of the recurrent layers, uploaded to small_
   cuda::DeviceBuffer small_;
@@ -239,6 +277,15 @@ class CudaDecoder {
   float* g_ = nullptr;                // [n, nv]
   float* core_ = nullptr;             // [n, value_dim] delta-rule output
   __nv_bfloat16* gdn_out_ = nullptr;  // [n, value_dim] gated norm output (out_proj input)
+  // MoE (only when the model has MoE layers).
+  float* router_ = nullptr;               // [n, router_width]
+  cuda::MoeRouting routing_;              // [n * top_k] pairs, [n_experts (+1)] per expert
+  __nv_bfloat16* expert_x_ = nullptr;     // [n * top_k (+ align), hidden] gathered rows
+  float* expert_gate_up_ = nullptr;       // [n * top_k, 2 * moe_inter] permuted rows
+  __nv_bfloat16* expert_act_ = nullptr;   // [n * top_k, moe_inter]
+  float* expert_out_ = nullptr;           // [n * top_k, hidden]
+  float* shared_out_ = nullptr;           // [n, hidden]
+  int32_t* moe_active_log_ = nullptr;     // [n_moe_layers]
 };
 
 }  // namespace kestrel

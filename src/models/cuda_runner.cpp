@@ -140,10 +140,17 @@ void CudaRunner::DropGraphs() {
 }
 
 int64_t CudaRunner::decode_weight_bytes() const {
-  // Every weight is read once per step except the embedding table, of which one row is.
+  // Every weight is read once per step except the embedding table, of which one row is, and
+  // the routed experts, of which a one-token step reads top_k per MoE layer.
   const int64_t row = config_.hidden_size * 2;
   const int64_t embed = config_.vocab_size * row;
-  return config_.tie_word_embeddings ? weight_bytes_ + row : weight_bytes_ - embed + row;
+  return (config_.tie_word_embeddings ? weight_bytes_ + row : weight_bytes_ - embed + row) -
+         unrouted_expert_bytes(config_.moe.top_k);
+}
+
+int64_t CudaRunner::unrouted_expert_bytes(int64_t routed_per_layer) const {
+  return decoder_->n_moe_layers() * (config_.moe.n_experts - routed_per_layer) *
+         decoder_->moe_expert_bytes();
 }
 
 Status CudaRunner::Upload(bool show_progress) {
@@ -607,6 +614,9 @@ void CudaRunner::CollectProfile() {
       case CudaStage::kMatmul:
         stats_.matmul_s += s;
         break;
+      case CudaStage::kMoe:
+        stats_.moe_s += s;
+        break;
       case CudaStage::kOther:
         stats_.other_s += s;
         break;
@@ -726,9 +736,20 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
                                 cudaMemcpyDeviceToHost, stream_));
     KCUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  // Bytes for the roofline: every layer's weights once, plus the embedding rows gathered; in
+  // MoE layers the experts the step routed rows to (counted on the device; read back when
+  // profiling, else the one-token figure).
+  int64_t weight_bytes = decode_weight_bytes();
+  if (profiling_ && decoder_->n_moe_layers() > 0) {
+    std::vector<int32_t> active(static_cast<size_t>(decoder_->n_moe_layers()));
+    KCUDA_CHECK(cudaMemcpyAsync(active.data(), decoder_->moe_active_log(), active.size() * 4,
+                                cudaMemcpyDeviceToHost, stream_));
+    KCUDA_CHECK(cudaStreamSynchronize(stream_));
+    weight_bytes += unrouted_expert_bytes(c.moe.top_k);
+    for (int32_t a : active) weight_bytes -= (c.moe.n_experts - a) * decoder_->moe_expert_bytes();
+  }
   CollectProfile();  // synchronises when profiling
-  // Bytes for the roofline: every layer's weights once, plus the embedding rows gathered.
-  stats_.weight_bytes_read += decode_weight_bytes() + (int64_t{n} - 1) * c.hidden_size * 2;
+  stats_.weight_bytes_read += weight_bytes + (int64_t{n} - 1) * c.hidden_size * 2;
   stats_.state_bytes += 2 * int64_t{n_seqs} * cache_spec_.state_bytes_per_slot();
   stats_.n_forwards += 1;
   stats_.n_tokens += n;

@@ -63,6 +63,12 @@ struct ModelLoadOptions {
   // snapshots, so no prefix caching of such models).
   int32_t max_num_seqs = 64;
   int64_t state_snapshot_bytes = -1;
+  // CPU: round to bf16 what the CUDA path keeps in bf16 (every GEMM input, the rotated queries,
+  // the K/V cache entries), everything else unchanged. For checking the GPU path against the CPU
+  // with the same roundings: a mixture-of-experts router reacts to a bf16 rounding of its input
+  // by picking another expert wherever two are nearly tied, so the f32 CPU is no close reference
+  // for the GPU there (tests/cuda/model_cuda_test.cpp).
+  bool bf16_activations = false;
 };
 
 inline constexpr int64_t kDefaultStateSnapshotBytes = int64_t{1} << 30;
@@ -76,7 +82,8 @@ inline constexpr int64_t kDefaultKvBudgetBytes = int64_t{4} << 30;
 struct ForwardStats {
   double attention_s = 0;         // K/V writes + paged attention
   double recurrent_s = 0;         // Gated DeltaNet: conv, gates, delta rule, gated norm
-  double matmul_s = 0;            // linear layers (experts included), LM head included
+  double matmul_s = 0;            // linear layers (CPU: experts included), LM head included
+  double moe_s = 0;               // CUDA: routing, the routed experts' GEMMs, their weighted sum
   double other_s = 0;             // embedding, norms, RoPE, SiLU, residual adds, gathers, routing
   int64_t weight_bytes_read = 0;  // weight bytes the linear layers and the embedding gather read
                                   // (MoE layers: only the experts the tokens were routed to)

@@ -35,6 +35,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr double kRangeTolerance = 2e-2;
+// CUDA against the CPU run with the same bf16 roundings (ModelLoadOptions::bf16_activations):
+// what is left is the order of f32 sums and ties at bf16 rounding boundaries.
+constexpr double kEmulatedTolerance = 1e-2;
+constexpr double kMoeTieShare = 0.05;
+constexpr double kMoeTieTolerance = 0.1;
 constexpr double kMarginFloor = 0.1;
 
 std::unique_ptr<Model> LoadCuda(const std::string& dir, int64_t kv_tokens) {
@@ -74,15 +79,8 @@ TEST(CudaModel, FixturesMatchTransformers) {
     if (!fs::exists(entry.path() / "reference.json")) continue;
     const std::string dir = entry.path().string();
     SCOPED_TRACE(dir);
-    // MoE layers and Qwen3-Next's fused Gated DeltaNet projections run on the CPU only in this
-    // version (CudaDecoder::Create refuses them; tests/model/load_test.cpp checks the message).
     Result<ModelConfig> config = LoadModelConfig(dir);
     ASSERT_TRUE(config.ok()) << config.status().message();
-    if (config->has_moe() || config->linear.fused_projections) {
-      std::printf("cuda fixture %s: skipped (MoE / fused projections run on the CPU)\n",
-                  dir.c_str());
-      continue;
-    }
     ++n_fixtures;
     std::ifstream ref_file(dir + "/reference.json");
     const json ref = json::parse(ref_file);
@@ -99,24 +97,55 @@ TEST(CudaModel, FixturesMatchTransformers) {
     // The hybrid fixtures (random Gated DeltaNet layers, randomised norms) amplify the bf16
     // rounding of GEMM inputs: the CPU path with its GEMM inputs rounded to bf16 lands at
     // 0.049 of the range on them (measured), the dense fixtures at 0.004-0.006.
+    //
+    // MoE fixtures: the tiny random routers have nearly tied experts everywhere, and a bf16
+    // rounding of the router's input picks the other expert of a near-tie. Measured on the CPU
+    // with ModelLoadOptions::bf16_activations (the CUDA path's roundings, nothing else): 0.54 of
+    // the range on qwen3_5_moe, 0.23 on qwen3_next, 0.056 on qwen3_moe, against 1e-5 in f32.
+    // So against transformers these fixtures are reported, not asserted position by position;
+    // the assertion for every fixture is against that CPU run with the same roundings
+    // (kEmulatedTolerance), where a kernel bug shows: the dense and hybrid fixtures agree with it
+    // to 0.0084 of the range at every position (measured). MoE fixtures still meet an occasional
+    // router near-tie that the remaining f32-order differences tip (measured on the H200: 1, 5
+    // and 8 of 331 positions beyond kEmulatedTolerance on qwen3_5_moe, qwen3_next, qwen3_moe, the
+    // worst at 0.045); they may have up to kMoeTieShare of their positions beyond it, none beyond
+    // kMoeTieTolerance, where a wrong expert weight or combine would move every position.
+    const bool moe = config->has_moe();
     const double tolerance =
-        config->n_layers_of(LayerType::kLinearAttention) > 0 ? 6e-2 : kRangeTolerance;
+        config->n_layers_of(LayerType::kLinearAttention) > 0 || moe ? 6e-2 : kRangeTolerance;
     std::unique_ptr<Model> model = LoadCuda(dir, 512);
+    ModelLoadOptions cpu_opts;
+    cpu_opts.kv_cache_tokens = 512;
+    cpu_opts.bf16_activations = true;
+    Result<std::unique_ptr<Model>> emulated = Model::Load(dir, cpu_opts);
+    ASSERT_TRUE(emulated.ok()) << emulated.status().message();
     const int64_t vocab = model->config().vocab_size;
     size_t offset = 0;
-    double worst = 0;
-    int n_exact = 0, n_near_ties = 0;
+    double worst = 0, worst_emulated = 0;
+    int n_exact = 0, n_near_ties = 0, n_outside = 0, n_positions = 0, n_ties = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
       SCOPED_TRACE("prompt " + std::to_string(i));
       testing::SeqRunner runner(model.get(), ReversedBlocks(*model));
       const int seq = runner.AddSequence(prompts[i]);
       const auto out = runner.Step({{seq, static_cast<int64_t>(prompts[i].size())}});
+      testing::SeqRunner cpu_runner(emulated->get(), ReversedBlocks(**emulated));
+      const int cpu_seq = cpu_runner.AddSequence(prompts[i]);
+      const auto cpu_out = cpu_runner.Step({{cpu_seq, static_cast<int64_t>(prompts[i].size())}});
       for (size_t p = 0; p < prompts[i].size(); ++p) {
         const std::vector<float> want(golden.begin() + offset + p * vocab,
                                       golden.begin() + offset + (p + 1) * vocab);
         const double range = testing::Range(want);
         const double diff = testing::MaxAbsDiff(out[0][p], want);
         worst = std::max(worst, diff / range);
+        ++n_positions;
+        if (diff > tolerance * range) ++n_outside;
+        const double emulated_range = testing::Range(cpu_out[0][p]);
+        const double emulated_diff = testing::MaxAbsDiff(out[0][p], cpu_out[0][p]);
+        worst_emulated = std::max(worst_emulated, emulated_diff / emulated_range);
+        if (emulated_diff > kEmulatedTolerance * emulated_range) ++n_ties;
+        EXPECT_LE(emulated_diff, (moe ? kMoeTieTolerance : kEmulatedTolerance) * emulated_range)
+            << "position " << p << " against the CPU with bf16 roundings";
+        if (moe) continue;
         EXPECT_LE(diff, tolerance * range) << "position " << p;
         if (TopMargin(want) > 2 * tolerance * range) {
           EXPECT_EQ(testing::Argmax(out[0][p]), testing::Argmax(want)) << "position " << p;
@@ -145,12 +174,16 @@ TEST(CudaModel, FixturesMatchTransformers) {
         last = runner.Step({{seq, 1}})[0][0];
       }
     }
+    EXPECT_LE(n_ties, moe ? kMoeTieShare * n_positions : 0.0)
+        << "positions beyond the tolerance against the CPU with bf16 roundings";
     std::printf(
-        "cuda fixture %s: max |delta logit| / range = %.3g; greedy steps %d exact, %d "
+        "cuda fixture %s: max |delta logit| / range = %.3g (%d of %d positions beyond %.3g), "
+        "against the CPU with bf16 roundings %.3g (%d beyond %.3g); greedy steps %d exact, %d "
         "near-ties\n",
-        dir.c_str(), worst, n_exact, n_near_ties);
+        dir.c_str(), worst, n_outside, n_positions, tolerance, worst_emulated, n_ties,
+        kEmulatedTolerance, n_exact, n_near_ties);
   }
-  EXPECT_GE(n_fixtures, 8);  // the 6 dense ones and the Qwen3.5 hybrids
+  EXPECT_GE(n_fixtures, 11);  // dense, Qwen3.5 hybrids, Qwen3-MoE, Qwen3.5-MoE, Qwen3-Next
 }
 
 TEST(CudaModel, KestrelTinyGreedyMatchesTransformers) {

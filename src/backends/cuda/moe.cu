@@ -1,0 +1,396 @@
+// Mixture-of-experts kernels (moe.h).
+#include "backends/cuda/moe.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/pdl.cuh"
+#include "core/check.h"
+
+namespace kestrel::cuda {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Routing: one warp per token.
+constexpr int kRouteWarps = 8;
+constexpr int kPerLane = kMoeMaxExperts / 32;  // expert e lives in lane e % 32, slot e / 32
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Softmax over the token's n_experts logits, then top_k picks of the largest probability (the
+// lower expert id on ties). Probabilities are >= 0; a picked expert is marked -2 and a NaN
+// probability counts as -0.5, so a broken row still yields k distinct valid experts.
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    MoeTopKKernel(const float* __restrict__ logits, int64_t stride, int n, int n_experts,
+                  int top_k, bool norm_topk, int32_t* __restrict__ ids, float* __restrict__ w) {
+  PdlWait();
+  const int lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kRouteWarps + threadIdx.x / 32;
+  if (t >= n) return;
+  const float* row = logits + static_cast<int64_t>(t) * stride;
+  float p[kPerLane];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = i * 32 + lane;
+    p[i] = e < n_experts ? row[e] : -INFINITY;
+    mx = fmaxf(mx, p[i]);
+  }
+  mx = WarpMax(mx);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = i * 32 + lane;
+    p[i] = e < n_experts ? expf(p[i] - mx) : 0.0f;
+    sum += p[i];
+  }
+  sum = WarpSum(sum);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) p[i] = p[i] / sum;
+
+  float top_sum = 0.0f;
+  for (int j = 0; j < top_k; ++j) {
+    float bv = -1.0f;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = i * 32 + lane;
+      const float v = p[i] != p[i] ? -0.5f : p[i];
+      if (e < n_experts && v > bv) {  // ascending e: strict > keeps the lower id on ties
+        bv = v;
+        bi = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (i * 32 + lane == bi) p[i] = -2.0f;
+    }
+    const float prob = fmaxf(bv, 0.0f);
+    if (lane == 0) {
+      ids[t * top_k + j] = bi;
+      w[t * top_k + j] = prob;
+    }
+    top_sum += prob;  // the same sequence of adds as the CPU's loop over j
+  }
+  if (norm_topk && lane == 0) {
+    for (int j = 0; j < top_k; ++j) w[t * top_k + j] = w[t * top_k + j] / top_sum;
+  }
+}
+
+// Counting sort of the n*top_k (token, j) pairs by expert, in one block.
+constexpr int kAlignThreads = 1024;
+
+__global__ void __launch_bounds__(kAlignThreads)
+    MoeAlignKernel(const int32_t* __restrict__ ids, int total, int top_k, int n_experts,
+                   int32_t* __restrict__ expert_begin, int32_t* __restrict__ active,
+                   int32_t* __restrict__ n_active, int32_t* __restrict__ rows,
+                   int32_t* __restrict__ pos, int32_t* __restrict__ active_log) {
+  __shared__ int32_t count[kMoeMaxExperts];
+  __shared__ int32_t fill[kMoeMaxExperts];
+  PdlWait();
+  const int tid = threadIdx.x;
+  for (int e = tid; e < n_experts; e += kAlignThreads) count[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < total; i += kAlignThreads) atomicAdd(&count[ids[i]], 1);
+  __syncthreads();
+  if (tid < 32) {
+    // Lane l scans experts [l * per, (l + 1) * per); a warp scan joins the lanes.
+    const int lane = tid;
+    const int per = (n_experts + 31) / 32;
+    const int e0 = min(lane * per, n_experts), e1 = min(e0 + per, n_experts);
+    int rows_here = 0, active_here = 0;
+    for (int e = e0; e < e1; ++e) {
+      rows_here += count[e];
+      active_here += count[e] > 0 ? 1 : 0;
+    }
+    int rows_incl = rows_here, active_incl = active_here;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int a = __shfl_up_sync(0xffffffffu, rows_incl, o);
+      const int b = __shfl_up_sync(0xffffffffu, active_incl, o);
+      if (lane >= o) {
+        rows_incl += a;
+        active_incl += b;
+      }
+    }
+    int r = rows_incl - rows_here, a = active_incl - active_here;
+    for (int e = e0; e < e1; ++e) {
+      expert_begin[e] = r;
+      fill[e] = r;
+      if (count[e] > 0) active[a++] = e;
+      r += count[e];
+    }
+    if (lane == 31) {
+      expert_begin[n_experts] = rows_incl;
+      *n_active = active_incl;
+      if (active_log != nullptr) *active_log = active_incl;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < total; i += kAlignThreads) {
+    const int p = atomicAdd(&fill[ids[i]], 1);
+    rows[p] = i / top_k;
+    pos[i] = p;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grouped skinny GEMM: the design, k permutation and batch invariance of SkinnyLinearKernel
+// (linear.cu), with blockIdx.y naming a routed expert and the token rows gathered.
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerBlock = 16;
+constexpr int kChunksPerStep = 4;
+constexpr int kVecsPerChunk = 4;
+constexpr int kVecsPerStep = kChunksPerStep * kVecsPerChunk;
+constexpr int kReducePad = 4;
+
+__device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int kMTiles>
+__global__ void __launch_bounds__(kThreads)
+    MoeSkinnyKernel(const __nv_bfloat16* __restrict__ x,  // [*, k]
+                    const int32_t* __restrict__ x_rows,   // [n * top_k] or null
+                    int k,
+                    const __nv_bfloat16* __restrict__ w,  // [n_experts, n, k]
+                    int n, const int32_t* __restrict__ expert_begin,
+                    const int32_t* __restrict__ active, const int32_t* __restrict__ n_active,
+                    float* __restrict__ y) {  // [n * top_k, n]
+  __shared__ float partial[kWarps][kMTiles * 8][kRowsPerBlock + kReducePad];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int n0 = blockIdx.x * kRowsPerBlock;
+  const int k_vecs = k / 8;
+  PdlWait();
+  if (static_cast<int>(blockIdx.y) >= *n_active) return;
+  const int e = active[blockIdx.y];
+  const int first = expert_begin[e];
+  const int m_e = expert_begin[e + 1] - first;
+
+  const bool lo_ok = n0 + g < n;
+  const bool hi_ok = n0 + g + 8 < n;
+  const uint4* we = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(e) * n * k_vecs;
+  const uint4* w_lo = we + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k_vecs;
+  const uint4* w_hi = we + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k_vecs;
+  const uint4* xv4 = reinterpret_cast<const uint4*>(x);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const int n_steps = (k_vecs + kVecsPerStep - 1) / kVecsPerStep;
+
+  for (int r0 = 0; r0 < m_e; r0 += kMTiles * 8) {
+    const int m = min(m_e - r0, kMTiles * 8);
+    // Token row g of each column tile (null past m).
+    const uint4* x_t[kMTiles];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      const int row = mt * 8 + g;
+      const int r = first + r0 + row;
+      x_t[mt] = row < m ? xv4 + static_cast<int64_t>(x_rows != nullptr ? x_rows[r] : r) * k_vecs
+                        : nullptr;
+    }
+    float acc[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mt][q] = 0.0f;
+    }
+    for (int step = warp; step < n_steps; step += kWarps) {
+      uint4 w_lo_v[kChunksPerStep], w_hi_v[kChunksPerStep];
+#pragma unroll
+      for (int c = 0; c < kChunksPerStep; ++c) {
+        const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
+        const bool in_k = v < k_vecs;
+        w_lo_v[c] = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
+        w_hi_v[c] = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
+      }
+#pragma unroll
+      for (int c = 0; c < kChunksPerStep; ++c) {
+        const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
+        const bool in_k = v < k_vecs;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          if (mt * 8 >= m) break;  // uniform across the block
+          const uint4 xv = (in_k && x_t[mt] != nullptr) ? __ldg(x_t[mt] + v) : zero;
+          MmaBf16(acc[mt], w_lo_v[c].x, w_hi_v[c].x, w_lo_v[c].y, w_hi_v[c].y, xv.x, xv.y);
+          MmaBf16(acc[mt], w_lo_v[c].z, w_hi_v[c].z, w_lo_v[c].w, w_hi_v[c].w, xv.z, xv.w);
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        partial[warp][mt * 8 + 2 * t + (q & 1)][g + 8 * (q >> 1)] = acc[mt][q];
+      }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kMTiles * 8 * kRowsPerBlock; i += kThreads) {
+      const int token = i / kRowsPerBlock;
+      const int col = n0 + i % kRowsPerBlock;
+      if (token < m && col < n) {
+        float sum = partial[0][token][i % kRowsPerBlock];
+#pragma unroll
+        for (int wi = 1; wi < kWarps; ++wi) sum += partial[wi][token][i % kRowsPerBlock];
+        y[static_cast<int64_t>(first + r0 + token) * n + col] = sum;
+      }
+    }
+    __syncthreads();  // partial is rewritten by the next pass
+  }
+}
+
+template <int kMTiles>
+void LaunchMoeSkinny(const __nv_bfloat16* x, const int32_t* x_rows, int k, const __nv_bfloat16* w,
+                     int n, const MoeRouting& r, int max_active, float* y, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>(max_active));
+  LaunchPdl(&MoeSkinnyKernel<kMTiles>, grid, dim3(kThreads), 0, stream, x, x_rows, k, w, n,
+            static_cast<const int32_t*>(r.expert_begin), static_cast<const int32_t*>(r.active),
+            static_cast<const int32_t*>(r.n_active), y);
+}
+
+// ---------------------------------------------------------------------------------------------
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads)
+    MoeCombineKernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
+                     const float* __restrict__ wts, const int32_t* __restrict__ pos, int top_k,
+                     int hidden, const float* __restrict__ shared,
+                     const float* __restrict__ shared_gate, int64_t gate_stride,
+                     float* __restrict__ out) {
+  __shared__ int32_t order[kMoeMaxTopK];
+  PdlWait();
+  const int t = blockIdx.x;
+  const int64_t base = static_cast<int64_t>(t) * top_k;
+  if (threadIdx.x == 0) {  // the token's choices by increasing expert id (insertion sort)
+    for (int j = 0; j < top_k; ++j) {
+      int i = j;
+      while (i > 0 && ids[base + order[i - 1]] > ids[base + j]) {
+        order[i] = order[i - 1];
+        --i;
+      }
+      order[i] = j;
+    }
+  }
+  __syncthreads();
+  const float gate =
+      shared != nullptr ? 1.0f / (1.0f + expf(-shared_gate[t * gate_stride])) : 0.0f;
+  for (int h = threadIdx.x; h < hidden; h += kCombineThreads) {
+    float acc = 0.0f;
+    for (int jj = 0; jj < top_k; ++jj) {
+      const int j = order[jj];
+      acc = __fadd_rn(acc, __fmul_rn(y[static_cast<int64_t>(pos[base + j]) * hidden + h],
+                                     wts[base + j]));
+    }
+    if (shared != nullptr) {
+      acc = __fadd_rn(acc, __fmul_rn(gate, shared[static_cast<int64_t>(t) * hidden + h]));
+    }
+    out[static_cast<int64_t>(t) * hidden + h] = acc;
+  }
+}
+
+__global__ void MoeGatherKernel(const uint4* __restrict__ x, const int32_t* __restrict__ rows,
+                                int pairs, int k_vecs, uint4* __restrict__ out) {
+  PdlWait();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(pairs) * k_vecs) return;
+  const int64_t r = i / k_vecs, c = i % k_vecs;
+  out[i] = x[static_cast<int64_t>(rows[r]) * k_vecs + c];
+}
+
+}  // namespace
+
+void MoeGatherRows(const __nv_bfloat16* x, const int32_t* rows, int32_t pairs, int32_t k,
+                   __nv_bfloat16* out, cudaStream_t stream) {
+  KCHECK(k % 8 == 0 && pairs >= 1);
+  const int64_t total = static_cast<int64_t>(pairs) * (k / 8);
+  LaunchPdl(&MoeGatherKernel, dim3(static_cast<unsigned>((total + 255) / 256)), dim3(256), 0,
+            stream, reinterpret_cast<const uint4*>(x), rows, static_cast<int>(pairs),
+            static_cast<int>(k / 8), reinterpret_cast<uint4*>(out));
+  KCUDA_CHECK_LAUNCH();
+}
+
+void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_experts,
+              int32_t top_k, bool norm_topk_prob, const MoeRouting& r, int32_t* active_log,
+              cudaStream_t stream) {
+  KCHECK(n >= 1 && n_experts >= 1 && n_experts <= kMoeMaxExperts);
+  KCHECK(top_k >= 1 && top_k <= n_experts && top_k <= kMoeMaxTopK);
+  KCHECK(logits_stride >= n_experts);
+  const unsigned blocks = static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps);
+  LaunchPdl(&MoeTopKKernel, dim3(blocks), dim3(kRouteWarps * 32), 0, stream, logits,
+            logits_stride, static_cast<int>(n), static_cast<int>(n_experts),
+            static_cast<int>(top_k), norm_topk_prob, r.topk_ids, r.topk_w);
+  KCUDA_CHECK_LAUNCH();
+  LaunchPdl(&MoeAlignKernel, dim3(1), dim3(kAlignThreads), 0, stream,
+            static_cast<const int32_t*>(r.topk_ids), static_cast<int>(n * top_k),
+            static_cast<int>(top_k), static_cast<int>(n_experts), r.expert_begin, r.active,
+            r.n_active, r.rows, r.pos, active_log);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const __nv_bfloat16* w,
+               int32_t n_out, const MoeRouting& r, int32_t max_rows_per_expert,
+               int32_t max_active, float* y, cudaStream_t stream) {
+  KCHECK(k > 0 && k % 8 == 0 && n_out > 0 && max_rows_per_expert >= 1 && max_active >= 1);
+  KCHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0);
+  switch ((std::min<int32_t>(max_rows_per_expert, 64) + 7) / 8) {
+    case 1: LaunchMoeSkinny<1>(x, x_rows, k, w, n_out, r, max_active, y, stream); break;
+    case 2: LaunchMoeSkinny<2>(x, x_rows, k, w, n_out, r, max_active, y, stream); break;
+    case 3:
+    case 4: LaunchMoeSkinny<4>(x, x_rows, k, w, n_out, r, max_active, y, stream); break;
+    default: LaunchMoeSkinny<8>(x, x_rows, k, w, n_out, r, max_active, y, stream); break;
+  }
+  KCUDA_CHECK_LAUNCH();
+}
+
+void MoeCombine(const float* y, const MoeRouting& r, int32_t n, int32_t top_k, int32_t hidden,
+                const float* shared, const float* shared_gate, int64_t shared_gate_stride,
+                float* out, cudaStream_t stream) {
+  KCHECK(n >= 1 && top_k >= 1 && top_k <= kMoeMaxTopK && hidden >= 1);
+  LaunchPdl(&MoeCombineKernel, dim3(static_cast<unsigned>(n)), dim3(kCombineThreads), 0, stream,
+            y, static_cast<const int32_t*>(r.topk_ids), static_cast<const float*>(r.topk_w),
+            static_cast<const int32_t*>(r.pos), static_cast<int>(top_k), static_cast<int>(hidden),
+            shared, shared_gate, shared_gate_stride, out);
+  KCUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kestrel::cuda

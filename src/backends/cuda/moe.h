@@ -1,0 +1,76 @@
+// Mixture-of-experts layers on the GPU (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE), in four launches
+// that need nothing from the host between them, so a decode step stays one CUDA graph:
+//
+//   MoeRoute     router logits [n, stride] f32 -> per token softmax over the experts, top-k (ties
+//                to the lower expert id, as the CPU's partial_sort), optional renormalisation of
+//                the k probabilities; then the token rows grouped by expert: expert_begin, the
+//                list of experts that got rows, each permuted row's token and each (token, j)'s
+//                permuted row.
+//   MoeLinear    y[r, :] = x[row(r), :] . W_e^T for every permuted row r of every routed expert
+//                e: a grouped form of the skinny tensor-core kernel (linear.h) in which a block
+//                owns 16 rows of one expert's matrix and streams them once for up to 64 of that
+//                expert's token rows per pass. Only the experts that received tokens are read:
+//                a batch-1 decode step reads top_k experts per layer, not all of them.
+//   (SiluMul of activation.h between the two expert GEMMs, on the n*top_k permuted rows.)
+//   MoeCombine   out[t, :] = sum over the token's experts in increasing expert id of
+//                w_j * y[pos(t, j), :]  (+ sigmoid(shared_gate[t]) * shared[t, :]),
+//                the order cpu_decoder.cpp adds them in.
+//
+// Determinism: the counting sort places rows with atomics, so the order of one expert's rows may
+// differ between runs, but no value depends on it: MoeLinear computes each row from that row's x
+// alone with a fixed k split (as SkinnyLinear), and MoeCombine sums in a fixed order. So the
+// outputs are bitwise reproducible.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kestrel::cuda {
+
+// The largest expert count MoeRoute handles (a warp holds a token's probabilities, 16 per lane).
+inline constexpr int32_t kMoeMaxExperts = 512;
+inline constexpr int32_t kMoeMaxTopK = 32;
+
+// Device arrays of one layer's routing (reused by every MoE layer of a step).
+struct MoeRouting {
+  int32_t* topk_ids = nullptr;      // [n, top_k] expert of the token's j-th choice
+  float* topk_w = nullptr;          // [n, top_k] its weight
+  int32_t* expert_begin = nullptr;  // [n_experts + 1] first permuted row of each expert
+  int32_t* active = nullptr;        // [n_experts] experts with rows, increasing; then unused
+  int32_t* n_active = nullptr;      // [1]
+  int32_t* rows = nullptr;          // [n * top_k] token of each permuted row
+  int32_t* pos = nullptr;           // [n * top_k] permuted row of (token, j)
+};
+
+// logits: [n, logits_stride] f32, the router's n_experts columns first. n >= 1,
+// 1 <= top_k <= min(n_experts, kMoeMaxTopK), n_experts <= kMoeMaxExperts. When active_log is not
+// null, the number of experts that received rows is also written to *active_log (statistics:
+// expert bytes a step actually reads).
+void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_experts,
+              int32_t top_k, bool norm_topk_prob, const MoeRouting& r, int32_t* active_log,
+              cudaStream_t stream);
+
+// y[r, :n_out] = x[x_row(r), :k] . W_e[n_out, k]^T for every permuted row r of each routed
+// expert e, where W_e = w + e * n_out * k (experts stored one after the other, row-major) and
+// x_row(r) = x_rows[r] (gather; the token rows) or r when x_rows is null (already permuted).
+// max_rows_per_expert bounds any expert's row count (the token count: a token picks an expert
+// at most once); it sets the column tiles per pass. max_active bounds the routed experts
+// (min(n_experts, n * top_k)); it sizes the grid. k a multiple of 8, x and w 16-byte aligned.
+void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const __nv_bfloat16* w,
+               int32_t n_out, const MoeRouting& r, int32_t max_rows_per_expert,
+               int32_t max_active, float* y, cudaStream_t stream);
+
+// out[r, :] = x[rows[r], :] for r < pairs (the routed rows in expert order, as one matrix for
+// per-expert GEMMs). k a multiple of 8, pointers 16-byte aligned.
+void MoeGatherRows(const __nv_bfloat16* x, const int32_t* rows, int32_t pairs, int32_t k,
+                   __nv_bfloat16* out, cudaStream_t stream);
+
+// out[t, :hidden] = sum_j topk_w[t, j] * y[pos[t, j], :] over j by increasing expert id, then
+// + sigmoid(shared_gate[t * shared_gate_stride]) * shared[t, :] when shared is not null.
+void MoeCombine(const float* y, const MoeRouting& r, int32_t n, int32_t top_k, int32_t hidden,
+                const float* shared, const float* shared_gate, int64_t shared_gate_stride,
+                float* out, cudaStream_t stream);
+
+}  // namespace kestrel::cuda
