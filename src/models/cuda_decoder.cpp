@@ -14,6 +14,7 @@
 #include "backends/cuda/deltanet.h"
 #include "backends/cuda/embedding.h"
 #include "backends/cuda/moe.h"
+#include "backends/cuda/moe_gemm.h"
 #include "backends/cuda/norm.h"
 #include "backends/cuda/rope.h"
 #include "core/check.h"
@@ -363,8 +364,8 @@ namespace {
 struct ActivationLayout {
   size_t x, xn, qkv, q, attn, tmp, gate_up, act, x_final, logits, workspace, workspace_bytes;
   size_t gate, conv_out, dq, dk, beta, g, core, gdn_out;
-  size_t router, topk_ids, topk_w, expert_begin, active, n_active, rows, pos, expert_x, expert_gate_up,
-      expert_act, expert_out, shared_out, active_log, total;
+  size_t router, topk_ids, topk_w, expert_begin, active, n_active, rows, pos, tile_begin,
+      expert_gate_up, expert_act, expert_out, shared_out, active_log, total;
 };
 
 // Widths the layout needs beyond the config.
@@ -424,12 +425,10 @@ ActivationLayout Layout(const ModelConfig& c, const LayoutDims& d, int32_t n_tok
   l.n_active = reserve(moe ? 4 : 0);
   l.rows = reserve(pairs * 4);
   l.pos = reserve(pairs * 4);
-  // The per-expert GEMMs' rounded-up row counts reach up to kMoeGemmRowAlign rows past the end.
-  const int64_t padded = moe ? pairs + CudaDecoder::kMoeGemmRowAlign : 0;
-  l.expert_x = reserve(padded * hidden * 2);
-  l.expert_gate_up = reserve(padded * 2 * c.moe.expert_intermediate * 4);
-  l.expert_act = reserve(padded * c.moe.expert_intermediate * 2);
-  l.expert_out = reserve(padded * hidden * 4);
+  l.expert_gate_up = reserve(pairs * 2 * c.moe.expert_intermediate * 4);
+  l.expert_act = reserve(pairs * c.moe.expert_intermediate * 2);
+  l.expert_out = reserve(pairs * hidden * 4);
+  l.tile_begin = reserve(moe ? (experts + 1) * 4 : 0);
   l.shared_out = reserve(moe && c.moe.shared_expert_intermediate > 0 ? n * hidden * 4 : 0);
   l.active_log = reserve(d.n_moe_layers * 4);
   l.total = total;
@@ -478,7 +477,7 @@ void CudaDecoder::BindActivations(uint8_t* b, int32_t n_tokens, int32_t n_logits
   routing_.n_active = reinterpret_cast<int32_t*>(b + l.n_active);
   routing_.rows = reinterpret_cast<int32_t*>(b + l.rows);
   routing_.pos = reinterpret_cast<int32_t*>(b + l.pos);
-  expert_x_ = reinterpret_cast<__nv_bfloat16*>(b + l.expert_x);
+  routing_.tile_begin = reinterpret_cast<int32_t*>(b + l.tile_begin);
   expert_gate_up_ = reinterpret_cast<float*>(b + l.expert_gate_up);
   expert_act_ = reinterpret_cast<__nv_bfloat16*>(b + l.expert_act);
   expert_out_ = reinterpret_cast<float*>(b + l.expert_out);
@@ -653,37 +652,22 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
   cuda::MoeRoute(router_, router_width_, n, n_e, top_k, m.norm_topk_prob, routing_,
                  moe_active_log_ + w.moe_index, stream);
   const int32_t pairs = n * top_k;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  KCUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (n >= kMoeGemmMinTokens && capture == cudaStreamCaptureStatusNone) {
-    // Many rows per expert (prefill): each routed expert's rows as one tensor-core GEMM. The
-    // row counts come back to the host first (one synchronisation per layer; eager steps only).
-    // Each expert's m is rounded up to a multiple of kMoeGemmRowAlign, so that few GEMM shapes
-    // (and cuBLASLt heuristic queries) occur: the extra rows belong to the next expert, which
-    // is computed after and overwrites them, or to the padding past the last.
-    std::vector<int32_t> begin(static_cast<size_t>(n_e) + 1);
-    KCUDA_CHECK(cudaMemcpyAsync(begin.data(), routing_.expert_begin, begin.size() * 4,
-                                cudaMemcpyDeviceToHost, stream));
-    KCUDA_CHECK(cudaStreamSynchronize(stream));
-    cuda::MoeGatherRows(xn_, routing_.rows, pairs, static_cast<int32_t>(hidden), expert_x_,
-                        stream);  // [pairs, hidden] in expert order
-    const size_t gu_stride = size_t(2) * inter * hidden, down_stride = size_t(hidden) * inter;
-    auto run_experts = [&](const __nv_bfloat16* x, int64_t k, const __nv_bfloat16* weights,
-                           size_t w_stride, int64_t n_out, float* y) {
-      for (int32_t e = 0; e < n_e; ++e) {
-        const int32_t m = begin[size_t(e) + 1] - begin[size_t(e)];
-        if (m == 0) continue;
-        const int32_t rows = (m + kMoeGemmRowAlign - 1) / kMoeGemmRowAlign * kMoeGemmRowAlign;
-        linear->RunCublasLt(x + int64_t{begin[size_t(e)]} * k, rows, k, weights + e * w_stride,
-                            n_out, y + int64_t{begin[size_t(e)]} * n_out, stream);
-      }
-    };
-    run_experts(expert_x_, hidden, w.experts_gate_up, gu_stride, 2 * inter, expert_gate_up_);
+  if (n >= kMoeGemmMinTokens) {
+    // Many rows per expert (prefill): tiles of 128 rows of one expert on the tensor cores, each
+    // weight tile staged once per tile; the grid is sized for the most tiles n * top_k rows can
+    // make (every expert's last tile partial).
+    const int32_t max_tiles =
+        (pairs + (cuda::kMoeGemmTileRows - 1) * std::min(n_e, pairs)) / cuda::kMoeGemmTileRows;
+    cuda::MoeGroupedGemm(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up,
+                         2 * inter, routing_.expert_begin, routing_.tile_begin, n_e, max_tiles,
+                         expert_gate_up_, stream);
     cuda::SiluMul(expert_gate_up_, nullptr, nullptr, pairs, inter, expert_act_, stream);
-    run_experts(expert_act_, inter, w.experts_down, down_stride, hidden, expert_out_);
+    cuda::MoeGroupedGemm(expert_act_, nullptr, inter, w.experts_down, static_cast<int32_t>(hidden),
+                         routing_.expert_begin, routing_.tile_begin, n_e, max_tiles, expert_out_,
+                         stream);
   } else {
-    // Few rows (decode; every graph-captured step): one grouped launch per GEMM that reads only
-    // the routed experts. A token picks an expert at most once; at most n * top_k get rows.
+    // Few rows (decode): one grouped launch per GEMM that streams only the routed experts'
+    // weights. A token picks an expert at most once; at most n * top_k experts get rows.
     const int32_t max_active = std::min(n_e, pairs);
     cuda::MoeLinear(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up,
                     2 * inter, routing_, n, max_active, expert_gate_up_, stream);

@@ -133,10 +133,9 @@ class CudaDecoder {
   static constexpr int32_t kMaxDecodeAttentionRows = 256;
   // Steps with a sequence of at least this many rows take the chunked delta rule.
   static constexpr int32_t kChunkedDeltaRuleMinRows = 32;
-  // MoE steps of at least this many tokens (not under graph capture) run each routed expert as
-  // one cuBLASLt GEMM, its row count rounded up to kMoeGemmRowAlign; fewer take MoeLinear.
+  // MoE steps of at least this many tokens run the expert GEMMs as MoeGroupedGemm (tiles of 128
+  // rows of an expert); fewer take MoeLinear (weights streamed once per 64 rows).
   static constexpr int32_t kMoeGemmMinTokens = 128;
-  static constexpr int32_t kMoeGemmRowAlign = 32;
 
   // Unsupported (one line, naming the layer and what it lacks) for layers this file does not
   // run, or weights other than BF16.
@@ -280,7 +279,6 @@ class CudaDecoder {
   // MoE (only when the model has MoE layers).
   float* router_ = nullptr;               // [n, router_width]
   cuda::MoeRouting routing_;              // [n * top_k] pairs, [n_experts (+1)] per expert
-  __nv_bfloat16* expert_x_ = nullptr;     // [n * top_k (+ align), hidden] gathered rows
   float* expert_gate_up_ = nullptr;       // [n * top_k, 2 * moe_inter] permuted rows
   __nv_bfloat16* expert_act_ = nullptr;   // [n * top_k, moe_inter]
   float* expert_out_ = nullptr;           // [n * top_k, hidden]

@@ -115,12 +115,19 @@ TEST(CudaEngine, AsyncSchedulingGivesTheSyncTokens) {
   }
 }
 
-// The hybrid Qwen3.5 fixture on CUDA: the engine's greedy continuation equals the CPU's (the
-// transformers-checked path), prefix-cache hits at block boundaries (state restored from a
-// snapshot) give the cold tokens, and asynchronous scheduling gives the synchronous tokens.
-TEST(CudaEngine, HybridPrefixCacheAndAsyncMatchCold) {
-  KESTREL_REQUIRE_CUDA();
-  const std::string dir = std::string(KESTREL_SOURCE_DIR) + "/tests/data/models/qwen3_5";
+// A hybrid fixture on CUDA: the engine's greedy continuation follows transformers', prefix-cache
+// hits at block boundaries (state restored from a snapshot) give the cold tokens, and
+// asynchronous scheduling gives the synchronous tokens. MoE fixtures (`moe`): their random routers
+// have near-tied experts that the rounding of other GEMM shapes may tip (docs/cuda.md): a hit
+// prefills its suffix in other chunks than the cold run (40-token steps: the MoE layers take
+// the decode kernels, the delta rule other chunk edges), and on qwen3_next that tips a router at
+// the 20th generated token, the same for hits at blocks 1, 5, 9 and 15 (measured on the H200).
+// A wrong restored state would show from the first token, so for these the hit must give the
+// cold tokens for at least the first kMoeSameTokens.
+constexpr size_t kMoeSameTokens = 8;
+void CheckHybridEngine(const std::string& name, bool moe) {
+  SCOPED_TRACE(name);
+  const std::string dir = std::string(KESTREL_SOURCE_DIR) + "/tests/data/models/" + name;
   std::ifstream in(dir + "/reference.json");
   const auto ref = nlohmann::json::parse(in);
   const auto prompts = ref.at("prompts").get<std::vector<std::vector<int32_t>>>();
@@ -154,8 +161,11 @@ TEST(CudaEngine, HybridPrefixCacheAndAsyncMatchCold) {
   // after a near-tie, which this fixture does not have in its first tokens.
   int same = 0;
   while (same < gen && want.tokens[same] == greedy.back()[same]) ++same;
-  std::printf("cuda hybrid engine: %d of %d greedy tokens equal transformers'\n", same, gen);
-  EXPECT_GE(same, 8);
+  std::printf("cuda hybrid engine %s: %d of %d greedy tokens equal transformers'\n",
+              name.c_str(), same, gen);
+  if (!moe) {
+    EXPECT_GE(same, 8);
+  }
 
   for (int32_t k : {1, 5, 9, 15}) {
     SCOPED_TRACE("hit at block " + std::to_string(k));
@@ -169,7 +179,18 @@ TEST(CudaEngine, HybridPrefixCacheAndAsyncMatchCold) {
                                           1)});
     const Collected hit = testing::RunOneByOne(engine, {request(prompt, gen)})[0];
     EXPECT_EQ(hit.usage.cached_tokens, 16 * k);
-    EXPECT_EQ(hit.tokens, want.tokens);
+    size_t first = 0;
+    while (first < hit.tokens.size() && first < want.tokens.size() &&
+           hit.tokens[first] == want.tokens[first]) {
+      ++first;
+    }
+    std::printf("cuda hybrid engine %s: hit at block %d gives the cold tokens for %zu of %zu\n",
+                name.c_str(), k, first, want.tokens.size());
+    if (moe) {
+      EXPECT_GE(first, kMoeSameTokens);
+    } else {
+      EXPECT_EQ(hit.tokens, want.tokens);
+    }
   }
 
   // 24 concurrent requests sharing prefixes: async and sync give the same tokens; against
@@ -198,9 +219,20 @@ TEST(CudaEngine, HybridPrefixCacheAndAsyncMatchCold) {
     EXPECT_EQ(runs[1][i].tokens, runs[0][i].tokens) << "async vs sync, request " << i;
     same_as_solo += runs[0][i].tokens == solo[i].tokens;
   }
-  std::printf("cuda hybrid engine: %d of %zu batched requests equal their solo run\n",
-              same_as_solo, reqs.size());
+  std::printf("cuda hybrid engine %s: %d of %zu batched requests equal their solo run\n",
+              name.c_str(), same_as_solo, reqs.size());
   EXPECT_GE(same_as_solo, static_cast<int>(reqs.size()) - 2);
+}
+
+TEST(CudaEngine, HybridPrefixCacheAndAsyncMatchCold) {
+  KESTREL_REQUIRE_CUDA();
+  CheckHybridEngine("qwen3_5", false);
+}
+
+TEST(CudaEngine, MoeHybridPrefixCacheAndAsyncMatchCold) {
+  KESTREL_REQUIRE_CUDA();
+  CheckHybridEngine("qwen3_5_moe", true);
+  CheckHybridEngine("qwen3_next", true);
 }
 
 }  // namespace

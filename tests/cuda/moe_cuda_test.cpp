@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/cuda/moe.h"
+#include "backends/cuda/moe_gemm.h"
 #include "cuda/cuda_test_util.h"
 
 namespace kestrel {
@@ -55,7 +56,7 @@ Routing CpuRoute(const std::vector<float>& logits, int64_t stride, int n, int n_
 }
 
 struct DeviceRouting {
-  DeviceBuffer ids, w, begin, active, n_active, rows, pos, log;
+  DeviceBuffer ids, w, begin, active, n_active, rows, pos, tiles, log;
   cuda::MoeRouting view;
   DeviceRouting(int n, int n_e, int k)
       : ids(Poisoned<int32_t>(size_t(n) * k)),
@@ -65,9 +66,11 @@ struct DeviceRouting {
         n_active(Poisoned<int32_t>(1)),
         rows(Poisoned<int32_t>(size_t(n) * k)),
         pos(Poisoned<int32_t>(size_t(n) * k)),
+        tiles(Poisoned<int32_t>(size_t(n_e) + 1)),
         log(Poisoned<int32_t>(1)) {
-    view = {ids.as<int32_t>(),    w.as<float>(),       begin.as<int32_t>(), active.as<int32_t>(),
-            n_active.as<int32_t>(), rows.as<int32_t>(), pos.as<int32_t>()};
+    view = {ids.as<int32_t>(),      w.as<float>(),      begin.as<int32_t>(),
+            active.as<int32_t>(),   n_active.as<int32_t>(), rows.as<int32_t>(),
+            pos.as<int32_t>(),      tiles.as<int32_t>()};
   }
 };
 
@@ -98,14 +101,18 @@ TEST(CudaMoe, RouteMatchesTheCpuAndGroupsRowsByExpert) {
     const auto active = Download<int32_t>(r.active, size_t(n_e));
     const int32_t n_active = Download<int32_t>(r.n_active, 1)[0];
     EXPECT_EQ(Download<int32_t>(r.log, 1)[0], n_active);
+    const auto tiles = Download<int32_t>(r.tiles, size_t(n_e) + 1);
     std::vector<int32_t> want_active;
-    int32_t acc = 0;
+    int32_t acc = 0, tile_acc = 0;
     for (int e = 0; e < n_e; ++e) {
       EXPECT_EQ(begin[size_t(e)], acc) << "expert " << e;
+      EXPECT_EQ(tiles[size_t(e)], tile_acc) << "expert " << e;
       acc += count[size_t(e)];
+      tile_acc += (count[size_t(e)] + cuda::kMoeGemmTileRows - 1) / cuda::kMoeGemmTileRows;
       if (count[size_t(e)] > 0) want_active.push_back(e);
     }
     EXPECT_EQ(begin[size_t(n_e)], n * k);
+    EXPECT_EQ(tiles[size_t(n_e)], tile_acc);
     ASSERT_EQ(n_active, static_cast<int32_t>(want_active.size()));
     EXPECT_TRUE(std::equal(want_active.begin(), want_active.end(), active.begin()));
     const auto rows = Download<int32_t>(r.rows, size_t(n) * k);
@@ -128,10 +135,14 @@ TEST(CudaMoe, RouteMatchesTheCpuAndGroupsRowsByExpert) {
 // experts are read: the unrouted ones hold NaN and would poison any row that touched them.
 TEST(CudaMoe, GroupedExpertGemmsAndCombineMatchTheReference) {
   KESTREL_REQUIRE_CUDA();
-  for (const auto& [n, n_e, k] : std::vector<std::tuple<int, int, int>>{
-           {1, 16, 4}, {7, 16, 2}, {70, 32, 4}, {200, 8, 2}}) {
-    SCOPED_TRACE(testing::Message() << "n " << n << " experts " << n_e << " k " << k);
-    const int hidden = 136, inter = 40;  // not multiples of the 16-row tile
+  // hidden 136 and inter 40 (not multiples of the 16-row tile) take the kernel whose warps own
+  // rows (k <= 1024) for both GEMMs; hidden 1032 takes the one whose warps split k for gate|up.
+  for (const auto& [n, n_e, k, hidden] : std::vector<std::tuple<int, int, int, int>>{
+           {1, 16, 4, 136}, {7, 16, 2, 136}, {70, 32, 4, 136}, {200, 8, 2, 136},
+           {1, 16, 4, 1032}, {70, 32, 4, 1032}}) {
+    SCOPED_TRACE(testing::Message() << "n " << n << " experts " << n_e << " k " << k << " hidden "
+                                    << hidden);
+    const int inter = 40;
     const int64_t stride = n_e + 1;
     const std::vector<float> logits = RandomF32(size_t(n) * stride, 3 + n, -3.0f, 3.0f);
     const Routing route = CpuRoute(logits, stride, n, n_e, k, true);
@@ -223,11 +234,20 @@ TEST(CudaMoe, GroupedExpertGemmsAndCombineMatchTheReference) {
   }
 }
 
+void ExpertRowsIndependentOfTheBatch(int hidden);
+
 // A token's expert outputs do not depend on the other tokens of the step: routing the same token
 // alone and inside a batch of 64 gives bitwise the same gate|up rows.
 TEST(CudaMoe, ExpertRowsAreIndependentOfTheBatch) {
   KESTREL_REQUIRE_CUDA();
-  const int n_e = 32, k = 4, hidden = 256, inter = 64;
+  for (int hidden : {256, 2048}) {  // warps owning rows; warps splitting k
+    SCOPED_TRACE(hidden);
+    ExpertRowsIndependentOfTheBatch(hidden);
+  }
+}
+
+void ExpertRowsIndependentOfTheBatch(int hidden) {
+  const int n_e = 32, k = 4, inter = 64;
   const auto w_gu = RandomBf16(size_t(n_e) * 2 * inter * hidden, 21, -0.2f, 0.2f);
   const DeviceBuffer d_gu = Upload(w_gu);
   std::vector<std::vector<float>> first_rows;

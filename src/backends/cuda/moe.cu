@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/moe_gemm.h"
 #include "backends/cuda/pdl.cuh"
 #include "core/check.h"
 
@@ -109,7 +110,8 @@ __global__ void __launch_bounds__(kAlignThreads)
     MoeAlignKernel(const int32_t* __restrict__ ids, int total, int top_k, int n_experts,
                    int32_t* __restrict__ expert_begin, int32_t* __restrict__ active,
                    int32_t* __restrict__ n_active, int32_t* __restrict__ rows,
-                   int32_t* __restrict__ pos, int32_t* __restrict__ active_log) {
+                   int32_t* __restrict__ pos, int32_t* __restrict__ tile_begin,
+                   int32_t* __restrict__ active_log) {
   __shared__ int32_t count[kMoeMaxExperts];
   __shared__ int32_t fill[kMoeMaxExperts];
   PdlWait();
@@ -123,30 +125,37 @@ __global__ void __launch_bounds__(kAlignThreads)
     const int lane = tid;
     const int per = (n_experts + 31) / 32;
     const int e0 = min(lane * per, n_experts), e1 = min(e0 + per, n_experts);
-    int rows_here = 0, active_here = 0;
+    auto tiles = [](int rows) { return (rows + kMoeGemmTileRows - 1) / kMoeGemmTileRows; };
+    int rows_here = 0, active_here = 0, tiles_here = 0;
     for (int e = e0; e < e1; ++e) {
       rows_here += count[e];
       active_here += count[e] > 0 ? 1 : 0;
+      tiles_here += tiles(count[e]);
     }
-    int rows_incl = rows_here, active_incl = active_here;
+    int rows_incl = rows_here, active_incl = active_here, tiles_incl = tiles_here;
 #pragma unroll
     for (int o = 1; o < 32; o *= 2) {
       const int a = __shfl_up_sync(0xffffffffu, rows_incl, o);
       const int b = __shfl_up_sync(0xffffffffu, active_incl, o);
+      const int c = __shfl_up_sync(0xffffffffu, tiles_incl, o);
       if (lane >= o) {
         rows_incl += a;
         active_incl += b;
+        tiles_incl += c;
       }
     }
-    int r = rows_incl - rows_here, a = active_incl - active_here;
+    int r = rows_incl - rows_here, a = active_incl - active_here, tl = tiles_incl - tiles_here;
     for (int e = e0; e < e1; ++e) {
       expert_begin[e] = r;
+      tile_begin[e] = tl;
       fill[e] = r;
       if (count[e] > 0) active[a++] = e;
       r += count[e];
+      tl += tiles(count[e]);
     }
     if (lane == 31) {
       expert_begin[n_experts] = rows_incl;
+      tile_begin[n_experts] = tiles_incl;
       *n_active = active_incl;
       if (active_log != nullptr) *active_log = active_incl;
     }
@@ -278,14 +287,104 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The same product for short rows of W (k <= kRowsVariantMaxK): with the k split above, a block's
+// 8 warps would share a few 128-wide k steps (4 at k = 512: half the warps idle) and a block
+// would stream only 16 KB. Here each warp owns 16 rows of W over all of k (its own accumulator
+// chain, no shared-memory reduction) and a block 128 rows. Row i of y still depends only on row
+// i of x (batch invariant); the variant is chosen by k alone, so a shape always takes the same.
+constexpr int kRowsVariantMaxK = 1024;
+constexpr int kRowsPerWarpBlock = kWarps * kRowsPerBlock;
+
+template <int kMTiles>
+__global__ void __launch_bounds__(kThreads)
+    MoeSkinnyRowsKernel(const __nv_bfloat16* __restrict__ x, const int32_t* __restrict__ x_rows,
+                        int k, const __nv_bfloat16* __restrict__ w, int n,
+                        const int32_t* __restrict__ expert_begin,
+                        const int32_t* __restrict__ active, const int32_t* __restrict__ n_active,
+                        float* __restrict__ y) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int n0 = blockIdx.x * kRowsPerWarpBlock + warp * kRowsPerBlock;
+  const int k_vecs = k / 8;
+  PdlWait();
+  if (static_cast<int>(blockIdx.y) >= *n_active) return;
+  const int e = active[blockIdx.y];
+  const int first = expert_begin[e];
+  const int m_e = expert_begin[e + 1] - first;
+  if (n0 >= n) return;  // after every block-wide read; no barriers below
+
+  const bool lo_ok = n0 + g < n;
+  const bool hi_ok = n0 + g + 8 < n;
+  const uint4* we = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(e) * n * k_vecs;
+  const uint4* w_lo = we + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k_vecs;
+  const uint4* w_hi = we + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k_vecs;
+  const uint4* xv4 = reinterpret_cast<const uint4*>(x);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const int n_steps = (k_vecs + kVecsPerStep - 1) / kVecsPerStep;
+
+  for (int r0 = 0; r0 < m_e; r0 += kMTiles * 8) {
+    const int m = min(m_e - r0, kMTiles * 8);
+    const uint4* x_t[kMTiles];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      const int row = mt * 8 + g;
+      const int r = first + r0 + row;
+      x_t[mt] = row < m ? xv4 + static_cast<int64_t>(x_rows != nullptr ? x_rows[r] : r) * k_vecs
+                        : nullptr;
+    }
+    float acc[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mt][q] = 0.0f;
+    }
+    for (int step = 0; step < n_steps; ++step) {
+      uint4 w_lo_v[kChunksPerStep], w_hi_v[kChunksPerStep];
+#pragma unroll
+      for (int c = 0; c < kChunksPerStep; ++c) {
+        const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
+        const bool in_k = v < k_vecs;
+        w_lo_v[c] = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
+        w_hi_v[c] = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
+      }
+#pragma unroll
+      for (int c = 0; c < kChunksPerStep; ++c) {
+        const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
+        const bool in_k = v < k_vecs;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          if (mt * 8 >= m) break;  // uniform across the warp
+          const uint4 xv = (in_k && x_t[mt] != nullptr) ? __ldg(x_t[mt] + v) : zero;
+          MmaBf16(acc[mt], w_lo_v[c].x, w_hi_v[c].x, w_lo_v[c].y, w_hi_v[c].y, xv.x, xv.y);
+          MmaBf16(acc[mt], w_lo_v[c].z, w_hi_v[c].z, w_lo_v[c].w, w_hi_v[c].w, xv.z, xv.w);
+        }
+      }
+    }
+    // Accumulator q of tile mt: W row g + 8 * (q / 2), token row mt * 8 + 2t + q % 2.
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int token = mt * 8 + 2 * t + (q & 1);
+        const int col = n0 + g + 8 * (q >> 1);
+        if (token < m && col < n) y[static_cast<int64_t>(first + r0 + token) * n + col] = acc[mt][q];
+      }
+    }
+  }
+}
+
 template <int kMTiles>
 void LaunchMoeSkinny(const __nv_bfloat16* x, const int32_t* x_rows, int k, const __nv_bfloat16* w,
                      int n, const MoeRouting& r, int max_active, float* y, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock),
+  const bool rows = k <= kRowsVariantMaxK;
+  const int rows_per_block = rows ? kRowsPerWarpBlock : kRowsPerBlock;
+  const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(max_active));
-  LaunchPdl(&MoeSkinnyKernel<kMTiles>, grid, dim3(kThreads), 0, stream, x, x_rows, k, w, n,
-            static_cast<const int32_t*>(r.expert_begin), static_cast<const int32_t*>(r.active),
-            static_cast<const int32_t*>(r.n_active), y);
+  LaunchPdl(rows ? &MoeSkinnyRowsKernel<kMTiles> : &MoeSkinnyKernel<kMTiles>, grid, dim3(kThreads),
+            0, stream, x, x_rows, k, w, n, static_cast<const int32_t*>(r.expert_begin),
+            static_cast<const int32_t*>(r.active), static_cast<const int32_t*>(r.n_active), y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -328,33 +427,14 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
-__global__ void MoeGatherKernel(const uint4* __restrict__ x, const int32_t* __restrict__ rows,
-                                int pairs, int k_vecs, uint4* __restrict__ out) {
-  PdlWait();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<int64_t>(pairs) * k_vecs) return;
-  const int64_t r = i / k_vecs, c = i % k_vecs;
-  out[i] = x[static_cast<int64_t>(rows[r]) * k_vecs + c];
-}
-
 }  // namespace
-
-void MoeGatherRows(const __nv_bfloat16* x, const int32_t* rows, int32_t pairs, int32_t k,
-                   __nv_bfloat16* out, cudaStream_t stream) {
-  KCHECK(k % 8 == 0 && pairs >= 1);
-  const int64_t total = static_cast<int64_t>(pairs) * (k / 8);
-  LaunchPdl(&MoeGatherKernel, dim3(static_cast<unsigned>((total + 255) / 256)), dim3(256), 0,
-            stream, reinterpret_cast<const uint4*>(x), rows, static_cast<int>(pairs),
-            static_cast<int>(k / 8), reinterpret_cast<uint4*>(out));
-  KCUDA_CHECK_LAUNCH();
-}
 
 void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_experts,
               int32_t top_k, bool norm_topk_prob, const MoeRouting& r, int32_t* active_log,
               cudaStream_t stream) {
   KCHECK(n >= 1 && n_experts >= 1 && n_experts <= kMoeMaxExperts);
   KCHECK(top_k >= 1 && top_k <= n_experts && top_k <= kMoeMaxTopK);
-  KCHECK(logits_stride >= n_experts);
+  KCHECK(logits_stride >= n_experts && r.tile_begin != nullptr);
   const unsigned blocks = static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps);
   LaunchPdl(&MoeTopKKernel, dim3(blocks), dim3(kRouteWarps * 32), 0, stream, logits,
             logits_stride, static_cast<int>(n), static_cast<int>(n_experts),
@@ -363,7 +443,7 @@ void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_e
   LaunchPdl(&MoeAlignKernel, dim3(1), dim3(kAlignThreads), 0, stream,
             static_cast<const int32_t*>(r.topk_ids), static_cast<int>(n * top_k),
             static_cast<int>(top_k), static_cast<int>(n_experts), r.expert_begin, r.active,
-            r.n_active, r.rows, r.pos, active_log);
+            r.n_active, r.rows, r.pos, r.tile_begin, active_log);
   KCUDA_CHECK_LAUNCH();
 }
 

@@ -8,13 +8,17 @@
 //                permuted row.
 //   MoeLinear    y[r, :] = x[row(r), :] . W_e^T for every permuted row r of every routed expert
 //                e: a grouped form of the skinny tensor-core kernel (linear.h) in which a block
-//                owns 16 rows of one expert's matrix and streams them once for up to 64 of that
-//                expert's token rows per pass. Only the experts that received tokens are read:
-//                a batch-1 decode step reads top_k experts per layer, not all of them.
+//                streams rows of one expert's matrix once for up to 64 of that expert's token
+//                rows per pass: 16 rows with its 8 warps splitting k (k > 1024), or 128 rows, a
+//                warp per 16 over all of k (k <= 1024, where a k split leaves warps idle). Only
+//                the experts that received tokens are read: a batch-1 decode step reads top_k
+//                experts per layer, not all of them.
 //   (SiluMul of activation.h between the two expert GEMMs, on the n*top_k permuted rows.)
 //   MoeCombine   out[t, :] = sum over the token's experts in increasing expert id of
 //                w_j * y[pos(t, j), :]  (+ sigmoid(shared_gate[t]) * shared[t, :]),
 //                the order cpu_decoder.cpp adds them in.
+//   Prefill steps run the expert GEMMs as MoeGroupedGemm (moe_gemm.h) instead: tiles of 128 rows
+//   of one expert on the tensor cores, numbered by tile_begin, which MoeRoute also writes.
 //
 // Determinism: the counting sort places rows with atomics, so the order of one expert's rows may
 // differ between runs, but no value depends on it: MoeLinear computes each row from that row's x
@@ -42,6 +46,7 @@ struct MoeRouting {
   int32_t* n_active = nullptr;      // [1]
   int32_t* rows = nullptr;          // [n * top_k] token of each permuted row
   int32_t* pos = nullptr;           // [n * top_k] permuted row of (token, j)
+  int32_t* tile_begin = nullptr;    // [n_experts + 1] first MoeGroupedGemm tile of each expert
 };
 
 // logits: [n, logits_stride] f32, the router's n_experts columns first. n >= 1,
@@ -61,11 +66,6 @@ void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_e
 void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const __nv_bfloat16* w,
                int32_t n_out, const MoeRouting& r, int32_t max_rows_per_expert,
                int32_t max_active, float* y, cudaStream_t stream);
-
-// out[r, :] = x[rows[r], :] for r < pairs (the routed rows in expert order, as one matrix for
-// per-expert GEMMs). k a multiple of 8, pointers 16-byte aligned.
-void MoeGatherRows(const __nv_bfloat16* x, const int32_t* rows, int32_t pairs, int32_t k,
-                   __nv_bfloat16* out, cudaStream_t stream);
 
 // out[t, :hidden] = sum_j topk_w[t, j] * y[pos[t, j], :] over j by increasing expert id, then
 // + sigmoid(shared_gate[t * shared_gate_stride]) * shared[t, :] when shared is not null.
