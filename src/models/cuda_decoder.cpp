@@ -107,8 +107,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const ModelConfig& c,
     if (m.n_experts > cuda::kMoeMaxExperts || m.top_k > cuda::kMoeMaxTopK) {
       return Unsupported("--device cuda runs up to " + std::to_string(cuda::kMoeMaxExperts) +
                          " experts with top-k up to " + std::to_string(cuda::kMoeMaxTopK) +
-                         ", not " + std::to_string(m.n_experts) + " / " +
-                         std::to_string(m.top_k));
+                         ", not " + std::to_string(m.n_experts) + " / " + std::to_string(m.top_k));
     }
     if (m.expert_intermediate % 8 != 0 || m.shared_expert_intermediate % 8 != 0) {
       return Unsupported("--device cuda needs expert widths that are multiples of 8");
@@ -227,9 +226,9 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
   head_off_ = c_.tie_word_embeddings ? embed_off_ : plan->Place({&w_.lm_head});
   constexpr size_t kNone = CudaWeightPlan::kNone;
   offsets_.assign(w_.layers.size(),
-                  LayerOffsets{kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
-                               kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
-                               kNone, 0, 0, 0, 0});
+                  LayerOffsets{kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
+                               kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
+                               kNone, kNone, kNone, kNone, 0,     0,     0,     0});
   small_host_.clear();
   slices_.clear();
   for (size_t i = 0; i < w_.layers.size(); ++i) {
@@ -264,7 +263,8 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
     if (l.moe) {
       const MoeWeights& m = l.moe_w;
       const bool shared = !m.shared_expert.gate_proj.empty();
-      o.router = shared ? plan->Place({&m.router, &m.shared_expert_gate}) : plan->Place({&m.router});
+      o.router =
+          shared ? plan->Place({&m.router, &m.shared_expert_gate}) : plan->Place({&m.router});
       std::vector<const TensorView*> gate_up, down;
       for (const MlpWeights& e : m.experts) {
         gate_up.push_back(&e.gate_proj);
@@ -363,7 +363,7 @@ Status CudaDecoder::UploadConstants() {
 namespace {
 struct ActivationLayout {
   size_t x, xn, qkv, q, attn, tmp, gate_up, act, x_final, logits, workspace, workspace_bytes;
-  size_t gate, conv_out, dq, dk, beta, g, core, gdn_out;
+  size_t gate, conv_out, dq, dk, beta, g, core, gdn_out, delta_workspace;
   size_t router, topk_ids, topk_w, expert_begin, active, n_active, rows, pos, tile_begin,
       expert_gate_up, expert_act, expert_out, shared_out, active_log, total;
 };
@@ -413,6 +413,11 @@ ActivationLayout Layout(const ModelConfig& c, const LayoutDims& d, int32_t n_tok
   l.g = reserve(r * la.n_value_heads * 4);
   l.core = reserve(r * la.value_dim() * 4);
   l.gdn_out = reserve(r * la.value_dim() * 2);
+  l.delta_workspace =
+      reserve(recurrent ? static_cast<int64_t>(cuda::GatedDeltaRuleChunkedWorkspaceBytes(
+                              n_tokens, std::min(n_tokens, CudaDecoder::kChunkedDeltaRuleMaxSeqs),
+                              static_cast<int32_t>(la.n_value_heads)))
+                        : 0);
   // MoE: routing of n * top_k pairs, the permuted expert rows, the shared expert's output.
   const bool moe = d.n_moe_layers > 0;
   const int64_t pairs = moe ? n * c.moe.top_k : 0;
@@ -437,17 +442,25 @@ ActivationLayout Layout(const ModelConfig& c, const LayoutDims& d, int32_t n_tok
 }  // namespace
 
 size_t CudaDecoder::ActivationBytes(int32_t n_tokens, int32_t n_logits, int32_t max_context) const {
-  const LayoutDims d{q_dim_,         std::max(qkv_width_, gdn_width_), mlp_inter_,
-                     router_width_,  n_moe_layers_,
-                     c_.attention_output_gate, n_recurrent_layers_ > 0};
+  const LayoutDims d{q_dim_,
+                     std::max(qkv_width_, gdn_width_),
+                     mlp_inter_,
+                     router_width_,
+                     n_moe_layers_,
+                     c_.attention_output_gate,
+                     n_recurrent_layers_ > 0};
   return Layout(c_, d, n_tokens, n_logits, max_context).total;
 }
 
 void CudaDecoder::BindActivations(uint8_t* b, int32_t n_tokens, int32_t n_logits,
                                   int32_t max_context) {
-  const LayoutDims d{q_dim_,         std::max(qkv_width_, gdn_width_), mlp_inter_,
-                     router_width_,  n_moe_layers_,
-                     c_.attention_output_gate, n_recurrent_layers_ > 0};
+  const LayoutDims d{q_dim_,
+                     std::max(qkv_width_, gdn_width_),
+                     mlp_inter_,
+                     router_width_,
+                     n_moe_layers_,
+                     c_.attention_output_gate,
+                     n_recurrent_layers_ > 0};
   const ActivationLayout l = Layout(c_, d, n_tokens, n_logits, max_context);
   x_ = reinterpret_cast<float*>(b + l.x);
   xn_ = reinterpret_cast<__nv_bfloat16*>(b + l.xn);
@@ -469,6 +482,7 @@ void CudaDecoder::BindActivations(uint8_t* b, int32_t n_tokens, int32_t n_logits
   g_ = reinterpret_cast<float*>(b + l.g);
   core_ = reinterpret_cast<float*>(b + l.core);
   gdn_out_ = reinterpret_cast<__nv_bfloat16*>(b + l.gdn_out);
+  delta_workspace_ = reinterpret_cast<float*>(b + l.delta_workspace);
   router_ = reinterpret_cast<float*>(b + l.router);
   routing_.topk_ids = reinterpret_cast<int32_t*>(b + l.topk_ids);
   routing_.topk_w = reinterpret_cast<float*>(b + l.topk_w);
@@ -618,11 +632,16 @@ void CudaDecoder::DeltaNet(const LayerWeights& w, const DeviceBatchView& v,
                          static_cast<int32_t>(la.conv_kernel), w.conv_w, bv, sv, conv_out_, stream);
   cuda::DeltaPrep(conv_out_, static_cast<int32_t>(n), nk, dk, nv, dv, qkv_ + conv_dim + value_dim,
                   gdn_width_, w.neg_exp_a, w.dt_bias, dq_, dk_, beta_, g_, stream);
-  // Chunks of 64 rows where a sequence brings many (prefill); token by token otherwise.
-  auto rule = v.max_query_len >= kChunkedDeltaRuleMinRows ? cuda::GatedDeltaRuleChunked
-                                                          : cuda::GatedDeltaRule;
-  rule(dq_, dk_, conv_out_ + 2 * la.key_dim(), conv_dim, g_, beta_, nk, dk, nv, dv, bv, sv, core_,
-       stream);
+  // In chunks where a sequence brings many rows (prefill; the workspace holds up to
+  // kChunkedDeltaRuleMaxSeqs sequences); token by token otherwise.
+  const float* values = conv_out_ + 2 * la.key_dim();
+  if (v.max_query_len >= kChunkedDeltaRuleMinRows && v.n_seqs <= kChunkedDeltaRuleMaxSeqs) {
+    cuda::GatedDeltaRuleChunked(dq_, dk_, values, conv_dim, g_, beta_, nk, dk, nv, dv, bv, sv,
+                                core_, delta_workspace_, stream);
+  } else {
+    cuda::GatedDeltaRule(dq_, dk_, values, conv_dim, g_, beta_, nk, dk, nv, dv, bv, sv, core_,
+                         stream);
+  }
   cuda::GatedRmsNormSilu(core_, qkv_ + conv_dim, gdn_width_, nv, n * nv, dv, w.gdn_norm,
                          static_cast<float>(c.rms_norm_eps), gdn_out_, stream);
   marks->Mark(CudaStage::kRecurrent);
@@ -669,8 +688,8 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
     // Few rows (decode): one grouped launch per GEMM that streams only the routed experts'
     // weights. A token picks an expert at most once; at most n * top_k experts get rows.
     const int32_t max_active = std::min(n_e, pairs);
-    cuda::MoeLinear(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up,
-                    2 * inter, routing_, n, max_active, expert_gate_up_, stream);
+    cuda::MoeLinear(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up, 2 * inter,
+                    routing_, n, max_active, expert_gate_up_, stream);
     cuda::SiluMul(expert_gate_up_, nullptr, nullptr, pairs, inter, expert_act_, stream);
     cuda::MoeLinear(expert_act_, nullptr, inter, w.experts_down, static_cast<int32_t>(hidden),
                     routing_, n, max_active, expert_out_, stream);  // [pairs, hidden]

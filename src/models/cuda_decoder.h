@@ -131,8 +131,10 @@ class CudaDecoder {
   // Decode rows the attention kernel's split-K workspace is sized for; larger pure-decode
   // batches take the prefill kernel, which needs none.
   static constexpr int32_t kMaxDecodeAttentionRows = 256;
-  // Steps with a sequence of at least this many rows take the chunked delta rule.
+  // Steps with a sequence of at least this many rows, and at most kChunkedDeltaRuleMaxSeqs
+  // sequences, take the chunked delta rule.
   static constexpr int32_t kChunkedDeltaRuleMinRows = 32;
+  static constexpr int32_t kChunkedDeltaRuleMaxSeqs = 64;
   // MoE steps of at least this many tokens run the expert GEMMs as MoeGroupedGemm (tiles of 128
   // rows of an expert); fewer take MoeLinear (weights streamed once per 64 rows).
   static constexpr int32_t kMoeGemmMinTokens = 128;
@@ -237,8 +239,8 @@ class CudaDecoder {
   int64_t qkv_width_ = 0;  // fused attention projection: (gated ? 2 : 1) * q_dim + 2 * kv_dim
   int64_t gdn_width_ = 0;  // fused Gated DeltaNet projection: conv_dim + value_dim + 2 * nv
   int64_t n_attention_layers_ = 0, n_recurrent_layers_ = 0, n_moe_layers_ = 0;
-  int64_t router_width_ = 0;     // n_experts (+1 with a shared expert: its gate's logit)
-  int64_t mlp_inter_ = 0;        // the widest dense / shared-expert MLP (gate_up_, act_)
+  int64_t router_width_ = 0;       // n_experts (+1 with a shared expert: its gate's logit)
+  int64_t mlp_inter_ = 0;          // the widest dense / shared-expert MLP (gate_up_, act_)
   std::deque<TensorView> slices_;  // row views that weight-plan pieces point at
   float norm_offset_ = 0.0f;       // 1 for (1 + w) norms
   std::vector<float> small_host_;  // f32 constants of the recurrent layers, uploaded to small_
@@ -276,14 +278,15 @@ class CudaDecoder {
   float* g_ = nullptr;                // [n, nv]
   float* core_ = nullptr;             // [n, value_dim] delta-rule output
   __nv_bfloat16* gdn_out_ = nullptr;  // [n, value_dim] gated norm output (out_proj input)
+  float* delta_workspace_ = nullptr;  // the chunked delta rule's per-chunk data
   // MoE (only when the model has MoE layers).
-  float* router_ = nullptr;               // [n, router_width]
-  cuda::MoeRouting routing_;              // [n * top_k] pairs, [n_experts (+1)] per expert
-  float* expert_gate_up_ = nullptr;       // [n * top_k, 2 * moe_inter] permuted rows
-  __nv_bfloat16* expert_act_ = nullptr;   // [n * top_k, moe_inter]
-  float* expert_out_ = nullptr;           // [n * top_k, hidden]
-  float* shared_out_ = nullptr;           // [n, hidden]
-  int32_t* moe_active_log_ = nullptr;     // [n_moe_layers]
+  float* router_ = nullptr;              // [n, router_width]
+  cuda::MoeRouting routing_;             // [n * top_k] pairs, [n_experts (+1)] per expert
+  float* expert_gate_up_ = nullptr;      // [n * top_k, 2 * moe_inter] permuted rows
+  __nv_bfloat16* expert_act_ = nullptr;  // [n * top_k, moe_inter]
+  float* expert_out_ = nullptr;          // [n * top_k, hidden]
+  float* shared_out_ = nullptr;          // [n, hidden]
+  int32_t* moe_active_log_ = nullptr;    // [n_moe_layers]
 };
 
 }  // namespace kestrel

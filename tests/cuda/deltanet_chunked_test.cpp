@@ -2,8 +2,10 @@
 // (cpu::GatedDeltaRecurrent) and the recurrent CUDA kernel (cuda::GatedDeltaRule), on batches of
 // sequences around the chunk edges (32-row chunks; lengths 1, 7, 0, 64, 65, 200, 31, 33), fresh
 // (position 0) and continuing from a random state, with snapshot rows inside chunks, at chunk
-// edges and at sequence ends. Outputs, final states and every snapshot slot are compared; the rest of every
-// slot (conv windows, the other layer) must be untouched, and two runs must agree bitwise.
+// edges, at sequence ends and on every row of two chunks. Outputs, final states and every snapshot
+// slot are compared; the rest of every slot (conv windows, the other layer) must be untouched, and
+// two runs must agree bitwise. Outputs and the workspace start as NaN, so any value the kernels
+// read before writing it shows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -135,17 +137,26 @@ void CompareWithRecurrent(const RuleShape& shape, const BatchSpec& spec, uint32_
   bv.snapshot_slot = d_snap.as<int32_t>();
   bv.n_seqs = n_seqs;
   bv.n_tokens = n;
+  const size_t workspace_floats =
+      cuda::GatedDeltaRuleChunkedWorkspaceBytes(n, n_seqs, nv) / sizeof(float);
   auto run = [&](bool chunked, std::vector<float>& out_host, std::vector<float>& state_host) {
     DeviceBuffer d_state = Upload(state);
     DeviceBuffer d_out = Poisoned<float>(cpu_out.size());
+    DeviceBuffer d_workspace = Poisoned<float>(workspace_floats);
     cuda::DeltaStateView sv;
     sv.state = d_state.as<float>();
     sv.slot_floats = slot_floats;
     sv.layer_offset = layer_floats;
     sv.conv_floats = conv_floats;
-    auto* rule = chunked ? &cuda::GatedDeltaRuleChunked : &cuda::GatedDeltaRule;
-    rule(d_q.as<float>(), d_k.as<float>(), d_conv.as<float>() + 2 * key_dim, conv_dim,
-         d_g.as<float>(), d_beta.as<float>(), nk, dk, nv, dv, bv, sv, d_out.as<float>(), nullptr);
+    const float* v_in = d_conv.as<float>() + 2 * key_dim;
+    if (chunked) {
+      cuda::GatedDeltaRuleChunked(d_q.as<float>(), d_k.as<float>(), v_in, conv_dim, d_g.as<float>(),
+                                  d_beta.as<float>(), nk, dk, nv, dv, bv, sv, d_out.as<float>(),
+                                  d_workspace.as<float>(), nullptr);
+    } else {
+      cuda::GatedDeltaRule(d_q.as<float>(), d_k.as<float>(), v_in, conv_dim, d_g.as<float>(),
+                           d_beta.as<float>(), nk, dk, nv, dv, bv, sv, d_out.as<float>(), nullptr);
+    }
     KCUDA_CHECK(cudaDeviceSynchronize());
     out_host = Download<float>(d_out, cpu_out.size());
     state_host = Download<float>(d_state, state.size());
@@ -178,14 +189,17 @@ TEST_P(CudaDeltaRuleChunked, MatchesTheRecurrentRuleWithSlotsAndSnapshots) {
   spec.fresh = {true, false, false, true, false, false, false, true};
   // The only row of a 1-row sequence; inside a chunk; a sequence's end at the chunk edge; first
   // rows; a 1-row last chunk; both sides of chunk edges; inside a later chunk; the last row.
-  spec.snaps = {{0, 0}, {1, 3}, {3, 63}, {4, 0}, {4, 64}, {5, 31}, {5, 32}, {5, 63}, {5, 64},
-                {5, 130}, {5, 199}, {6, 30}, {7, 31}};
+  spec.snaps = {{0, 0},  {1, 3},  {3, 63},  {4, 0},   {4, 64}, {5, 31}, {5, 32},
+                {5, 63}, {5, 64}, {5, 130}, {5, 199}, {6, 30}, {7, 31}};
   CompareWithRecurrent(GetParam(), spec, 11);
 }
 
+// Key dim 100 is padded to 128; 50 with 33 (an odd v row stride) takes the 4-byte copies; six
+// value heads per key head give pass 1's warps two heads each.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaDeltaRuleChunked,
                          ::testing::Values(RuleShape{128, 128, 2, 4}, RuleShape{16, 24, 2, 4},
-                                           RuleShape{32, 48, 1, 2}),
+                                           RuleShape{32, 48, 1, 2}, RuleShape{100, 40, 2, 2},
+                                           RuleShape{50, 33, 1, 3}, RuleShape{32, 32, 1, 6}),
                          [](const auto& info) {
                            const RuleShape& s = info.param;
                            return "dk" + std::to_string(s.dk) + "_dv" + std::to_string(s.dv) +
@@ -200,6 +214,19 @@ TEST(CudaDeltaRuleChunkedLong, ManyChunksStayWithinRounding) {
   spec.fresh = {false, true};
   spec.snaps = {{0, 511}, {0, 700}, {1, 332}};
   CompareWithRecurrent(RuleShape{128, 128, 1, 2}, spec, 12);
+}
+
+// A snapshot on every row of a 40-row sequence (many per chunk, consecutive, both chunks) and on
+// the first and last rows of a 5-row one.
+TEST(CudaDeltaRuleChunkedSnapshots, EveryRowOfTwoChunks) {
+  KESTREL_REQUIRE_CUDA();
+  BatchSpec spec;
+  spec.lens = {40, 5};
+  spec.fresh = {false, true};
+  for (int row = 0; row < 40; ++row) spec.snaps.emplace_back(0, row);
+  spec.snaps.emplace_back(1, 0);
+  spec.snaps.emplace_back(1, 4);
+  CompareWithRecurrent(RuleShape{64, 32, 1, 2}, spec, 13);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kestrel::cuda {
@@ -57,13 +58,24 @@ void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_st
                     int32_t dv, const DeltaBatchView& b, const DeltaStateView& s, float* out,
                     cudaStream_t stream);
 
-// The same contract as GatedDeltaRule, in the chunked form for prefill (deltanet_chunked.cu):
-// 64 rows per sequential step, the delta rule's triangular system solved per chunk by forward
-// substitution (the WY form). Equal to GatedDeltaRule up to f32 rounding.
+// The same contract as GatedDeltaRule, in the chunked form for prefill (deltanet_chunked.cu),
+// equal to it up to f32 rounding. Pass 1, parallel over 32-row chunks (on a fixed grid from each
+// sequence's first row) and value heads, writes what does not depend on the state to workspace:
+// the chunk's cumulative decays and the inverse of its delta rule's triangular system (the WY
+// form) with the decayed q.k products; pass 2 walks each sequence's chunks with the state. A
+// snapshot row inside a chunk gets the state after that row, without splitting the chunk.
+// workspace: GatedDeltaRuleChunkedWorkspaceBytes(b.n_tokens, b.n_seqs, nv) bytes, 16-byte
+// aligned, contents ignored (overwritten); b.n_tokens must be the batch's row count. No
+// allocation or synchronisation (capturable).
 void GatedDeltaRuleChunked(const float* q, const float* k, const float* v, int64_t v_stride,
                            const float* g, const float* beta, int32_t nk, int32_t dk, int32_t nv,
                            int32_t dv, const DeltaBatchView& b, const DeltaStateView& s, float* out,
-                           cudaStream_t stream);
+                           float* workspace, cudaStream_t stream);
+
+// Bytes of GatedDeltaRuleChunked's workspace for a batch of n_tokens rows in n_seqs sequences:
+// (n_tokens / 32 + n_seqs) chunk slots x nv value heads x 4,608 bytes (an upper bound on the
+// chunks; 6,912 bytes per token at nv = 48).
+size_t GatedDeltaRuleChunkedWorkspaceBytes(int32_t n_tokens, int32_t n_seqs, int32_t nv);
 
 // y[r, :] = bf16(w * (x * inv_rms) * silu(z)) for rows of d; z at z + (r / rows_per_token) *
 // z_stride + (r % rows_per_token) * d (a slice of the fused projection output).

@@ -1,36 +1,55 @@
 // The gated delta rule in chunked form for prefill (GatedDeltaRuleChunked, see deltanet.h): the
-// recurrence of GatedDeltaRule, kChunk (32) rows per sequential step instead of one.
+// recurrence of GatedDeltaRule, kChunk (32) rows per sequential step, in two passes.
 //
-// Math. Within a chunk of C <= kChunk rows starting from state S0 [dk, dv], with the cumulative
-// log-decay G_t = g_0 + ... + g_t (rows of the chunk; every g <= 0, so every exponent below is
-// <= 0 and nothing overflows), unrolling S_t = exp(g_t) S_{t-1} + k_t delta_t^T gives
-//   r_t     = beta_t * (v_t - exp(G_t) * S0^T k_t)
-//   delta_t = r_t - sum_{s<t} A_ts delta_s,      A_ts = beta_t * exp(G_t - G_s) * (k_t . k_s)
-//   o_t     = exp(G_t) * S0^T q_t + sum_{s<=t} QK_ts delta_s,  QK_ts = exp(G_t - G_s) * (q_t . k_s)
-//   S_end   = exp(G_last) * S0 + sum_s exp(G_last - G_s) * k_s delta_s^T
-// The forward substitution for delta is blocked by kSub (8) rows: the inverses (I + A_bb)^-1 of
-// the four kSub x kSub diagonal blocks are formed column by column, then block b takes
-//   delta_b = (I + A_bb)^-1 (r_b - sum_{b' < b} A_bb' delta_b').
+// Math. Within a chunk of rows 0..31 starting from state S0 [dk, dv], with the cumulative
+// log-decay G_t = g_0 + ... + g_t (every g <= 0, so every exponent below is <= 0 and nothing
+// overflows), unrolling S_t = exp(g_t) S_{t-1} + k_t delta_t^T gives
+//   delta_t = beta_t (v_t - exp(G_t) S0^T k_t) - sum_{s<t} A_ts delta_s,
+//             A_ts = beta_t exp(G_t - G_s) (k_t . k_s),
+// that is (I + A) delta = diag(beta) u with u_t = v_t - exp(G_t) S0^T k_t, so delta = W u with
+// W = (I + A)^-1 diag(beta) (lower triangular), and
+//   o_t   = exp(G_t) S0^T q_t + sum_{s<=t} QK_ts delta_s,  QK_ts = exp(G_t - G_s) (q_t . k_s)
+//   S_r   = exp(G_r) S0 + sum_{s<=r} exp(G_r - G_s) k_s delta_s^T   (the state after row r)
+//   S_end = S_31 = exp(G_31) S0 + sum_s exp(G_31 - G_s) k_s delta_s^T.
+// W, QK and the gates do not depend on the state, so:
 //
-// Layout. The value columns of S are independent (column j needs only k, q, g, beta and v[:, j]),
-// so a block owns 32 columns of one value head of one sequence, grid (column groups, value heads,
-// sequences), kThreads (128) threads, and walks the sequence's chunks in order with its columns of S in
-// shared memory, transposed (St[j][d] = S[d][col0 + j]). A, QK and the chunk's k and q rows are
-// shared by all columns and recomputed by each block (about 40% of its arithmetic at dk = 128).
-// The key dim is padded with zeros to kDk (16, 32, 64, 128 or 256): zero terms leave every sum
-// exactly as it is. Rows past the chunk's end are zero too (k, q, v, g and beta), which makes
-// their A, QK, r and delta zero and lets every loop run over all kChunk rows.
-// Shared memory per block (floats): k and q rows [kChunk, kDk] each, S^T [32, kDk] (rows padded to
-// kDk + 4, 4-row tiles by 4 more, so that the float4 reads of a warp's different tiles fall in
-// different banks), A and QK [kChunk, kChunk + 1], r and o [kChunk, 36], gates [4, kChunk]; delta
-// [kChunk, 36] and the inverses [4, kSub, kSub + 1] reuse the q rows, dead once A, QK and S0^T q
-// are formed. 68 KiB for kDk = 128 (three blocks per SM), 118 KiB for 256.
+// Pass 1 (DeltaChunkPrepKernel), fully parallel: block (chunk slot, key head), kThreads threads.
+// The k.k and q.k products of the chunk's rows are formed once for the key head (36 4x4 tiles of
+// the lower triangle, each by two lanes over the two halves of the key dim), then warp w takes
+// the value heads w, w + 4, ... of the key head: the gate scan, QK, A, and W by forward
+// substitution (one column per lane). Each (chunk, value head) gets a piece of the workspace,
+// kPieceFloats floats (4,608 bytes):
+//   [W (lower triangle with diagonal, row t at t(t+1)/2) | QK (same) | G | exp(G) | exp(G_31 - G)]
+// Chunks sit on a fixed grid from each sequence's first row (rows 32c..32c+31, the last one
+// clipped at the sequence's end, rows past it zero: k, q, v, g, beta, so their A, QK, W, u and
+// delta are zero and every loop runs over all 32 rows). Chunk c of sequence s is slot
+// seq_starts[s] / 32 + s + c: the slots of consecutive sequences never overlap, and there are at
+// most n_tokens / 32 + n_seqs of them.
 //
-// A chunk ends after kChunk rows, at the sequence's end, or after the first row that names a snapshot
-// slot, so a snapshot is S_end of its chunk. Each thread writes the state values it computes to
-// the snapshot slot and, after the last chunk, to the sequence's slot (S starts at zero when the
-// sequence's first position is 0). Every sum runs in a fixed order in one thread: results do not
-// depend on the batch composition, and equal GatedDeltaRule's up to f32 rounding.
+// Pass 2 (DeltaRuleStateKernel), sequential: block (32 value columns, value head, sequence),
+// kThreads threads, walks the sequence's chunks with its columns of S in shared memory,
+// transposed (St[j][d] = S[d][col0 + j]): the value columns are independent, and warp w owns 8 of
+// them, so after one block barrier per chunk (the double-buffered inputs: the chunk's k, q rows,
+// its v columns and its pass-1 piece, copied with cp.async one chunk ahead) a warp needs only
+// __syncwarp: lane (rg, cp) computes rows 8m + rg (m = 0..3) of columns 2cp, 2cp + 1 of its warp
+//   1. S0^T k and S0^T q for them (the bulk: 2 x 32 x dk products per column), u -> shared (over
+//      the chunk's v), exp(G) S0^T q kept;
+//   2. delta = W u from the warp's u (-> shared, with exp(G_31 - G) delta for 4);
+//   3. o = exp(G) S0^T q + QK delta -> out;
+//   4. S_end = exp(G_31) S0 + K^T (exp(G_31 - G) delta): lane owns 4 key rows x 8 / 4 / 2 / 1
+//      columns (by key dim) and keeps S^T in place. A row r before the chunk's last naming a
+//      snapshot slot gets S_r from the same S0 and delta (delta of rows <= r does not depend on
+//      later rows), so chunks never split at snapshots; the last row's is S_end (rows past a
+//      sequence's end change nothing).
+// Every lane does the same work in every product. The key dim is padded with zeros to kDk (16,
+// 32, 64, 128 or 256): zero terms leave every sum exactly as it is. Shared memory (floats): S^T
+// [32][kDk + 4], k and q [2][32][kDk + 4] each, v/u [2][32][36], pieces [2][1152], delta and
+// exp(G_31 - G) delta [4 warps][32][8] each: 108.5 KiB at kDk = 128 (two blocks per SM), 188 KiB
+// at 256; row strides of kDk + 4 and 36 floats put the 8 rows a warp reads at once in distinct
+// banks.
+//
+// Every sum runs in a fixed order in one thread (no atomics): results do not depend on the batch
+// composition, and equal GatedDeltaRule's up to f32 rounding.
 #include <algorithm>
 #include <cstdint>
 
@@ -41,47 +60,38 @@
 namespace kestrel::cuda {
 namespace {
 
-// 32 rows per sequential step keeps a block's shared memory at 68 KiB (key dim 128), so three
-// blocks share an SM: at 64 rows (135 KiB, one block per SM) Qwen3.5-27B's 192 blocks of a
-// sequence took two waves on the H200's 132 SMs.
-constexpr int kChunk = 32;  // rows per sequential step (<= 64: ChunkLength, the gate scan)
-constexpr int kCols = 32;   // value columns per block
-constexpr int kSub = 8;     // rows per forward-substitution block
+constexpr int kChunk = 32;  // rows per sequential step: a row per lane in the gate scan
 constexpr int kThreads = 128;
-constexpr int kBlocksPerSm = 3;
-constexpr int kColStride = kCols + 4;                 // r, o, delta rows (float4-aligned)
-constexpr int kGramStride = kChunk + 1;               // A, QK rows
-constexpr int kInvStride = kSub + 1;                  // rows of one inverse block
-constexpr int kTiles = kChunk / 4;                    // 4-row tiles of a chunk
-constexpr int kGramJobs = kTiles * (kTiles - 1) / 2;  // tiles (a, b), b < a, of A and QK
-constexpr int kProductJobs = kTiles * (kCols / 4);    // tiles of S0^T k and S0^T q
-static_assert(kGramJobs + kProductJobs <= kThreads);
-static_assert(kTiles * 16 == kThreads);  // one thread per dot of the diagonal tiles
-static_assert(kSub * (kCols / 2) == kThreads && kChunk == 4 * kSub);
-static_assert(kTiles * (kCols / 2) == kThreads);
+constexpr int kWarps = kThreads / 32;
+constexpr int kCols = 32;                  // value columns per pass-2 block
+constexpr int kWarpCols = kCols / kWarps;  // value columns per warp
+constexpr int kValueStride = kCols + 4;    // v/u rows
+constexpr int kGramStride = kChunk + 1;    // pass-1 k.k, q.k and A rows
+constexpr int kTilePairs = 36;             // 4x4 tiles (a, b), b <= a, of a 32 x 32 triangle
+constexpr int kTri = kChunk * (kChunk + 1) / 2;
+static_assert(kWarpCols == 8 && kChunk == 32);
+static_assert(kTilePairs % kWarps == 0 && 2 * kTilePairs / kWarps <= 32);
 
-// Offsets (floats) into the dynamic shared memory for key dim kDk.
-template <int kDk>
-struct ChunkLayout {
-  static constexpr int kRowStride = kDk + 4;
-  // Row r of a [rows, kDk] operand. Tile a (rows 4a..4a+3) starts at bank 20a mod 32: distinct
-  // for 8 consecutive tiles.
-  static __host__ __device__ constexpr int Row(int r) { return r * kRowStride + (r / 4) * 4; }
-  static constexpr int kDelta = kChunk * kColStride;
-  static constexpr int kInv = 4 * kSub * kInvStride;
-  static constexpr int kKeys = 0;
-  static constexpr int kQueries = kKeys + Row(kChunk);  // later delta, then the inverses
-  static constexpr int kState = kQueries + std::max(Row(kChunk), kDelta + kInv);
-  static constexpr int kR = kState + Row(kCols);
-  static constexpr int kO = kR + kChunk * kColStride;
-  static constexpr int kA = kO + kChunk * kColStride;
-  static constexpr int kQK = kA + kChunk * kGramStride;
-  static constexpr int kGates = kQK + kChunk * kGramStride;  // G, exp(G), exp(G_last - G), beta
-  static constexpr int kFloats = kGates + 4 * kChunk;
-  static constexpr size_t kBytes = size_t{kFloats} * sizeof(float);
-  static_assert(kRowStride % 4 == 0 && kQueries % 4 == 0 && kState % 4 == 0 && kR % 4 == 0 &&
-                kO % 4 == 0);
-};
+// The pass-1 piece of one (chunk, value head), offsets in floats.
+constexpr int kPieceW = 0;                   // W = (I + A)^-1 diag(beta), packed lower triangle
+constexpr int kPieceQK = kPieceW + kTri;     // QK, packed lower triangle
+constexpr int kPieceG = kPieceQK + kTri;     // G
+constexpr int kPieceEG = kPieceG + kChunk;   // exp(G)
+constexpr int kPieceED = kPieceEG + kChunk;  // exp(G_31 - G)
+constexpr int kPieceFloats = kPieceED + kChunk;
+static_assert(kPieceFloats * sizeof(float) % 256 == 0 && kPieceFloats % 128 == 0);
+
+// Row t of a packed lower triangle.
+__host__ __device__ constexpr int Tri(int t) {
+  return t * (t + 1) / 2;
+}
+// Steps 2 and 3 of pass 2 read a packed row up to 7 entries past its end: inside the triangle.
+static_assert(Tri(kChunk - 2) + (kChunk - 2) + 7 < kTri);
+
+// The first workspace slot of sequence `seq`, whose first row is `begin`.
+__device__ __forceinline__ int64_t FirstSlot(int begin, int seq) {
+  return int64_t{begin / kChunk} + seq;
+}
 
 __device__ __forceinline__ float Dot4(float4 a, float4 b, float acc) {
   acc += a.x * b.x;
@@ -95,365 +105,578 @@ __device__ __forceinline__ float4 Load4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
 }
 
-// Rows in the chunk starting at `start`: up to kChunk, to the sequence's end, or through the first
-// row naming a snapshot slot. Called by every lane of a warp.
-__device__ __forceinline__ int ChunkLength(const int32_t* __restrict__ snapshot_slot, int start,
-                                           int end, int lane) {
-  const int limit = end - start < kChunk ? end - start : kChunk;
-  const unsigned lo = __ballot_sync(0xffffffffu, lane < limit && snapshot_slot[start + lane] >= 0);
-  const unsigned hi =
-      __ballot_sync(0xffffffffu, lane + 32 < limit && snapshot_slot[start + lane + 32] >= 0);
-  if (lo != 0) return __ffs(lo);
-  if (hi != 0) return 32 + __ffs(hi);
-  return limit;
+__device__ __forceinline__ void Store4(float* p, float4 x) {
+  *reinterpret_cast<float4*>(p) = x;
 }
 
-// Block (column group of 32, value head, sequence), kThreads threads; see the top of the file.
+__device__ __forceinline__ float2 Load2(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
+
+// kN consecutive floats from shared memory (p aligned to their size when kN >= 2).
+template <int kN>
+__device__ __forceinline__ void LoadRow(const float* p, float (&x)[kN]) {
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 4) {
+      const float4 y = Load4(p + i);
+      x[i] = y.x;
+      x[i + 1] = y.y;
+      x[i + 2] = y.z;
+      x[i + 3] = y.w;
+    }
+  } else if constexpr (kN == 2) {
+    const float2 y = Load2(p);
+    x[0] = y.x;
+    x[1] = y.y;
+  } else {
+    static_assert(kN == 1);
+    x[0] = p[0];
+  }
+}
+
+// cp.async: global -> shared without a trip through registers, so the next chunk's inputs land
+// while this one computes. A copy that is not live reads nothing and writes zeros.
+__device__ __forceinline__ void CopyAsync16(float* dst, const float* src, bool live) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+               "r"(live ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CopyAsync4(float* dst, const float* src, bool live) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src),
+               "r"(live ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CopyAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void CopyAsyncWaitAll() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// A [kRows, kTileCols] tile of a row-major global matrix (row stride src_stride floats) into
+// shared memory (row stride dst_stride), zeros from row live_rows and column live_cols on, by all
+// kThreads threads. 16-byte copies when vec (src, src_stride and live_cols multiples of 4 floats),
+// a thread taking one column quad of every kThreads / (kTileCols / 4)-th row; else 4-byte ones.
+template <int kRows, int kTileCols>
+__device__ __forceinline__ void CopyTile(float* dst, int dst_stride, const float* src,
+                                         int64_t src_stride, int live_rows, int live_cols, bool vec,
+                                         int tid) {
+  constexpr int kQuads = kTileCols / 4;
+  static_assert(kTileCols % 4 == 0 && kThreads % kQuads == 0);
+  if (vec) {
+    const int c = 4 * (tid % kQuads);
+    const bool col_live = c < live_cols;
+#pragma unroll
+    for (int r = tid / kQuads; r < kRows; r += kThreads / kQuads) {
+      const bool live = col_live && r < live_rows;
+      CopyAsync16(dst + r * dst_stride + c, live ? src + r * src_stride + c : src, live);
+    }
+  } else {
+    for (int i = tid; i < kRows * kTileCols; i += kThreads) {
+      const int r = i / kTileCols, c = i % kTileCols;
+      const bool live = r < live_rows && c < live_cols;
+      CopyAsync4(dst + r * dst_stride + c, live ? src + r * src_stride + c : src, live);
+    }
+  }
+}
+
+// Pass-1 shared memory (floats) for key dim kDk.
 template <int kDk>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    DeltaRuleChunkedKernel(const float* __restrict__ q, const float* __restrict__ k,
-                           const float* __restrict__ v, int64_t v_stride,
-                           const float* __restrict__ g, const float* __restrict__ beta, int nk,
-                           int dk, int nv, int dv, DeltaBatchView b, DeltaStateView st,
-                           float* __restrict__ out) {
-  using L = ChunkLayout<kDk>;
+struct PrepLayout {
+  static constexpr int kRowStride = kDk + 4;
+  static constexpr int kKeys = 0;
+  static constexpr int kQueries = kChunk * kRowStride;
+  static constexpr int kA = 0;  // per warp [kChunk][kGramStride], over k and q once they are dead
+  static constexpr int kAFloats = kWarps * kChunk * kGramStride;
+  static constexpr int kKK = std::max(2 * kChunk * kRowStride, kAFloats);
+  static constexpr int kQK = kKK + kChunk * kGramStride;
+  static constexpr int kFloats = kQK + kChunk * kGramStride;
+  static constexpr size_t kBytes = size_t{kFloats} * sizeof(float);
+};
+
+// Pass 1: block (chunk slot, key head); see the top of the file.
+template <int kDk>
+__global__ void __launch_bounds__(kThreads)
+    DeltaChunkPrepKernel(const float* __restrict__ q, const float* __restrict__ k,
+                         const float* __restrict__ g, const float* __restrict__ beta, int nk,
+                         int dk, int nv, DeltaBatchView b, float* __restrict__ workspace,
+                         bool kq_vec) {
+  using L = PrepLayout<kDk>;
   constexpr int kRS = L::kRowStride;
-  extern __shared__ float4 chunk_smem[];
-  float* smem = reinterpret_cast<float*>(chunk_smem);
+  extern __shared__ float4 prep_smem[];
+  float* smem = reinterpret_cast<float*>(prep_smem);
   float* Ks = smem + L::kKeys;
   float* Qs = smem + L::kQueries;
-  float* D = smem + L::kQueries;                // delta [kChunk, kColStride], once Qs is dead
-  float* Inv = smem + L::kQueries + L::kDelta;  // (I + A_bb)^-1 [4, kSub, kInvStride]
-  float* St = smem + L::kState;
-  float* R = smem + L::kR;
-  float* O = smem + L::kO;
-  float* A = smem + L::kA;
+  float* KK = smem + L::kKK;
   float* QK = smem + L::kQK;
-  float* G = smem + L::kGates;
-  float* EG = G + kChunk;   // exp(G_t)
-  float* ED = EG + kChunk;  // exp(G_last - G_t)
-  float* Beta = ED + kChunk;
 
-  const int tid = threadIdx.x, lane = tid % 32;
-  const int col0 = blockIdx.x * kCols, h = blockIdx.y, seq = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int slot = blockIdx.x, kh = blockIdx.y;
+  // The sequence owning the slot: the last one whose first slot is <= slot (first slots
+  // increase strictly with the sequence).
+  int seq = 0;
+  for (int hi = b.n_seqs - 1; seq < hi;) {
+    const int mid = (seq + hi + 1) / 2;
+    if (FirstSlot(b.seq_starts[mid], mid) <= slot) {
+      seq = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
   const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
-  if (begin == end) return;
-  const int kh = h / (nv / nk);
-  const int64_t head_offset = st.layer_offset + st.conv_floats + int64_t{h} * dk * dv;
-  float* home = st.state + b.state_slots[seq] * st.slot_floats + head_offset;
-  const bool fresh = b.positions[begin] == 0;
-  for (int i = tid; i < kCols * kDk; i += kThreads) {
-    const int j = i % kCols, d = i / kCols;
-    const bool live = !fresh && d < dk && col0 + j < dv;
-    St[L::Row(j) + d] = live ? home[int64_t{d} * dv + col0 + j] : 0.0f;
-  }
+  const int start = begin + static_cast<int>(slot - FirstSlot(begin, seq)) * kChunk;
+  if (start >= end) return;
+  const int len = end - start < kChunk ? end - start : kChunk;
 
-  // This thread's tile of the Gram/product phase (the same for every chunk): rows 4 * x_tile..
-  // of k and q against 4 rows of z, k rows (A, QK; z_tile < x_tile) or S^T rows (S0^T k, S0^T q).
-  int x_tile = 0, z_tile = 0;
-  const bool gram_job = tid < kGramJobs, product_job = !gram_job && tid < kGramJobs + kProductJobs;
-  if (gram_job) {
-    x_tile = 1;
-    while (x_tile * (x_tile + 1) / 2 <= tid) ++x_tile;
-    z_tile = tid - x_tile * (x_tile - 1) / 2;
-  } else if (product_job) {
-    x_tile = (tid - kGramJobs) / (kCols / 4);
-    z_tile = (tid - kGramJobs) % (kCols / 4);
-  }
-  const float* z_rows = (gram_job ? Ks : St) + L::Row(4 * z_tile);
-  // This thread's dot of a diagonal 4 x 4 tile: 6 of A (s < t), then 10 of QK (s <= t).
-  const int diag_tile = tid / 16, diag_pair = tid % 16;
-  const bool diag_qk = diag_pair >= 6;
-  int diag_i, diag_c;
-  if (!diag_qk) {
-    diag_i = diag_pair < 1 ? 1 : diag_pair < 3 ? 2 : 3;
-    diag_c = diag_pair - diag_i * (diag_i - 1) / 2;
-  } else {
-    const int p = diag_pair - 6;
-    diag_i = p < 1 ? 0 : p < 3 ? 1 : p < 6 ? 2 : 3;
-    diag_c = p - diag_i * (diag_i + 1) / 2;
-  }
+  const int64_t row0 = int64_t{start} * nk + kh;
+  CopyTile<kChunk, kDk>(Ks, kRS, k + row0 * dk, int64_t{nk} * dk, len, dk, kq_vec, tid);
+  CopyTile<kChunk, kDk>(Qs, kRS, q + row0 * dk, int64_t{nk} * dk, len, dk, kq_vec, tid);
+  CopyAsyncCommit();
+  CopyAsyncWaitAll();
+  __syncthreads();
 
-  for (int start = begin; start < end;) {
-    const int len = ChunkLength(b.snapshot_slot, start, end, lane);
-
-    // Load the chunk's k, q rows and v columns, zero past its end; warp 0 scans the gates.
-    for (int i = tid; i < kChunk * kDk; i += kThreads) {
-      const int t = i / kDk, d = i % kDk;
-      const bool live = t < len && d < dk;
-      const int64_t at = ((int64_t{start} + t) * nk + kh) * dk + d;
-      Ks[L::Row(t) + d] = live ? k[at] : 0.0f;
-      Qs[L::Row(t) + d] = live ? q[at] : 0.0f;
-    }
-    for (int i = tid; i < kChunk * kCols; i += kThreads) {
-      const int t = i / kCols, j = i % kCols;
-      const bool live = t < len && col0 + j < dv;
-      R[t * kColStride + j] =
-          live ? v[(int64_t{start} + t) * v_stride + int64_t{h} * dv + col0 + j] : 0.0f;
-    }
-    if (tid < 32) {
-      // Inclusive scan of g over each 32-row half (Kogge-Stone), then the halves joined.
-      const int64_t row = (int64_t{start} + lane) * nv + h;
-      float lo = lane < len ? g[row] : 0.0f;
-      float hi = lane + 32 < len ? g[row + 32 * nv] : 0.0f;
-#pragma unroll
-      for (int off = 1; off < 32; off *= 2) {
-        const float lo_up = __shfl_up_sync(0xffffffffu, lo, off);
-        const float hi_up = __shfl_up_sync(0xffffffffu, hi, off);
-        if (lane >= off) {
-          lo += lo_up;
-          hi += hi_up;
-        }
-      }
-      hi += __shfl_sync(0xffffffffu, lo, 31);
-      const float last = __shfl_sync(0xffffffffu, hi, 31);
-      G[lane] = lo;
-      EG[lane] = expf(lo);
-      ED[lane] = expf(last - lo);
-      Beta[lane] = lane < len ? beta[row] : 0.0f;
-      if constexpr (kChunk > 32) {
-        G[lane + 32] = hi;
-        EG[lane + 32] = expf(hi);
-        ED[lane + 32] = expf(last - hi);
-        Beta[lane + 32] = lane + 32 < len ? beta[row + 32 * nv] : 0.0f;
-      }
-    }
-    __syncthreads();
-
-    // A, QK off the diagonal tiles; r = beta (v - exp(G) S0^T k); o = exp(G) S0^T q.
-    if (gram_job || product_job) {
-      const float* xk = Ks + L::Row(4 * x_tile);
-      const float* xq = Qs + L::Row(4 * x_tile);
-      float kz[4][4] = {}, qz[4][4] = {};
+  // k.k and q.k of tile pair (a, b): rows 4a.. of k and q against rows 4b.. of k. Lanes 2i and
+  // 2i + 1 of warp w take pair w + 4i over the two halves of the key dim; lanes past them idle.
+  {
+    const int pair = warp + kWarps * (lane / 2), half = lane % 2;
+    const bool gram = lane < 2 * (kTilePairs / kWarps);
+    int ta = 0;
+    while (Tri(ta + 1) <= pair) ++ta;
+    const int tb = pair - Tri(ta);
+    float kk[4][4] = {}, qk[4][4] = {};
+    if (gram) {
+      const float* xk = Ks + 4 * ta * kRS;
+      const float* xq = Qs + 4 * ta * kRS;
+      const float* z = Ks + 4 * tb * kRS;
 #pragma unroll 2
-      for (int d = 0; d < kDk; d += 4) {
+      for (int d = half * (kDk / 2); d < (half + 1) * (kDk / 2); d += 4) {
         float4 xk4[4], xq4[4], z4[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           xk4[r] = Load4(xk + r * kRS + d);
           xq4[r] = Load4(xq + r * kRS + d);
-          z4[r] = Load4(z_rows + r * kRS + d);
+          z4[r] = Load4(z + r * kRS + d);
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            kz[r][c] = Dot4(xk4[r], z4[c], kz[r][c]);
-            qz[r][c] = Dot4(xq4[r], z4[c], qz[r][c]);
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int t = 4 * x_tile + r;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          if (gram_job) {
-            const int s = 4 * z_tile + c;
-            const float decay = expf(G[t] - G[s]);
-            A[t * kGramStride + s] = Beta[t] * decay * kz[r][c];
-            QK[t * kGramStride + s] = decay * qz[r][c];
-          } else {
-            const int j = 4 * z_tile + c;
-            R[t * kColStride + j] = Beta[t] * (R[t * kColStride + j] - EG[t] * kz[r][c]);
-            O[t * kColStride + j] = EG[t] * qz[r][c];
+            kk[r][c] = Dot4(xk4[r], z4[c], kk[r][c]);
+            qk[r][c] = Dot4(xq4[r], z4[c], qk[r][c]);
           }
         }
       }
     }
-    {
-      const int t = 4 * diag_tile + diag_i, s = 4 * diag_tile + diag_c;
-      const float* x = (diag_qk ? Qs : Ks) + L::Row(t);
-      const float* z = Ks + L::Row(s);
-      float dot = 0.0f;
-#pragma unroll 4
-      for (int d = 0; d < kDk; d += 4) dot = Dot4(Load4(x + d), Load4(z + d), dot);
-      const float decay = expf(G[t] - G[s]);
-      if (diag_qk) {
-        QK[t * kGramStride + s] = decay * dot;
-      } else {
-        A[t * kGramStride + s] = Beta[t] * decay * dot;
-      }
-    }
-    __syncthreads();
-
-    // (I + A_bb)^-1 of the four diagonal blocks, a column per thread: x = e_c - A_bb x, by rows.
-    if (tid < 4 * kSub) {
-      const int blk = tid / kSub, c = tid % kSub;
-      const float* a = A + kSub * blk * (kGramStride + 1);
-      float x[kSub];
+    // The even lane keeps k.k, the odd one q.k: each adds its partner's half (a + b = b + a, so
+    // both orders give the same bits).
 #pragma unroll
-      for (int i = 0; i < kSub; ++i) {
-        float acc = i == c ? 1.0f : 0.0f;
-#pragma unroll
-        for (int s = 0; s < i; ++s) acc -= a[i * kGramStride + s] * x[s];
-        x[i] = acc;
-      }
-#pragma unroll
-      for (int i = 0; i < kSub; ++i) Inv[(blk * kSub + i) * kInvStride + c] = x[i];
-    }
-    __syncthreads();
-
-    // delta by blocks of 16 rows, two columns per thread.
-    {
-      const int row = tid / (kCols / 2), j = 2 * (tid % (kCols / 2));
-#pragma unroll 1
-      for (int blk = 0; blk < kChunk / kSub; ++blk) {
-        const int t = kSub * blk + row;
-        if (blk > 0) {
-          float2 x = *reinterpret_cast<const float2*>(R + t * kColStride + j);
-          for (int s = 0; s < kSub * blk; ++s) {
-            const float a = A[t * kGramStride + s];
-            const float2 ds = *reinterpret_cast<const float2*>(D + s * kColStride + j);
-            x.x -= a * ds.x;
-            x.y -= a * ds.y;
-          }
-          *reinterpret_cast<float2*>(R + t * kColStride + j) = x;
-          __syncthreads();
-        }
-        const float* inv = Inv + (blk * kSub + row) * kInvStride;
-        float2 acc = make_float2(0.0f, 0.0f);
-#pragma unroll
-        for (int s = 0; s < kSub; ++s) {
-          const float w = inv[s];
-          const float2 x = *reinterpret_cast<const float2*>(R + (kSub * blk + s) * kColStride + j);
-          acc.x += w * x.x;
-          acc.y += w * x.y;
-        }
-        *reinterpret_cast<float2*>(D + t * kColStride + j) = acc;
-        __syncthreads();
-      }
-    }
-
-    // Outputs: o_t += sum_{s<=t} QK_ts delta_s; rows 4 * tile.., two columns per thread.
-    {
-      const int tile = tid / (kCols / 2), j = 2 * (tid % (kCols / 2));
-      float2 acc[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        acc[r] = *reinterpret_cast<const float2*>(O + (4 * tile + r) * kColStride + j);
-      }
-      const float* qk = QK + 4 * tile * kGramStride;
-#pragma unroll 4
-      for (int s = 0; s < 4 * tile; ++s) {
-        const float2 ds = *reinterpret_cast<const float2*>(D + s * kColStride + j);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float w = qk[r * kGramStride + s];
-          acc[r].x += w * ds.x;
-          acc[r].y += w * ds.y;
-        }
-      }
+    for (int r = 0; r < 4; ++r) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int s = 4 * tile + c;
-        const float2 ds = *reinterpret_cast<const float2*>(D + s * kColStride + j);
+        const float got = __shfl_xor_sync(0xffffffffu, half ? kk[r][c] : qk[r][c], 1);
+        const float sum = (half ? qk[r][c] : kk[r][c]) + got;
+        if (gram) (half ? QK : KK)[(4 * ta + r) * kGramStride + 4 * tb + c] = sum;
+      }
+    }
+  }
+  __syncthreads();
+
+  // Per value head of this key head, one warp each: gates, QK, A, then W column by column.
+  const int group = nv / nk;
+  float* A = smem + L::kA + warp * kChunk * kGramStride;
+  for (int hl = warp; hl < group; hl += kWarps) {
+    const int h = kh * group + hl;
+    const int64_t gate = (int64_t{start} + lane) * nv + h;
+    float gc = lane < len ? g[gate] : 0.0f;  // becomes G of row `lane`
+    const float bt = lane < len ? beta[gate] : 0.0f;
 #pragma unroll
-        for (int r = c; r < 4; ++r) {
-          const float w = qk[r * kGramStride + s];
-          acc[r].x += w * ds.x;
-          acc[r].y += w * ds.y;
+    for (int off = 1; off < kChunk; off *= 2) {
+      const float up = __shfl_up_sync(0xffffffffu, gc, off);
+      if (lane >= off) gc += up;
+    }
+    const float g_last = __shfl_sync(0xffffffffu, gc, kChunk - 1);
+    float* piece = workspace + (int64_t{slot} * nv + h) * kPieceFloats;
+    piece[kPieceG + lane] = gc;
+    piece[kPieceEG + lane] = expf(gc);
+    piece[kPieceED + lane] = expf(g_last - gc);
+    // Row t: lane s <= t forms exp(G_t - G_s) and scales its q.k (into the piece) and k.k (A).
+    for (int t = 0; t < kChunk; ++t) {
+      const float g_t = __shfl_sync(0xffffffffu, gc, t);
+      const float b_t = __shfl_sync(0xffffffffu, bt, t);
+      if (lane <= t) {
+        const float decay = expf(g_t - gc);
+        piece[kPieceQK + Tri(t) + lane] = decay * QK[t * kGramStride + lane];
+        if (lane < t) A[t * kGramStride + lane] = b_t * decay * KK[t * kGramStride + lane];
+      }
+    }
+    __syncwarp();
+    // Column `lane` of W: (I + A) x = beta_lane e_lane by forward substitution; x_t = 0 for
+    // t < lane, so those terms add exact zeros.
+    float x[kChunk];
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+      float acc = t == lane ? bt : 0.0f;
+#pragma unroll
+      for (int s = 0; s < t; ++s) acc -= A[t * kGramStride + s] * x[s];
+      x[t] = acc;
+    }
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+      if (lane <= t) piece[kPieceW + Tri(t) + lane] = x[t];
+    }
+    __syncwarp();  // A is rewritten for the warp's next value head
+  }
+}
+
+// Pass-2 shared memory (floats) for key dim kDk.
+template <int kDk>
+struct StateLayout {
+  static constexpr int kRowStride = kDk + 4;  // k, q and S^T rows
+  static constexpr int kKeyFloats = kChunk * kRowStride;
+  static constexpr int kValueFloats = kChunk * kValueStride;
+  static constexpr int kDeltaFloats = kChunk * kWarpCols;    // one warp's
+  static constexpr int kState = 0;                           // S^T [kCols][kRowStride]
+  static constexpr int kKeys = kState + kCols * kRowStride;  // [2][kChunk][kRowStride]
+  static constexpr int kQueries = kKeys + 2 * kKeyFloats;
+  static constexpr int kValues = kQueries + 2 * kKeyFloats;        // v, then u: [2][kChunk][36]
+  static constexpr int kPieces = kValues + 2 * kValueFloats;       // [2][kPieceFloats]
+  static constexpr int kDelta = kPieces + 2 * kPieceFloats;        // [kWarps][kChunk][kWarpCols]
+  static constexpr int kDeltaEd = kDelta + kWarps * kDeltaFloats;  // exp(G_31 - G) delta
+  static constexpr int kFloats = kDeltaEd + kWarps * kDeltaFloats;
+  static constexpr size_t kBytes = size_t{kFloats} * sizeof(float);
+  static_assert(kRowStride % 4 == 0 && kKeys % 4 == 0 && kValues % 4 == 0 && kPieces % 4 == 0 &&
+                kDelta % 4 == 0 && kDeltaEd % 4 == 0);
+};
+
+// Writes a lane's tile of a state (key rows d0..d0+3, columns col..col+kN-1; acc[c] holds column
+// col + c) to dst [dk, dv].
+template <int kN>
+__device__ __forceinline__ void StoreStateTile(float* dst, const float4 (&acc)[kN], int d0, int col,
+                                               int dk, int dv) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (d0 + i >= dk) break;
+#pragma unroll
+    for (int c = 0; c < kN; ++c) {
+      const float4 a = acc[c];
+      const float val = i == 0 ? a.x : i == 1 ? a.y : i == 2 ? a.z : a.w;
+      if (col + c < dv) dst[int64_t{d0 + i} * dv + col + c] = val;
+    }
+  }
+}
+
+// Pass 2: block (column group of 32, value head, sequence); see the top of the file.
+template <int kDk>
+__global__ void __launch_bounds__(kThreads, 2)
+    DeltaRuleStateKernel(const float* __restrict__ q, const float* __restrict__ k,
+                         const float* __restrict__ v, int64_t v_stride,
+                         const float* __restrict__ workspace, int nk, int dk, int nv, int dv,
+                         DeltaBatchView b, DeltaStateView st, float* __restrict__ out, bool kq_vec,
+                         bool v_vec) {
+  using L = StateLayout<kDk>;
+  constexpr int kRS = L::kRowStride;
+  // Step 4's lanes: kGroupLanes groups of 4 key rows (kGroupsPerLane each) x kColSets sets of
+  // kSCols columns, so that every lane has work for every key dim.
+  constexpr int kDGroups = kDk / 4;
+  constexpr int kGroupLanes = kDGroups < 32 ? kDGroups : 32;
+  constexpr int kGroupsPerLane = kDGroups / kGroupLanes;
+  constexpr int kSCols = kWarpCols * kGroupLanes / 32;
+  extern __shared__ float4 state_smem[];
+  float* smem = reinterpret_cast<float*>(state_smem);
+  float* St = smem + L::kState;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int col0 = blockIdx.x * kCols, h = blockIdx.y, seq = blockIdx.z;
+  const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
+  if (begin == end) return;
+  const int kh = h / (nv / nk);
+  const int n_chunks = (end - begin + kChunk - 1) / kChunk;
+  const float* pieces = workspace + (FirstSlot(begin, seq) * nv + h) * kPieceFloats;
+  const int64_t head_offset = st.layer_offset + st.conv_floats + int64_t{h} * dk * dv;
+  float* home = st.state + b.state_slots[seq] * st.slot_floats + head_offset;
+
+  // Chunk i's inputs into buffer i % 2: k and q rows, this block's v columns, its piece.
+  auto fetch = [&](int i) {
+    const int start = begin + i * kChunk, len = min(end - start, kChunk), buf = i % 2;
+    const int64_t row0 = int64_t{start} * nk + kh;
+    CopyTile<kChunk, kDk>(smem + L::kKeys + buf * L::kKeyFloats, kRS, k + row0 * dk,
+                          int64_t{nk} * dk, len, dk, kq_vec, tid);
+    CopyTile<kChunk, kDk>(smem + L::kQueries + buf * L::kKeyFloats, kRS, q + row0 * dk,
+                          int64_t{nk} * dk, len, dk, kq_vec, tid);
+    CopyTile<kChunk, kCols>(smem + L::kValues + buf * L::kValueFloats, kValueStride,
+                            v + int64_t{start} * v_stride + int64_t{h} * dv + col0, v_stride, len,
+                            dv - col0, v_vec, tid);
+    constexpr int kPieceRows = kPieceFloats / 128;  // the piece as [9][128]
+    CopyTile<kPieceRows, 128>(smem + L::kPieces + buf * kPieceFloats, 128,
+                              pieces + int64_t{i} * nv * kPieceFloats, 128, kPieceRows, 128, true,
+                              tid);
+    CopyAsyncCommit();
+  };
+  fetch(0);
+  // Snapshot slots of the chunk's rows, lane t for row t (-1 past the end), a chunk ahead too.
+  int snap = lane < end - begin ? b.snapshot_slot[begin + lane] : -1;
+
+  const bool fresh = b.positions[begin] == 0;
+  for (int i = tid; i < kCols * kDk; i += kThreads) {
+    const int j = i % kCols, d = i / kCols;
+    const bool live = !fresh && d < dk && col0 + j < dv;
+    St[j * kRS + d] = live ? home[int64_t{d} * dv + col0 + j] : 0.0f;
+  }
+
+  // Steps 1-3: rows 8m + rg, columns wcol, wcol + 1 of the block.
+  const int cp = lane % 4, rg = lane / 4;
+  const int wcol = kWarpCols * warp + 2 * cp;
+  // Step 4: key rows 4 * (gl + kGroupLanes * gi).., columns scol.. of the block.
+  const int gl = lane % kGroupLanes, scol = kWarpCols * warp + (lane / kGroupLanes) * kSCols;
+  float* Dw = smem + L::kDelta + warp * L::kDeltaFloats;
+  float* DEw = smem + L::kDeltaEd + warp * L::kDeltaFloats;
+
+  for (int i = 0; i < n_chunks; ++i) {
+    const int start = begin + i * kChunk, len = min(end - start, kChunk), buf = i % 2;
+    CopyAsyncWaitAll();
+    // Chunk i's inputs (and S^T) are visible to every warp, and every warp is done with chunk
+    // i - 1, whose buffers now take chunk i + 1.
+    __syncthreads();
+    int next_snap = -1;
+    if (i + 1 < n_chunks) {
+      fetch(i + 1);
+      if (start + kChunk + lane < end) next_snap = b.snapshot_slot[start + kChunk + lane];
+    }
+    const float* Kc = smem + L::kKeys + buf * L::kKeyFloats;
+    const float* Qc = smem + L::kQueries + buf * L::kKeyFloats;
+    float* Vc = smem + L::kValues + buf * L::kValueFloats;
+    const float* Pc = smem + L::kPieces + buf * kPieceFloats;
+    const float* EG = Pc + kPieceEG;
+
+    // 1. S0^T k and S0^T q; u = v - exp(G) S0^T k over v; o starts as exp(G) S0^T q.
+    float2 o[4];
+    {
+      float kacc[4][2] = {}, qacc[4][2] = {};
+      const float* krow = Kc + rg * kRS;
+      const float* qrow = Qc + rg * kRS;
+      const float* srow = St + wcol * kRS;
+#pragma unroll 2
+      for (int d = 0; d < kDk; d += 4) {
+        float4 kx[4], qx[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          kx[m] = Load4(krow + 8 * m * kRS + d);
+          qx[m] = Load4(qrow + 8 * m * kRS + d);
+        }
+        const float4 s0 = Load4(srow + d), s1 = Load4(srow + kRS + d);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          kacc[m][0] = Dot4(kx[m], s0, kacc[m][0]);
+          kacc[m][1] = Dot4(kx[m], s1, kacc[m][1]);
+          qacc[m][0] = Dot4(qx[m], s0, qacc[m][0]);
+          qacc[m][1] = Dot4(qx[m], s1, qacc[m][1]);
         }
       }
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int t = 4 * tile + r;
+      for (int m = 0; m < 4; ++m) {
+        const int t = 8 * m + rg;
+        const float e = EG[t];
+        float* vp = Vc + t * kValueStride + wcol;
+        const float2 vv = Load2(vp);
+        *reinterpret_cast<float2*>(vp) = make_float2(vv.x - e * kacc[m][0], vv.y - e * kacc[m][1]);
+        o[m] = make_float2(e * qacc[m][0], e * qacc[m][1]);
+      }
+    }
+    __syncwarp();
+
+    // 2. delta = W u. Row t = 8m + rg needs s <= t: a term is skipped where that holds for no
+    // lane, and taken as zero where it fails for some (without a branch: the read, at most 7
+    // past row t's end, stays in the packed triangle).
+    {
+      const float* W = Pc + kPieceW;
+      const float* ED = Pc + kPieceED;
+      float2 acc[4] = {};
+#pragma unroll
+      for (int s = 0; s < kChunk; ++s) {
+        const float2 u = Load2(Vc + s * kValueStride + wcol);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int t = 8 * m + rg;
+          if (s > 8 * m + 7) continue;
+          const float w_ts = W[Tri(t) + s];
+          const float w = s <= 8 * m || s <= t ? w_ts : 0.0f;
+          acc[m].x += w * u.x;
+          acc[m].y += w * u.y;
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int t = 8 * m + rg;
+        const float e = ED[t];
+        *reinterpret_cast<float2*>(Dw + t * kWarpCols + 2 * cp) = acc[m];
+        *reinterpret_cast<float2*>(DEw + t * kWarpCols + 2 * cp) =
+            make_float2(e * acc[m].x, e * acc[m].y);
+      }
+    }
+    __syncwarp();
+
+    // 3. o += QK delta -> out.
+    {
+      const float* QK = Pc + kPieceQK;
+#pragma unroll
+      for (int s = 0; s < kChunk; ++s) {
+        const float2 dl = Load2(Dw + s * kWarpCols + 2 * cp);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int t = 8 * m + rg;
+          if (s > 8 * m + 7) continue;
+          const float qk_ts = QK[Tri(t) + s];
+          const float w = s <= 8 * m || s <= t ? qk_ts : 0.0f;
+          o[m].x += w * dl.x;
+          o[m].y += w * dl.y;
+        }
+      }
+      const int col = col0 + wcol;
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int t = 8 * m + rg;
         if (t >= len) break;
-        float* o = out + ((int64_t{start} + t) * nv + h) * dv + col0 + j;
-        if (col0 + j < dv) o[0] = acc[r].x;
-        if (col0 + j + 1 < dv) o[1] = acc[r].y;
+        float* dst = out + (int64_t{start + t} * nv + h) * dv + col;
+        if (col < dv) dst[0] = o[m].x;
+        if (col + 1 < dv) dst[1] = o[m].y;
       }
     }
 
-    // S_end = exp(G_last) S0 + sum_s exp(G_last - G_s) k_s delta_s^T, a 4 x 4 tile (rows d,
-    // columns j) per job; written to the snapshot slot and, after the last chunk, home.
+    // 4. Snapshots inside the chunk, then S_end (also the snapshot of the chunk's last row, and
+    // after the last chunk the sequence's state).
     {
-      const int snap = b.snapshot_slot[start + len - 1];
-      const bool last_chunk = start + len == end;
-      float* snap_dst = snap >= 0 ? st.state + snap * st.slot_floats + head_offset : nullptr;
+      const unsigned snaps = __ballot_sync(0xffffffffu, snap >= 0);
+      const unsigned inner = snaps & ((1u << (len - 1)) - 1);
+      const int end_snap = __shfl_sync(0xffffffffu, snap, len - 1);
+      const bool last_chunk = i + 1 == n_chunks;
+      const float* G = Pc + kPieceG;
       const float e_last = EG[kChunk - 1];
-      for (int job = tid; job < (kDk / 4) * (kCols / 4); job += kThreads) {
-        const int j0 = 4 * (job % (kCols / 4)), d0 = 4 * (job / (kCols / 4));
-        float4 acc[4];
+#pragma unroll 1
+      for (int gi = 0; gi < kGroupsPerLane; ++gi) {
+        const int d0 = 4 * (gl + kGroupLanes * gi);
+        float4 s0[kSCols];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const float4 s0 = Load4(St + L::Row(j0 + c) + d0);
-          acc[c] = make_float4(e_last * s0.x, e_last * s0.y, e_last * s0.z, e_last * s0.w);
+        for (int c = 0; c < kSCols; ++c) s0[c] = Load4(St + (scol + c) * kRS + d0);
+        for (unsigned rest = inner; rest != 0; rest &= rest - 1) {
+          const int r = __ffs(rest) - 1;
+          const int slot = __shfl_sync(0xffffffffu, snap, r);
+          const float e_r = EG[r], g_r = G[r];
+          float4 acc[kSCols];
+#pragma unroll
+          for (int c = 0; c < kSCols; ++c) {
+            acc[c] = make_float4(e_r * s0[c].x, e_r * s0[c].y, e_r * s0[c].z, e_r * s0[c].w);
+          }
+          for (int s = 0; s <= r; ++s) {
+            const float e = expf(g_r - G[s]);
+            const float4 ks = Load4(Kc + s * kRS + d0);
+            const float4 kd = make_float4(e * ks.x, e * ks.y, e * ks.z, e * ks.w);
+            float dl[kSCols];
+            LoadRow(Dw + s * kWarpCols + scol % kWarpCols, dl);
+#pragma unroll
+            for (int c = 0; c < kSCols; ++c) {
+              acc[c].x += kd.x * dl[c];
+              acc[c].y += kd.y * dl[c];
+              acc[c].z += kd.z * dl[c];
+              acc[c].w += kd.w * dl[c];
+            }
+          }
+          StoreStateTile(st.state + slot * st.slot_floats + head_offset, acc, d0, col0 + scol, dk,
+                         dv);
+        }
+        float4 acc[kSCols];
+#pragma unroll
+        for (int c = 0; c < kSCols; ++c) {
+          acc[c] =
+              make_float4(e_last * s0[c].x, e_last * s0[c].y, e_last * s0[c].z, e_last * s0[c].w);
         }
 #pragma unroll 4
         for (int s = 0; s < kChunk; ++s) {
-          const float e = ED[s];
-          const float4 ks = Load4(Ks + L::Row(s) + d0);
-          const float4 kd = make_float4(e * ks.x, e * ks.y, e * ks.z, e * ks.w);
-          const float4 ds = Load4(D + s * kColStride + j0);
-          const float dc[4] = {ds.x, ds.y, ds.z, ds.w};
+          const float4 ks = Load4(Kc + s * kRS + d0);
+          float de[kSCols];
+          LoadRow(DEw + s * kWarpCols + scol % kWarpCols, de);
 #pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            acc[c].x += kd.x * dc[c];
-            acc[c].y += kd.y * dc[c];
-            acc[c].z += kd.z * dc[c];
-            acc[c].w += kd.w * dc[c];
+          for (int c = 0; c < kSCols; ++c) {
+            acc[c].x += ks.x * de[c];
+            acc[c].y += ks.y * de[c];
+            acc[c].z += ks.z * de[c];
+            acc[c].w += ks.w * de[c];
           }
         }
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          *reinterpret_cast<float4*>(St + L::Row(j0 + c) + d0) = acc[c];
-          const int col = col0 + j0 + c;
-          if (col >= dv || (snap_dst == nullptr && !last_chunk)) continue;
-          const float vals[4] = {acc[c].x, acc[c].y, acc[c].z, acc[c].w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int d = d0 + i;
-            if (d >= dk) break;
-            if (snap_dst != nullptr) snap_dst[int64_t{d} * dv + col] = vals[i];
-            if (last_chunk) home[int64_t{d} * dv + col] = vals[i];
-          }
+        for (int c = 0; c < kSCols; ++c) Store4(St + (scol + c) * kRS + d0, acc[c]);
+        if (end_snap >= 0) {
+          StoreStateTile(st.state + end_snap * st.slot_floats + head_offset, acc, d0, col0 + scol,
+                         dk, dv);
         }
+        if (last_chunk) StoreStateTile(home, acc, d0, col0 + scol, dk, dv);
       }
     }
-    __syncthreads();  // the next chunk overwrites k, q (delta), r and the gates
-    start += len;
+    snap = next_snap;
   }
+}
+
+// Opts kernel into smem bytes of dynamic shared memory, once per instance (a host call, not a
+// stream operation: fine under graph capture); false where the device's limit is lower.
+template <class Kernel>
+bool OptIn(Kernel kernel, size_t smem) {
+  int device = 0, limit = 0;
+  KCUDA_CHECK(cudaGetDevice(&device));
+  KCUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (smem > static_cast<size_t>(limit)) return false;
+  KCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(smem)));
+  return true;
+}
+
+bool Aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 template <int kDk>
 void LaunchChunked(const float* q, const float* k, const float* v, int64_t v_stride, const float* g,
                    const float* beta, int32_t nk, int32_t dk, int32_t nv, int32_t dv,
-                   const DeltaBatchView& b, const DeltaStateView& s, float* out,
+                   const DeltaBatchView& b, const DeltaStateView& s, float* out, float* workspace,
                    cudaStream_t stream) {
-  constexpr size_t kSmemBytes = ChunkLayout<kDk>::kBytes;
-  // The layout needs more than 48 KiB, so the kernel opts in, once per instance (a host call,
-  // not a stream operation: fine under graph capture). A device whose limit is below it (not
-  // Hopper, whose limit is 227 KiB) takes the recurrent kernel instead.
-  static const bool fits = [] {
-    int device = 0, limit = 0;
-    KCUDA_CHECK(cudaGetDevice(&device));
-    KCUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (kSmemBytes > static_cast<size_t>(limit)) return false;
-    KCUDA_CHECK(cudaFuncSetAttribute(DeltaRuleChunkedKernel<kDk>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kSmemBytes)));
-    return true;
-  }();
+  constexpr size_t kPrepBytes = PrepLayout<kDk>::kBytes, kStateBytes = StateLayout<kDk>::kBytes;
+  // A device whose limit is below the pass-2 layout (not Hopper, whose limit is 227 KiB) takes
+  // the recurrent kernel instead.
+  static const bool fits =
+      OptIn(DeltaChunkPrepKernel<kDk>, kPrepBytes) && OptIn(DeltaRuleStateKernel<kDk>, kStateBytes);
   if (!fits) {
     GatedDeltaRule(q, k, v, v_stride, g, beta, nk, dk, nv, dv, b, s, out, stream);
     return;
   }
-  const dim3 grid(static_cast<unsigned>((dv + kCols - 1) / kCols), static_cast<unsigned>(nv),
-                  static_cast<unsigned>(b.n_seqs));
-  DeltaRuleChunkedKernel<kDk><<<grid, kThreads, kSmemBytes, stream>>>(q, k, v, v_stride, g, beta,
-                                                                      nk, dk, nv, dv, b, s, out);
+  const bool kq_vec = dk % 4 == 0 && Aligned16(q) && Aligned16(k);
+  const bool v_vec = dv % 4 == 0 && v_stride % 4 == 0 && Aligned16(v);
+  const int64_t slots = int64_t{b.n_tokens} / kChunk + b.n_seqs;
+  const dim3 prep_grid(static_cast<unsigned>(slots), static_cast<unsigned>(nk));
+  DeltaChunkPrepKernel<kDk><<<prep_grid, kThreads, kPrepBytes, stream>>>(q, k, g, beta, nk, dk, nv,
+                                                                         b, workspace, kq_vec);
+  KCUDA_CHECK_LAUNCH();
+  const dim3 state_grid(static_cast<unsigned>((dv + kCols - 1) / kCols), static_cast<unsigned>(nv),
+                        static_cast<unsigned>(b.n_seqs));
+  DeltaRuleStateKernel<kDk><<<state_grid, kThreads, kStateBytes, stream>>>(
+      q, k, v, v_stride, workspace, nk, dk, nv, dv, b, s, out, kq_vec, v_vec);
   KCUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
+size_t GatedDeltaRuleChunkedWorkspaceBytes(int32_t n_tokens, int32_t n_seqs, int32_t nv) {
+  return (static_cast<size_t>(n_tokens) / kChunk + static_cast<size_t>(n_seqs)) *
+         static_cast<size_t>(nv) * kPieceFloats * sizeof(float);
+}
+
 void GatedDeltaRuleChunked(const float* q, const float* k, const float* v, int64_t v_stride,
                            const float* g, const float* beta, int32_t nk, int32_t dk, int32_t nv,
                            int32_t dv, const DeltaBatchView& b, const DeltaStateView& s, float* out,
-                           cudaStream_t stream) {
+                           float* workspace, cudaStream_t stream) {
   KCHECK(dk > 0 && dk <= 256 && dv > 0 && dv <= 256 && nk > 0 && nv % nk == 0);
-  KCHECK(nv <= 65535 && b.n_seqs <= 65535);
+  KCHECK(nv <= 65535 && nk <= 65535 && b.n_seqs <= 65535);
+  KCHECK(workspace != nullptr && Aligned16(workspace));
   if (b.n_seqs == 0) return;
   // The key dim padded with zeros to the next instance.
   auto* launch = dk <= 16    ? &LaunchChunked<16>
@@ -461,7 +684,7 @@ void GatedDeltaRuleChunked(const float* q, const float* k, const float* v, int64
                  : dk <= 64  ? &LaunchChunked<64>
                  : dk <= 128 ? &LaunchChunked<128>
                              : &LaunchChunked<256>;
-  launch(q, k, v, v_stride, g, beta, nk, dk, nv, dv, b, s, out, stream);
+  launch(q, k, v, v_stride, g, beta, nk, dk, nv, dv, b, s, out, workspace, stream);
 }
 
 }  // namespace kestrel::cuda
