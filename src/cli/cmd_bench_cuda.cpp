@@ -75,9 +75,11 @@ FlopModel Flops(const ModelConfig& c) {
     double n_moe = 0;
     for (bool m : c.layer_moe) n_moe += m ? 1 : 0;
     const MoeConfig& m = c.moe;
-    f.layer_macs += n_moe * (-3 * inter * hidden + hidden * static_cast<double>(m.n_experts + 1) +
-                             3.0 * hidden * static_cast<double>(m.top_k * m.expert_intermediate +
-                                                                m.shared_expert_intermediate));
+    f.layer_macs +=
+        n_moe *
+        (-3 * inter * hidden + hidden * static_cast<double>(m.n_experts + 1) +
+         3.0 * hidden *
+             static_cast<double>(m.top_k * m.expert_intermediate + m.shared_expert_intermediate));
   }
   f.head_macs = static_cast<double>(c.vocab_size) * hidden;
   f.attn_dim_layers = n_attention * q_dim;

@@ -81,7 +81,7 @@ class CpuDecoder {
   cpu::OpContext ops_;
   CpuCaches* caches_;
   ForwardStats* stats_;
-  float norm_offset_ = 0.0f;          // 1 for zero-centred RMSNorm weights
+  float norm_offset_ = 0.0f;  // 1 for zero-centred RMSNorm weights
   bool bf16_activations_ = false;
   std::vector<float> rounded_[cpu::kMaxLinearGroup];  // bf16-rounded GEMM inputs
   std::vector<int64_t> cache_index_;  // [n_layers] index among layers of the same type

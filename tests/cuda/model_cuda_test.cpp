@@ -237,8 +237,7 @@ TEST(CudaModel, HybridChunkedPrefillAgreesWithOneStep) {
     SCOPED_TRACE(name);
     const std::string dir = std::string(KESTREL_SOURCE_DIR) + "/tests/data/models/" + name;
     std::ifstream ref_file(dir + "/reference.json");
-    const auto prompt =
-        json::parse(ref_file).at("prompts").back().get<std::vector<int32_t>>();
+    const auto prompt = json::parse(ref_file).at("prompts").back().get<std::vector<int32_t>>();
     const int64_t split = 64, n = static_cast<int64_t>(prompt.size());
     std::unique_ptr<Model> model = LoadCuda(dir, 1024);
     testing::SeqRunner one(model.get(), ReversedBlocks(*model));
@@ -252,15 +251,16 @@ TEST(CudaModel, HybridChunkedPrefillAgreesWithOneStep) {
     int beyond = 0;
     for (int64_t p = split; p < n; ++p) {
       const auto& want = whole[static_cast<size_t>(p)];
-      const double d = testing::MaxAbsDiff(rest[static_cast<size_t>(p - split)], want) /
-                       testing::Range(want);
+      const double d =
+          testing::MaxAbsDiff(rest[static_cast<size_t>(p - split)], want) / testing::Range(want);
       worst = std::max(worst, d);
       beyond += d > kEmulatedTolerance;
     }
-    std::printf("cuda %s: prefill 64 + %lld vs %lld in one step: max |delta| / range %.3g, %d "
-                "positions beyond %.3g\n",
-                name, static_cast<long long>(n - split), static_cast<long long>(n), worst, beyond,
-                kEmulatedTolerance);
+    std::printf(
+        "cuda %s: prefill 64 + %lld vs %lld in one step: max |delta| / range %.3g, %d "
+        "positions beyond %.3g\n",
+        name, static_cast<long long>(n - split), static_cast<long long>(n), worst, beyond,
+        kEmulatedTolerance);
     EXPECT_LE(worst, kEmulatedTolerance);
   }
 }

@@ -42,9 +42,8 @@ Routing CpuRoute(const std::vector<float>& logits, int64_t stride, int n, int n_
     for (int e = 0; e < n_e; ++e) sum += (p[e] = std::exp(row[e] - mx));
     for (int e = 0; e < n_e; ++e) p[e] /= sum;
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return p[a] > p[b] || (p[a] == p[b] && a < b);
-    });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
     float top = 0;
     for (int j = 0; j < k; ++j) top += p[order[j]];
     for (int j = 0; j < k; ++j) {
@@ -68,9 +67,8 @@ struct DeviceRouting {
         pos(Poisoned<int32_t>(size_t(n) * k)),
         tiles(Poisoned<int32_t>(size_t(n_e) + 1)),
         log(Poisoned<int32_t>(1)) {
-    view = {ids.as<int32_t>(),      w.as<float>(),      begin.as<int32_t>(),
-            active.as<int32_t>(),   n_active.as<int32_t>(), rows.as<int32_t>(),
-            pos.as<int32_t>(),      tiles.as<int32_t>()};
+    view = {ids.as<int32_t>(),      w.as<float>(),      begin.as<int32_t>(), active.as<int32_t>(),
+            n_active.as<int32_t>(), rows.as<int32_t>(), pos.as<int32_t>(),   tiles.as<int32_t>()};
   }
 };
 
@@ -137,11 +135,15 @@ TEST(CudaMoe, GroupedExpertGemmsAndCombineMatchTheReference) {
   KESTREL_REQUIRE_CUDA();
   // hidden 136 and inter 40 (not multiples of the 16-row tile) take the kernel whose warps own
   // rows (k <= 1024) for both GEMMs; hidden 1032 takes the one whose warps split k for gate|up.
-  for (const auto& [n, n_e, k, hidden] : std::vector<std::tuple<int, int, int, int>>{
-           {1, 16, 4, 136}, {7, 16, 2, 136}, {70, 32, 4, 136}, {200, 8, 2, 136},
-           {1, 16, 4, 1032}, {70, 32, 4, 1032}}) {
-    SCOPED_TRACE(testing::Message() << "n " << n << " experts " << n_e << " k " << k << " hidden "
-                                    << hidden);
+  for (const auto& [n, n_e, k, hidden] :
+       std::vector<std::tuple<int, int, int, int>>{{1, 16, 4, 136},
+                                                   {7, 16, 2, 136},
+                                                   {70, 32, 4, 136},
+                                                   {200, 8, 2, 136},
+                                                   {1, 16, 4, 1032},
+                                                   {70, 32, 4, 1032}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "n " << n << " experts " << n_e << " k " << k << " hidden " << hidden);
     const int inter = 40;
     const int64_t stride = n_e + 1;
     const std::vector<float> logits = RandomF32(size_t(n) * stride, 3 + n, -3.0f, 3.0f);
@@ -185,8 +187,8 @@ TEST(CudaMoe, GroupedExpertGemmsAndCombineMatchTheReference) {
         for (int o = 0; o < 2 * inter; ++o) {
           double ref = 0;
           for (int h = 0; h < hidden; ++h) {
-            ref += double(xf[size_t(t) * hidden + h]) *
-                   guf[(size_t(e) * 2 * inter + o) * hidden + h];
+            ref +=
+                double(xf[size_t(t) * hidden + h]) * guf[(size_t(e) * 2 * inter + o) * hidden + h];
           }
           worst = std::max(worst, std::fabs(ref - gate_up[size_t(p) * 2 * inter + o]));
         }
@@ -217,7 +219,8 @@ TEST(CudaMoe, GroupedExpertGemmsAndCombineMatchTheReference) {
         for (int o = 0; o < hidden; ++o) {
           double ref = 0;
           for (int i = 0; i < inter; ++i) {
-            ref += double(actf[size_t(p) * inter + i]) * downf[(size_t(e) * hidden + o) * inter + i];
+            ref +=
+                double(actf[size_t(p) * inter + i]) * downf[(size_t(e) * hidden + o) * inter + i];
           }
           worst = std::max(worst, std::fabs(ref - out[size_t(p) * hidden + o]));
           want[size_t(o)] += route.w[size_t(t) * k + j] * ref;

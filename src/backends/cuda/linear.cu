@@ -45,6 +45,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/linear.h"
 #include "backends/cuda/pdl.cuh"
+#include "backends/cuda/ptx.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -58,29 +59,11 @@ constexpr int kVecsPerChunk = 4;          // 16-byte vectors (8 bf16) per row pe
 constexpr int kVecsPerStep = kChunksPerStep * kVecsPerChunk;  // 128 k per step
 constexpr int kReducePad = 4;             // floats; makes the partial-sum stores conflict-free
 
-// 16 bytes of W that no other thread will read again: skip L1, ask L2 to fetch 256 B around it
-// (the same warp reads the rest of that 256 B within the step).
-__device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 // The kernels below are launched with PDL (pdl.cuh): they wait before their first load and let
 // the next kernel be scheduled after their main loop. (Asking L2 for each block's slice of W
 // before the wait, so that the first wave streams weights while the previous kernels finish,
 // measured slower on the H200: batch-1 Qwen3-8B decode fell from 205 to 175-180 tok/s, the
 // GEMV share of a step growing by 0.8 ms; docs/cuda.md.)
-// d += A(16x16, row) . B(16x8, col), bf16 inputs, f32 accumulators.
-__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // One block: rows [n0, n0 + 16) of y^T for all m token rows (kMTiles column tiles of 8).
 template <int kMTiles>

@@ -12,6 +12,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/moe_gemm.h"
 #include "backends/cuda/pdl.cuh"
+#include "backends/cuda/ptx.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -38,8 +39,8 @@ __device__ __forceinline__ float WarpSum(float v) {
 // lower expert id on ties). Probabilities are >= 0; a picked expert is marked -2 and a NaN
 // probability counts as -0.5, so a broken row still yields k distinct valid experts.
 __global__ void __launch_bounds__(kRouteWarps * 32)
-    MoeTopKKernel(const float* __restrict__ logits, int64_t stride, int n, int n_experts,
-                  int top_k, bool norm_topk, int32_t* __restrict__ ids, float* __restrict__ w) {
+    MoeTopKKernel(const float* __restrict__ logits, int64_t stride, int n, int n_experts, int top_k,
+                  bool norm_topk, int32_t* __restrict__ ids, float* __restrict__ w) {
   PdlWait();
   const int lane = threadIdx.x % 32;
   const int t = blockIdx.x * kRouteWarps + threadIdx.x / 32;
@@ -179,20 +180,69 @@ constexpr int kVecsPerChunk = 4;
 constexpr int kVecsPerStep = kChunksPerStep * kVecsPerChunk;
 constexpr int kReducePad = 4;
 
-__device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
+// Rows g and g + 8 of the 16 rows [n0, n0 + 16) of routed expert e's matrix, as a lane reads
+// them (a row past n is never loaded: zeros instead).
+struct WeightRows {
+  const uint4* lo;
+  const uint4* hi;
+  bool lo_ok, hi_ok;
+};
+
+__device__ __forceinline__ WeightRows ExpertRows(const __nv_bfloat16* w, int e, int n, int k_vecs,
+                                                 int n0, int g) {
+  const uint4* we = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(e) * n * k_vecs;
+  WeightRows r;
+  r.lo_ok = n0 + g < n;
+  r.hi_ok = n0 + g + 8 < n;
+  r.lo = we + static_cast<int64_t>(r.lo_ok ? n0 + g : 0) * k_vecs;
+  r.hi = we + static_cast<int64_t>(r.hi_ok ? n0 + g + 8 : 0) * k_vecs;
+  return r;
 }
 
-__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// Token row g of each column tile of the pass over the expert's rows [r0, r0 + m) (permuted rows
+// from `first`); null past m.
+template <int kMTiles>
+__device__ __forceinline__ void PassRows(const __nv_bfloat16* x, const int32_t* x_rows, int first,
+                                         int r0, int m, int g, int k_vecs,
+                                         const uint4* (&x_t)[kMTiles]) {
+  const uint4* xv4 = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const int row = mt * 8 + g;
+    const int r = first + r0 + row;
+    x_t[mt] =
+        row < m ? xv4 + static_cast<int64_t>(x_rows != nullptr ? x_rows[r] : r) * k_vecs : nullptr;
+  }
+}
+
+// acc += the products of one 128-wide k step (linear.cu's k permutation: thread t takes physical
+// k [8t, 8t + 8) of each 32-wide chunk, fed to two mma's). All of the step's W loads go first,
+// so 8 are in flight before the first use. Tiles at or past m (uniform across the warp) skip.
+template <int kMTiles>
+__device__ __forceinline__ void AccumulateStep(const WeightRows& w,
+                                               const uint4* const (&x_t)[kMTiles], int m, int step,
+                                               int t, int k_vecs, float (&acc)[kMTiles][4]) {
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 w_lo_v[kChunksPerStep], w_hi_v[kChunksPerStep];
+#pragma unroll
+  for (int c = 0; c < kChunksPerStep; ++c) {
+    const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
+    const bool in_k = v < k_vecs;
+    w_lo_v[c] = (in_k && w.lo_ok) ? LoadStreaming(w.lo + v) : zero;
+    w_hi_v[c] = (in_k && w.hi_ok) ? LoadStreaming(w.hi + v) : zero;
+  }
+#pragma unroll
+  for (int c = 0; c < kChunksPerStep; ++c) {
+    const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
+    const bool in_k = v < k_vecs;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      if (mt * 8 >= m) break;
+      const uint4 xv = (in_k && x_t[mt] != nullptr) ? __ldg(x_t[mt] + v) : zero;
+      MmaBf16(acc[mt], w_lo_v[c].x, w_hi_v[c].x, w_lo_v[c].y, w_hi_v[c].y, xv.x, xv.y);
+      MmaBf16(acc[mt], w_lo_v[c].z, w_hi_v[c].z, w_lo_v[c].w, w_hi_v[c].w, xv.z, xv.w);
+    }
+  }
 }
 
 template <int kMTiles>
@@ -216,54 +266,16 @@ __global__ void __launch_bounds__(kThreads)
   const int e = active[blockIdx.y];
   const int first = expert_begin[e];
   const int m_e = expert_begin[e + 1] - first;
-
-  const bool lo_ok = n0 + g < n;
-  const bool hi_ok = n0 + g + 8 < n;
-  const uint4* we = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(e) * n * k_vecs;
-  const uint4* w_lo = we + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k_vecs;
-  const uint4* w_hi = we + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k_vecs;
-  const uint4* xv4 = reinterpret_cast<const uint4*>(x);
-  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const WeightRows wr = ExpertRows(w, e, n, k_vecs, n0, g);
   const int n_steps = (k_vecs + kVecsPerStep - 1) / kVecsPerStep;
 
   for (int r0 = 0; r0 < m_e; r0 += kMTiles * 8) {
     const int m = min(m_e - r0, kMTiles * 8);
-    // Token row g of each column tile (null past m).
     const uint4* x_t[kMTiles];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      const int row = mt * 8 + g;
-      const int r = first + r0 + row;
-      x_t[mt] = row < m ? xv4 + static_cast<int64_t>(x_rows != nullptr ? x_rows[r] : r) * k_vecs
-                        : nullptr;
-    }
-    float acc[kMTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[mt][q] = 0.0f;
-    }
+    PassRows<kMTiles>(x, x_rows, first, r0, m, g, k_vecs, x_t);
+    float acc[kMTiles][4] = {};
     for (int step = warp; step < n_steps; step += kWarps) {
-      uint4 w_lo_v[kChunksPerStep], w_hi_v[kChunksPerStep];
-#pragma unroll
-      for (int c = 0; c < kChunksPerStep; ++c) {
-        const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
-        const bool in_k = v < k_vecs;
-        w_lo_v[c] = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
-        w_hi_v[c] = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
-      }
-#pragma unroll
-      for (int c = 0; c < kChunksPerStep; ++c) {
-        const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
-        const bool in_k = v < k_vecs;
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          if (mt * 8 >= m) break;  // uniform across the block
-          const uint4 xv = (in_k && x_t[mt] != nullptr) ? __ldg(x_t[mt] + v) : zero;
-          MmaBf16(acc[mt], w_lo_v[c].x, w_hi_v[c].x, w_lo_v[c].y, w_hi_v[c].y, xv.x, xv.y);
-          MmaBf16(acc[mt], w_lo_v[c].z, w_hi_v[c].z, w_lo_v[c].w, w_hi_v[c].w, xv.z, xv.w);
-        }
-      }
+      AccumulateStep<kMTiles>(wr, x_t, m, step, t, k_vecs, acc);
     }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -314,53 +326,16 @@ __global__ void __launch_bounds__(kThreads)
   const int first = expert_begin[e];
   const int m_e = expert_begin[e + 1] - first;
   if (n0 >= n) return;  // after every block-wide read; no barriers below
-
-  const bool lo_ok = n0 + g < n;
-  const bool hi_ok = n0 + g + 8 < n;
-  const uint4* we = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(e) * n * k_vecs;
-  const uint4* w_lo = we + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k_vecs;
-  const uint4* w_hi = we + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k_vecs;
-  const uint4* xv4 = reinterpret_cast<const uint4*>(x);
-  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const WeightRows wr = ExpertRows(w, e, n, k_vecs, n0, g);
   const int n_steps = (k_vecs + kVecsPerStep - 1) / kVecsPerStep;
 
   for (int r0 = 0; r0 < m_e; r0 += kMTiles * 8) {
     const int m = min(m_e - r0, kMTiles * 8);
     const uint4* x_t[kMTiles];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      const int row = mt * 8 + g;
-      const int r = first + r0 + row;
-      x_t[mt] = row < m ? xv4 + static_cast<int64_t>(x_rows != nullptr ? x_rows[r] : r) * k_vecs
-                        : nullptr;
-    }
-    float acc[kMTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[mt][q] = 0.0f;
-    }
+    PassRows<kMTiles>(x, x_rows, first, r0, m, g, k_vecs, x_t);
+    float acc[kMTiles][4] = {};
     for (int step = 0; step < n_steps; ++step) {
-      uint4 w_lo_v[kChunksPerStep], w_hi_v[kChunksPerStep];
-#pragma unroll
-      for (int c = 0; c < kChunksPerStep; ++c) {
-        const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
-        const bool in_k = v < k_vecs;
-        w_lo_v[c] = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
-        w_hi_v[c] = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
-      }
-#pragma unroll
-      for (int c = 0; c < kChunksPerStep; ++c) {
-        const int v = step * kVecsPerStep + c * kVecsPerChunk + t;
-        const bool in_k = v < k_vecs;
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          if (mt * 8 >= m) break;  // uniform across the warp
-          const uint4 xv = (in_k && x_t[mt] != nullptr) ? __ldg(x_t[mt] + v) : zero;
-          MmaBf16(acc[mt], w_lo_v[c].x, w_hi_v[c].x, w_lo_v[c].y, w_hi_v[c].y, xv.x, xv.y);
-          MmaBf16(acc[mt], w_lo_v[c].z, w_hi_v[c].z, w_lo_v[c].w, w_hi_v[c].w, xv.z, xv.w);
-        }
-      }
+      AccumulateStep<kMTiles>(wr, x_t, m, step, t, k_vecs, acc);
     }
     // Accumulator q of tile mt: W row g + 8 * (q / 2), token row mt * 8 + 2t + q % 2.
 #pragma unroll
@@ -369,7 +344,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int q = 0; q < 4; ++q) {
         const int token = mt * 8 + 2 * t + (q & 1);
         const int col = n0 + g + 8 * (q >> 1);
-        if (token < m && col < n) y[static_cast<int64_t>(first + r0 + token) * n + col] = acc[mt][q];
+        if (token < m && col < n)
+          y[static_cast<int64_t>(first + r0 + token) * n + col] = acc[mt][q];
       }
     }
   }
@@ -411,14 +387,13 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
   }
   __syncthreads();
-  const float gate =
-      shared != nullptr ? 1.0f / (1.0f + expf(-shared_gate[t * gate_stride])) : 0.0f;
+  const float gate = shared != nullptr ? 1.0f / (1.0f + expf(-shared_gate[t * gate_stride])) : 0.0f;
   for (int h = threadIdx.x; h < hidden; h += kCombineThreads) {
     float acc = 0.0f;
     for (int jj = 0; jj < top_k; ++jj) {
       const int j = order[jj];
-      acc = __fadd_rn(acc, __fmul_rn(y[static_cast<int64_t>(pos[base + j]) * hidden + h],
-                                     wts[base + j]));
+      acc = __fadd_rn(
+          acc, __fmul_rn(y[static_cast<int64_t>(pos[base + j]) * hidden + h], wts[base + j]));
     }
     if (shared != nullptr) {
       acc = __fadd_rn(acc, __fmul_rn(gate, shared[static_cast<int64_t>(t) * hidden + h]));
@@ -436,9 +411,9 @@ void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_e
   KCHECK(top_k >= 1 && top_k <= n_experts && top_k <= kMoeMaxTopK);
   KCHECK(logits_stride >= n_experts && r.tile_begin != nullptr);
   const unsigned blocks = static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps);
-  LaunchPdl(&MoeTopKKernel, dim3(blocks), dim3(kRouteWarps * 32), 0, stream, logits,
-            logits_stride, static_cast<int>(n), static_cast<int>(n_experts),
-            static_cast<int>(top_k), norm_topk_prob, r.topk_ids, r.topk_w);
+  LaunchPdl(&MoeTopKKernel, dim3(blocks), dim3(kRouteWarps * 32), 0, stream, logits, logits_stride,
+            static_cast<int>(n), static_cast<int>(n_experts), static_cast<int>(top_k),
+            norm_topk_prob, r.topk_ids, r.topk_w);
   KCUDA_CHECK_LAUNCH();
   LaunchPdl(&MoeAlignKernel, dim3(1), dim3(kAlignThreads), 0, stream,
             static_cast<const int32_t*>(r.topk_ids), static_cast<int>(n * top_k),
@@ -448,16 +423,24 @@ void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_e
 }
 
 void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const __nv_bfloat16* w,
-               int32_t n_out, const MoeRouting& r, int32_t max_rows_per_expert,
-               int32_t max_active, float* y, cudaStream_t stream) {
+               int32_t n_out, const MoeRouting& r, int32_t max_rows_per_expert, int32_t max_active,
+               float* y, cudaStream_t stream) {
   KCHECK(k > 0 && k % 8 == 0 && n_out > 0 && max_rows_per_expert >= 1 && max_active >= 1);
   KCHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0);
   switch ((std::min<int32_t>(max_rows_per_expert, 64) + 7) / 8) {
-    case 1: LaunchMoeSkinny<1>(x, x_rows, k, w, n_out, r, max_active, y, stream); break;
-    case 2: LaunchMoeSkinny<2>(x, x_rows, k, w, n_out, r, max_active, y, stream); break;
+    case 1:
+      LaunchMoeSkinny<1>(x, x_rows, k, w, n_out, r, max_active, y, stream);
+      break;
+    case 2:
+      LaunchMoeSkinny<2>(x, x_rows, k, w, n_out, r, max_active, y, stream);
+      break;
     case 3:
-    case 4: LaunchMoeSkinny<4>(x, x_rows, k, w, n_out, r, max_active, y, stream); break;
-    default: LaunchMoeSkinny<8>(x, x_rows, k, w, n_out, r, max_active, y, stream); break;
+    case 4:
+      LaunchMoeSkinny<4>(x, x_rows, k, w, n_out, r, max_active, y, stream);
+      break;
+    default:
+      LaunchMoeSkinny<8>(x, x_rows, k, w, n_out, r, max_active, y, stream);
+      break;
   }
   KCUDA_CHECK_LAUNCH();
 }
@@ -466,8 +449,8 @@ void MoeCombine(const float* y, const MoeRouting& r, int32_t n, int32_t top_k, i
                 const float* shared, const float* shared_gate, int64_t shared_gate_stride,
                 float* out, cudaStream_t stream) {
   KCHECK(n >= 1 && top_k >= 1 && top_k <= kMoeMaxTopK && hidden >= 1);
-  LaunchPdl(&MoeCombineKernel, dim3(static_cast<unsigned>(n)), dim3(kCombineThreads), 0, stream,
-            y, static_cast<const int32_t*>(r.topk_ids), static_cast<const float*>(r.topk_w),
+  LaunchPdl(&MoeCombineKernel, dim3(static_cast<unsigned>(n)), dim3(kCombineThreads), 0, stream, y,
+            static_cast<const int32_t*>(r.topk_ids), static_cast<const float*>(r.topk_w),
             static_cast<const int32_t*>(r.pos), static_cast<int>(top_k), static_cast<int>(hidden),
             shared, shared_gate, shared_gate_stride, out);
   KCUDA_CHECK_LAUNCH();

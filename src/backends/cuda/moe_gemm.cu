@@ -41,6 +41,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/pdl.cuh"
+#include "backends/cuda/ptx.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -98,16 +99,6 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem));
-}
-
-// d += A(16x16, row) . B(16x8, col), bf16 inputs, f32 accumulators. Not volatile: it only
-// touches registers, so the compiler may interleave it with the next step's ldmatrix.
-__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Two blocks per SM (128 KiB of shared memory, at most 128 registers per thread), so one
@@ -238,7 +229,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i) {
 #pragma unroll
-        for (int j = 0; j < kFragsN; ++j) MmaBf16(acc[i][j], a[i], b[j][0], b[j][1]);
+        for (int j = 0; j < kFragsN; ++j)
+          MmaBf16(acc[i][j], a[i][0], a[i][1], a[i][2], a[i][3], b[j][0], b[j][1]);
       }
     }
   }
