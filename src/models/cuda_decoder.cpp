@@ -368,13 +368,7 @@ struct ActivationLayout {
       expert_gate_up, expert_act, expert_out, shared_out, active_log, total;
 };
 
-// Widths the layout needs beyond the config.
-struct LayoutDims {
-  int64_t q_dim, fused_width, mlp_inter, router_width, n_moe_layers;
-  bool gated, recurrent;
-};
-
-ActivationLayout Layout(const ModelConfig& c, const LayoutDims& d, int32_t n_tokens,
+ActivationLayout Layout(const ModelConfig& c, const CudaDecoder::LayoutDims& d, int32_t n_tokens,
                         int32_t n_logits, int32_t max_context) {
   const int64_t n = n_tokens;
   const int64_t hidden = c.hidden_size;
@@ -441,27 +435,23 @@ ActivationLayout Layout(const ModelConfig& c, const LayoutDims& d, int32_t n_tok
 }
 }  // namespace
 
+CudaDecoder::LayoutDims CudaDecoder::layout_dims() const {
+  return {q_dim_,
+          std::max(qkv_width_, gdn_width_),
+          mlp_inter_,
+          router_width_,
+          n_moe_layers_,
+          c_.attention_output_gate,
+          n_recurrent_layers_ > 0};
+}
+
 size_t CudaDecoder::ActivationBytes(int32_t n_tokens, int32_t n_logits, int32_t max_context) const {
-  const LayoutDims d{q_dim_,
-                     std::max(qkv_width_, gdn_width_),
-                     mlp_inter_,
-                     router_width_,
-                     n_moe_layers_,
-                     c_.attention_output_gate,
-                     n_recurrent_layers_ > 0};
-  return Layout(c_, d, n_tokens, n_logits, max_context).total;
+  return Layout(c_, layout_dims(), n_tokens, n_logits, max_context).total;
 }
 
 void CudaDecoder::BindActivations(uint8_t* b, int32_t n_tokens, int32_t n_logits,
                                   int32_t max_context) {
-  const LayoutDims d{q_dim_,
-                     std::max(qkv_width_, gdn_width_),
-                     mlp_inter_,
-                     router_width_,
-                     n_moe_layers_,
-                     c_.attention_output_gate,
-                     n_recurrent_layers_ > 0};
-  const ActivationLayout l = Layout(c_, d, n_tokens, n_logits, max_context);
+  const ActivationLayout l = Layout(c_, layout_dims(), n_tokens, n_logits, max_context);
   x_ = reinterpret_cast<float*>(b + l.x);
   xn_ = reinterpret_cast<__nv_bfloat16*>(b + l.xn);
   qkv_ = reinterpret_cast<float*>(b + l.qkv);

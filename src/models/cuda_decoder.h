@@ -151,6 +151,12 @@ class CudaDecoder {
   // RoPE tables and other small constants (after BindWeights).
   Status UploadConstants();
 
+  // Widths the activation layout needs beyond the config.
+  struct LayoutDims {
+    int64_t q_dim, fused_width, mlp_inter, router_width, n_moe_layers;
+    bool gated, recurrent;
+  };
+
   // Activations for n_tokens rows, logits for n_logits rows, attention over contexts up to
   // max_context tokens: bytes to allocate and their layout inside one allocation.
   size_t ActivationBytes(int32_t n_tokens, int32_t n_logits, int32_t max_context) const;
@@ -228,6 +234,7 @@ class CudaDecoder {
                  cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks);
   void DeltaNet(const LayerWeights& w, const DeviceBatchView& v, const CudaStatePool& state,
                 cudaStream_t stream, cuda::LinearEngine* linear, CudaStageMarks* marks);
+  LayoutDims layout_dims() const;
   void Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStream_t stream,
            cuda::LinearEngine* linear, CudaStageMarks* marks);
   // Qwen3-Next's fused projections as row slices in q|k|v|z|b|a order (for PlanWeights).
