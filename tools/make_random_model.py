@@ -190,43 +190,26 @@ PRESETS["qwen3.5-27b"] = {
 
 # Qwen3.5-35B-A3B-shaped hybrid MoE (40 layers: 3 Gated DeltaNet then 1 gated attention; every
 # layer a 256-expert top-8 MoE with a gated shared expert; about 35B parameters, 3B active per
-# token; 70 GB in bf16). The experts use the fused transformers-5 layout (experts.gate_up_proj
-# [E, 2I, H], experts.down_proj [E, H, I]). Scale it down with e.g. --set num_hidden_layers=20.
+# token; 70 GB in bf16), otherwise the 27B's settings. The experts use the fused transformers-5
+# layout (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]). Scale it down with e.g.
+# --set num_hidden_layers=20.
 PRESETS["qwen3.5-35b-a3b"] = {
     "config": {
+        **{k: v for k, v in PRESETS["qwen3.5-27b"]["config"].items() if k != "intermediate_size"},
         "architectures": ["Qwen3_5MoeForCausalLM"],
         "model_type": "qwen3_5_moe_text",
-        "attention_bias": False,
-        "attn_output_gate": True,
-        "bos_token_id": 248044,
-        "eos_token_id": 248044,
-        "full_attention_interval": 4,
-        "head_dim": 256,
-        "hidden_act": "silu",
         "hidden_size": 2048,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_num_key_heads": 16,
         "linear_num_value_heads": 32,
-        "linear_value_head_dim": 128,
-        "max_position_embeddings": 262144,
         "moe_intermediate_size": 512,
         "num_attention_heads": 16,
         "num_experts": 256,
         "num_experts_per_tok": 8,
         "num_hidden_layers": 40,
         "num_key_value_heads": 2,
-        "partial_rotary_factor": 0.25,
-        "rms_norm_eps": 1e-06,
-        "rope_theta": 10000000,
         "shared_expert_intermediate_size": 512,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "vocab_size": 248320,
     },
-    "generation": {"bos_token_id": 248044, "eos_token_id": 248044, "do_sample": True,
-                   "temperature": 0.6, "top_k": 20, "top_p": 0.95},
-    "tokenizer_dir": "tests/data/npm/qwen3",
+    "generation": PRESETS["qwen3.5-27b"]["generation"],
+    "tokenizer_dir": PRESETS["qwen3.5-27b"]["tokenizer_dir"],
 }
 
 # A tiny Qwen3-shaped model for --smoke: real vocabulary (so the real tokenizer fits),
