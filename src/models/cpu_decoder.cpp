@@ -183,6 +183,7 @@ void CpuDecoder::Forward(const Batch& batch, float* hidden) {
     std::copy(src, src + hidden_size, s_.tmp.data() + i * hidden_size);
   }
   Norm(s_.tmp.data(), n_logits, w_.final_norm, hidden);
+  if (bf16_activations_) RoundToBf16(hidden, n_logits * hidden_size);  // the LM head's input
   stats_->other_s += SecondsSince(t0);
 }
 

@@ -6,7 +6,6 @@
 #include <cstring>
 #include <limits>
 
-#include "core/dtype.h"
 #include "models/batch_check.h"
 
 namespace kestrel {
@@ -104,7 +103,6 @@ Result<std::unique_ptr<Model>> LoadCpuModel(ModelConfig config, WeightStore stor
   m->decoder_ =
       std::make_unique<CpuDecoder>(m->config_, m->weights_, m->ops_, &m->caches_, &m->stats_);
   m->decoder_->set_bf16_activations(options.bf16_activations);
-  m->bf16_activations_ = options.bf16_activations;
   // Attention score rows for the whole capacity now, so that a long context never allocates in
   // Forward; activation buffers are sized by the first batches.
   m->decoder_->Reserve(1, m->caches_.kv_layout.n_slots());
@@ -149,7 +147,6 @@ void CpuRunner::Forward(const Batch& in, float* logits) {
   n_kept_logits_ = static_cast<int32_t>(n_logits);
   if (n_logits > 0) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (bf16_activations_) RoundToBf16(hidden_.data(), n_logits * config_.hidden_size);
     cpu::Linear(ops_, hidden_.data(), n_logits, weights_.lm_head, TensorView{}, logits);
     stats_.matmul_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats_.weight_bytes_read += static_cast<int64_t>(weights_.lm_head.size_bytes());

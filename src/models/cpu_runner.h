@@ -61,7 +61,6 @@ class CpuRunner final : public Model {
   CpuCaches caches_;
   ForwardStats stats_;
   std::unique_ptr<CpuDecoder> decoder_;
-  bool bf16_activations_ = false;  // ModelLoadOptions::bf16_activations
 
   std::vector<float> hidden_;  // [n_logits, hidden] final-normed rows for the LM head
   // Forward(batch, nullptr) keeps its logits here for LaunchSampling.
