@@ -145,12 +145,8 @@ int64_t CudaRunner::decode_weight_bytes() const {
   const int64_t row = config_.hidden_size * 2;
   const int64_t embed = config_.vocab_size * row;
   return (config_.tie_word_embeddings ? weight_bytes_ + row : weight_bytes_ - embed + row) -
-         unrouted_expert_bytes(config_.moe.top_k);
-}
-
-int64_t CudaRunner::unrouted_expert_bytes(int64_t routed_per_layer) const {
-  return decoder_->n_moe_layers() * (config_.moe.n_experts - routed_per_layer) *
-         decoder_->moe_expert_bytes();
+         decoder_->n_moe_layers() * (config_.moe.n_experts - config_.moe.top_k) *
+             decoder_->moe_expert_bytes();
 }
 
 Status CudaRunner::Upload(bool show_progress) {
@@ -745,8 +741,7 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
     KCUDA_CHECK(cudaMemcpyAsync(active.data(), decoder_->moe_active_log(), active.size() * 4,
                                 cudaMemcpyDeviceToHost, stream_));
     KCUDA_CHECK(cudaStreamSynchronize(stream_));
-    weight_bytes += unrouted_expert_bytes(c.moe.top_k);
-    for (int32_t a : active) weight_bytes -= (c.moe.n_experts - a) * decoder_->moe_expert_bytes();
+    for (int32_t a : active) weight_bytes += (a - c.moe.top_k) * decoder_->moe_expert_bytes();
   }
   CollectProfile();  // synchronises when profiling
   stats_.weight_bytes_read += weight_bytes + (int64_t{n} - 1) * c.hidden_size * 2;

@@ -49,9 +49,6 @@ class CudaRunner final : public Model, private CudaStageMarks {
   int32_t n_state_slots() const override { return n_state_slots_; }
   const std::vector<std::string>& load_notes() const override { return weights_host_.notes; }
   int64_t decode_weight_bytes() const override;
-  // Bytes of the routed experts a step does not read when it routes rows to
-  // `routed_per_layer` experts of each MoE layer (0 without MoE layers).
-  int64_t unrouted_expert_bytes(int64_t routed_per_layer) const;
   // logits == nullptr keeps them on the device for LaunchSampling and returns once the step is
   // enqueued (no synchronisation).
   void Forward(const Batch& batch, float* logits) override;

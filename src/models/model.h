@@ -84,7 +84,7 @@ struct ForwardStats {
   double recurrent_s = 0;         // Gated DeltaNet: conv, gates, delta rule, gated norm
   double matmul_s = 0;            // linear layers (CPU: experts included), LM head included
   double moe_s = 0;               // CUDA: routing, the routed experts' GEMMs, their weighted sum
-  double other_s = 0;             // embedding, norms, RoPE, SiLU, residual adds, gathers, routing
+  double other_s = 0;             // embedding, norms, RoPE, SiLU, adds, gathers, CPU routing
   int64_t weight_bytes_read = 0;  // weight bytes the linear layers and the embedding gather read
                                   // (MoE layers: only the experts the tokens were routed to)
   int64_t state_bytes = 0;        // recurrent state read + written (decode roofline)
