@@ -56,6 +56,17 @@ Result<Expr> XmlCall(const ToolSpec& t, const JsonSchemaOptions& options, Gramma
   return Expr::Sequence(std::move(parts));
 }
 
+// <tool_call>\nCALL\n</tool_call>, and with parallel calls up to kMaxParallelToolCalls of them,
+// each after "\n" (a bound: a weak model must not loop on calls until max_tokens).
+Expr ToolCallBlocks(int32_t call, bool parallel) {
+  const Expr block = Expr::Sequence(
+      {Expr::Literal("<tool_call>\n"), Expr::Ref(call), Expr::Literal("\n</tool_call>")});
+  if (!parallel) return block;
+  const Expr more =
+      Expr::Repeat(Expr::Sequence({Expr::Literal("\n"), block}), 0, kMaxParallelToolCalls - 1);
+  return Expr::Sequence({block, more});
+}
+
 }  // namespace
 
 Result<Grammar> ToolCallGrammar(ToolCallSyntax syntax, std::span<const ToolSpec> tools,
@@ -73,11 +84,7 @@ Result<Grammar> ToolCallGrammar(ToolCallSyntax syntax, std::span<const ToolSpec>
       calls.push_back(std::move(*call));
     }
     const int32_t call = g.AddRule("xml_call", Expr::Choice(std::move(calls)));
-    const Expr block = Expr::Sequence(
-        {Expr::Literal("<tool_call>\n"), Expr::Ref(call), Expr::Literal("\n</tool_call>")});
-    const Expr more =
-        Expr::Repeat(Expr::Sequence({Expr::Literal("\n"), block}), 0, kMaxParallelToolCalls - 1);
-    g.set_root(g.AddRule("tool_calls", parallel ? Expr::Sequence({block, more}) : block));
+    g.set_root(g.AddRule("tool_calls", ToolCallBlocks(call, parallel)));
     return g;
   }
   const char* args_key = syntax == ToolCallSyntax::kHermes ? "arguments" : "parameters";
@@ -107,12 +114,7 @@ Result<Grammar> ToolCallGrammar(ToolCallSyntax syntax, std::span<const ToolSpec>
   const int32_t call = g.root();
   Expr root;
   if (syntax == ToolCallSyntax::kHermes) {
-    const Expr block = Expr::Sequence(
-        {Expr::Literal("<tool_call>\n"), Expr::Ref(call), Expr::Literal("\n</tool_call>")});
-    // At most kMaxParallelToolCalls calls: a weak model must not loop on calls until max_tokens.
-    const Expr more =
-        Expr::Repeat(Expr::Sequence({Expr::Literal("\n"), block}), 0, kMaxParallelToolCalls - 1);
-    root = parallel ? Expr::Sequence({block, more}) : block;
+    root = ToolCallBlocks(call, parallel);
   } else {
     root = Expr::Ref(call);
   }
