@@ -50,9 +50,8 @@ struct GenerationOptions {
 };
 
 // What the model may or must call (`tool_choice`). kRequired and kFunction are validated (a
-// named function must be one of the tools) and carried in the request for the constrained
-// decoding of the grammar engine, which enforces them; until it is wired in, they are not
-// enforced (docs/server.md).
+// named function must be one of the tools) and enforced by a forced tool-call grammar
+// (AttachGrammar, server_state.h).
 struct ToolChoice {
   enum class Mode { kAuto, kNone, kRequired, kFunction };
   Mode mode = Mode::kAuto;
