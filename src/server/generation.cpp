@@ -332,9 +332,7 @@ void HandleChat(HttpServer::State& s, const std::string& body, httplib::Response
   ChatPrompt& p = std::get<ChatPrompt>(prompt);
   auto requests = MakeEngineRequests(s, std::move(p.ids), req.options, "messages");
   if (const ApiError* e = std::get_if<ApiError>(&requests)) return SendError(res, *e);
-  OutputConstraint constraint;
-  if (auto e = ParseOutputConstraint(json, &constraint)) return SendError(res, *e);
-  if (auto e = AttachGrammar(s, constraint, &req,
+  if (auto e = AttachGrammar(s, req.options.constraint, &req,
                              &std::get<std::vector<EngineRequest>>(requests))) {
     return SendError(res, *e);
   }
@@ -367,9 +365,7 @@ void HandleCompletion(HttpServer::State& s, const std::string& body, httplib::Re
   }
   auto requests = MakeEngineRequests(s, std::move(std::get<PromptIds>(ids)), req.options, "prompt");
   if (const ApiError* e = std::get_if<ApiError>(&requests)) return SendError(res, *e);
-  OutputConstraint constraint;
-  if (auto e = ParseOutputConstraint(json, &constraint)) return SendError(res, *e);
-  if (auto e = AttachGrammar(s, constraint, nullptr,
+  if (auto e = AttachGrammar(s, req.options.constraint, nullptr,
                              &std::get<std::vector<EngineRequest>>(requests))) {
     return SendError(res, *e);
   }

@@ -36,6 +36,16 @@ struct ParseContext {
 // blocks).
 inline constexpr int64_t kMaxChoices = 16;
 
+// The grammar a chat or completion request's output must follow (response_format /
+// structured_outputs; ParseOutputConstraint in structured_output.h).
+struct OutputConstraint {
+  enum class Kind { kNone, kJsonObject, kJsonSchema, kRegex, kChoice, kGrammar };
+  Kind kind = Kind::kNone;
+  std::string text;                  // the schema (as sent), the regex or the GBNF text
+  std::vector<std::string> choices;  // kChoice
+  std::string param;                 // the request field it came from (for errors)
+};
+
 // Fields shared by both endpoints.
 struct GenerationOptions {
   std::string model;                  // as sent ("" when omitted)
@@ -44,9 +54,10 @@ struct GenerationOptions {
   std::optional<int64_t> max_tokens;  // >= 1 when set; default: the rest of the context
   std::vector<std::string> stop;      // validated (StopMatcher::Validate)
   bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage
-  bool ignore_eos = false;     // vLLM extension
-  int32_t n = 1;               // choices, 1..kMaxChoices
+  bool include_usage = false;   // stream_options.include_usage
+  bool ignore_eos = false;      // vLLM extension
+  int32_t n = 1;                // choices, 1..kMaxChoices
+  OutputConstraint constraint;  // response_format / structured_outputs
 };
 
 // What the model may or must call (`tool_choice`). kRequired and kFunction are validated (a

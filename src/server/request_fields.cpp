@@ -106,12 +106,6 @@ std::optional<ApiError> ReadStreamFields(const Json& body, GenerationOptions* ou
                           &out->include_usage);
 }
 
-// response_format / structured_outputs: checked here, compiled by the handler (AttachGrammar).
-std::optional<ApiError> ReadResponseFormat(const Json& body) {
-  OutputConstraint c;
-  return ParseOutputConstraint(body, &c);
-}
-
 }  // namespace
 
 namespace detail {
@@ -267,7 +261,8 @@ std::optional<ApiError> ParseCommonFields(const Json& body, const ParseContext& 
   out->n = static_cast<int32_t>(n.value_or(1));
   if (auto e = ReadStreamFields(body, out)) return e;
   if (auto e = ReadBool(body, "ignore_eos", "ignore_eos", &out->ignore_eos)) return e;
-  if (auto e = ReadResponseFormat(body)) return e;
+  // response_format / structured_outputs: compiled by the handler (AttachGrammar).
+  if (auto e = ParseOutputConstraint(body, &out->constraint)) return e;
   std::optional<std::string> user;
   return ReadString(body, "user", "user", &user);
 }

@@ -28,14 +28,6 @@
 
 namespace kestrel::server {
 
-struct OutputConstraint {
-  enum class Kind { kNone, kJsonObject, kJsonSchema, kRegex, kChoice, kGrammar };
-  Kind kind = Kind::kNone;
-  std::string text;                  // the schema (as sent), the regex or the GBNF text
-  std::vector<std::string> choices;  // kChoice
-  std::string param;                 // the request field it came from (for errors)
-};
-
 // Reads response_format and structured_outputs from a chat or completion body. Two constraints
 // at once, or a malformed one, is a 400 naming the field.
 std::optional<ApiError> ParseOutputConstraint(const Json& body, OutputConstraint* out);
