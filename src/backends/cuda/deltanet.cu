@@ -65,6 +65,68 @@ __global__ void ConvKernel(const float* __restrict__ x, int64_t x_stride, int co
   for (int j = 0; j < hist; ++j) window[j * conv_dim + c] = win[j];
 }
 
+// The same conv with one thread per (row, channel), for prefill: ConvKernel walks a sequence's
+// rows in order per channel (80 blocks at Qwen3.5-27B's 10,240 channels: 5.66 ms for 8,192 rows
+// on the H200), though a row needs only its own input and the hist before it. Inputs before the
+// sequence's first row come from its window (zeros at position 0); a snapshot row writes the
+// window after it to its slot. The sequence's own window is left to ConvWindowKernel, which runs
+// after every read of it. Same sums in the same order as ConvKernel, so the same bits.
+__global__ void ConvRowsKernel(const float* __restrict__ x, int64_t x_stride, int conv_dim,
+                               int kernel, const float* __restrict__ w, DeltaBatchView b,
+                               DeltaStateView s, float* __restrict__ out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<int64_t>(b.n_tokens) * conv_dim) return;
+  const int t = static_cast<int>(idx / conv_dim), c = static_cast<int>(idx % conv_dim);
+  // The sequence of row t: the last one whose start is <= t (empty sequences share starts).
+  int lo = 0, hi = b.n_seqs;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (b.seq_starts[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const int begin = b.seq_starts[lo], i = t - begin;
+  const int hist = kernel - 1;
+  const float* window = s.state + b.state_slots[lo] * s.slot_floats + s.layer_offset;
+  const bool fresh = b.positions[begin] == 0;
+  // The input at sequence offset o (o <= i).
+  auto input = [&](int o) {
+    if (o >= 0) return x[static_cast<int64_t>(begin + o) * x_stride + c];
+    return fresh ? 0.0f : window[static_cast<int64_t>(hist + o) * conv_dim + c];
+  };
+  float acc = 0.0f;
+  for (int j = 0; j < hist; ++j) acc += w[c * kernel + j] * input(i - hist + j);
+  acc += w[c * kernel + hist] * x[static_cast<int64_t>(t) * x_stride + c];
+  out[static_cast<int64_t>(t) * conv_dim + c] = SiluF(acc);
+  const int snap = b.snapshot_slot[t];
+  if (snap >= 0) {
+    float* dst = s.state + snap * s.slot_floats + s.layer_offset;
+    for (int j = 0; j < hist; ++j) dst[j * conv_dim + c] = input(i - hist + 1 + j);
+  }
+}
+
+// Each sequence's window after its last row, into its slot (after ConvRowsKernel).
+__global__ void ConvWindowKernel(const float* __restrict__ x, int64_t x_stride, int conv_dim,
+                                 int kernel, DeltaBatchView b, DeltaStateView s) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int seq = blockIdx.y;
+  if (c >= conv_dim) return;
+  const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
+  if (begin == end) return;
+  const int hist = kernel - 1, len = end - begin;
+  float* window = s.state + b.state_slots[seq] * s.slot_floats + s.layer_offset;
+  const bool fresh = b.positions[begin] == 0;
+  float win[kMaxKernel];
+  for (int j = 0; j < hist; ++j) {
+    const int o = len - hist + j;
+    win[j] = o >= 0 ? x[static_cast<int64_t>(begin + o) * x_stride + c]
+                    : (fresh ? 0.0f : window[static_cast<int64_t>(hist + o) * conv_dim + c]);
+  }
+  for (int j = 0; j < hist; ++j) window[j * conv_dim + c] = win[j];
+}
+
 // One warp per (token, key head): q and k rows normalised.
 __global__ void NormQkKernel(const float* __restrict__ conv_out, int n_tokens, int nk, int dk,
                              int conv_dim, float q_scale, float* __restrict__ q,
@@ -178,7 +240,8 @@ __global__ void __launch_bounds__(64)
   float S[kRows];
   const bool fresh = begin == end || b.positions[begin] == 0;
 #pragma unroll
-  for (int d = 0; d < kRows; ++d) S[d] = fresh ? 0.0f : home[static_cast<int64_t>(d) * dv];
+  for (int d = 0; d < kRows; ++d)
+    S[d] = fresh || !valid ? 0.0f : home[static_cast<int64_t>(d) * dv];
   for (int t = begin; t < end; ++t) {
     const float* qt = q + (static_cast<int64_t>(t) * nk + kh) * kDk + part * kRows;
     const float* kt = k + (static_cast<int64_t>(t) * nk + kh) * kDk + part * kRows;
@@ -314,8 +377,16 @@ void CausalConv1dSilu(const float* x, int64_t x_stride, int32_t conv_dim, int32_
                       cudaStream_t stream) {
   KCHECK(kernel >= 1 && kernel <= kMaxKernel);
   if (b.n_seqs == 0) return;
-  ConvKernel<<<dim3(Blocks(conv_dim, 128), static_cast<unsigned>(b.n_seqs)), 128, 0, stream>>>(
+  const dim3 per_channel(Blocks(conv_dim, 128), static_cast<unsigned>(b.n_seqs));
+  if (b.n_tokens <= 4 * b.n_seqs) {  // decode: a few rows per sequence, one launch
+    ConvKernel<<<per_channel, 128, 0, stream>>>(x, x_stride, conv_dim, kernel, w, b, s, out);
+    KCUDA_CHECK_LAUNCH();
+    return;
+  }
+  ConvRowsKernel<<<Blocks(int64_t{b.n_tokens} * conv_dim, 256), 256, 0, stream>>>(
       x, x_stride, conv_dim, kernel, w, b, s, out);
+  KCUDA_CHECK_LAUNCH();
+  ConvWindowKernel<<<per_channel, 128, 0, stream>>>(x, x_stride, conv_dim, kernel, b, s);
   KCUDA_CHECK_LAUNCH();
 }
 

@@ -40,6 +40,9 @@ struct DeltaBatchView {
 
 // x: [n_tokens, conv_dim] at row stride x_stride (a slice of the fused projection output);
 // w: [conv_dim, K] f32; out: [n_tokens, conv_dim]. K <= 8. Updates each sequence's window.
+// Prefill batches (more than 4 rows per sequence) compute every row in parallel and write the
+// snapshots in parallel: the snapshot slots of a batch must differ from each other and from the
+// batch's state slots (the engine takes each from its own pool entry).
 void CausalConv1dSilu(const float* x, int64_t x_stride, int32_t conv_dim, int32_t kernel,
                       const float* w, const DeltaBatchView& b, const DeltaStateView& s, float* out,
                       cudaStream_t stream);
