@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   nlohmann-json3-dev libcli11-dev libutf8proc-dev libpcre2-dev libxxhash-dev libfmt-dev
   libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nodejs npm curl python3
+  nodejs npm curl python3 python3-numpy
 )
 
 missing=()

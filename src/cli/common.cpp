@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "core/gguf.h"
 #include "core/mapped_file.h"
 
 namespace kestrel::cli {
@@ -14,8 +15,10 @@ std::string ResolveModelDir(const std::string& flag_value) {
 }
 
 Status CheckModelDir(const std::string& dir) {
+  if (IsGgufFile(dir)) return Status::Ok();
   if (!IsDirectory(dir)) {
-    return NotFound(dir + ": model directory not found (pass --model DIR or set KESTREL_MODEL)");
+    return NotFound(dir + ": model directory or GGUF file not found (pass --model DIR|FILE.gguf "
+                    "or set KESTREL_MODEL)");
   }
   return Status::Ok();
 }

@@ -8,8 +8,23 @@
 
 namespace kestrel {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
+// kQ8_0, kQ4_K, kQ6_K: GGUF/ggml block-quantized matrices (core/quant_blocks.h), row-major, each
+// row a whole number of blocks; a view's shape counts elements, its bytes count blocks.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8, kQ8_0, kQ4_K, kQ6_K };
 
+// Elements per block and bytes per block: (1, element size) for the plain types.
+inline int64_t DTypeBlockElems(DType t) {
+  switch (t) {
+    case DType::kQ8_0: return 32;
+    case DType::kQ4_K:
+    case DType::kQ6_K: return 256;
+    default: return 1;
+  }
+}
+inline bool IsBlockQuantized(DType t) { return DTypeBlockElems(t) > 1; }
+
+
+// Bytes per element; for the block types, bytes per block (see DTypeRowBytes).
 inline size_t DTypeSize(DType t) {
   switch (t) {
     case DType::kF32: return 4;
@@ -18,8 +33,16 @@ inline size_t DTypeSize(DType t) {
     case DType::kI32: return 4;
     case DType::kI64: return 8;
     case DType::kU8: return 1;
+    case DType::kQ8_0: return 34;
+    case DType::kQ4_K: return 144;
+    case DType::kQ6_K: return 210;
   }
   return 0;
+}
+
+// Bytes of n consecutive elements of one row (n a multiple of the block size for block types).
+inline int64_t DTypeRowBytes(DType t, int64_t n) {
+  return n / DTypeBlockElems(t) * static_cast<int64_t>(DTypeSize(t));
 }
 
 inline std::string_view DTypeName(DType t) {
@@ -30,6 +53,9 @@ inline std::string_view DTypeName(DType t) {
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
     case DType::kU8: return "U8";
+    case DType::kQ8_0: return "Q8_0";
+    case DType::kQ4_K: return "Q4_K";
+    case DType::kQ6_K: return "Q6_K";
   }
   return "?";
 }

@@ -25,7 +25,13 @@ struct TensorView {
     for (int i = 0; i < n_dims; ++i) n *= shape[i];
     return n_dims == 0 ? 0 : n;
   }
-  size_t size_bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  size_t size_bytes() const {
+    const int64_t n = numel();
+    if (n == 0) return 0;
+    return static_cast<size_t>(n / shape[n_dims - 1] * DTypeRowBytes(dtype, shape[n_dims - 1]));
+  }
+  // Bytes of one innermost row.
+  int64_t row_bytes() const { return DTypeRowBytes(dtype, shape[n_dims - 1]); }
   int64_t dim(int i) const {
     KCHECK(i >= 0 && i < n_dims);
     return shape[i];

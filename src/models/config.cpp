@@ -5,8 +5,10 @@
 #include <limits>
 #include <utility>
 
+#include "core/gguf.h"
 #include "core/json_file.h"
 #include "core/mapped_file.h"
+#include "models/gguf_model.h"
 
 namespace kestrel {
 namespace {
@@ -698,6 +700,10 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  if (IsGgufFile(model_dir)) {
+    KASSIGN(GgufFile g, GgufFile::Open(model_dir));
+    return LoadGgufConfig(g);
+  }
   const std::string path = model_dir + "/config.json";
   KASSIGN(json j, ReadJsonFile(path));
   return ParseModelConfig(j, path);
@@ -741,6 +747,10 @@ Result<GenerationDefaults> ParseGenerationDefaults(const json& j, const std::str
 }
 
 Result<GenerationDefaults> LoadGenerationDefaults(const std::string& model_dir) {
+  if (IsGgufFile(model_dir)) {
+    KASSIGN(GgufFile g, GgufFile::Open(model_dir));
+    return GgufGenerationDefaults(g);
+  }
   const std::string path = model_dir + "/generation_config.json";
   if (!FileExists(path)) return GenerationDefaults{};
   KASSIGN(json j, ReadJsonFile(path));

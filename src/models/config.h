@@ -48,6 +48,9 @@ struct RopeConfig {
   std::optional<double> attention_factor;  // yarn: always set after parsing (given or derived)
   bool truncate = true;                    // yarn: floor/ceil the correction range
   double partial_rotary_factor = 1.0;      // rotary_dim = int(head_dim * factor), in (0, 1]
+  // GGUF files of Llama 3.1+ carry the llama3 scaling as one divisor per frequency (the
+  // "rope_freqs" tensor) instead of its parameters: inv_freq[i] = default inv_freq[i] / f[i].
+  std::vector<float> freq_factors;
 };
 
 // How a layer mixes tokens.

@@ -167,7 +167,7 @@ void CpuDecoder::Forward(const Batch& batch, float* hidden) {
   // Token embeddings and the RoPE tables of this batch's positions.
   Clock::time_point t0 = Clock::now();
   cpu::EmbeddingGather(w_.embed, batch.token_ids, s_.x.data());  // [n, hidden]
-  stats_->weight_bytes_read += n * c_.hidden_size * static_cast<int64_t>(DTypeSize(w_.embed.dtype));
+  stats_->weight_bytes_read += n * w_.embed.row_bytes();
   cpu::RopeTables(batch.positions, inv_freq_, rope_attention_scale_, s_.rope_cos.data(),
                   s_.rope_sin.data());
   stats_->other_s += SecondsSince(t0);

@@ -41,7 +41,7 @@ int64_t CpuRunner::decode_weight_bytes() const {
   int64_t bytes = weights_.n_bytes;
   if (!config_.tie_word_embeddings) {
     bytes -= static_cast<int64_t>(weights_.embed.size_bytes());
-    bytes += config_.hidden_size * static_cast<int64_t>(DTypeSize(weights_.embed.dtype));
+    bytes += weights_.embed.row_bytes();
   }
   for (const DecoderLayerWeights& l : weights_.layers) {
     if (!l.moe || l.moe_w.experts.empty()) continue;

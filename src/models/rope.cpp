@@ -94,6 +94,12 @@ int64_t RopeRotaryDim(const ModelConfig& c) {
 
 std::vector<float> RopeInvFreq(const RopeConfig& rope, int64_t rotary_dim) {
   KCHECK(rotary_dim > 0 && rotary_dim % 2 == 0);
+  if (!rope.freq_factors.empty()) {
+    KCHECK(static_cast<int64_t>(rope.freq_factors.size()) == rotary_dim / 2);
+    std::vector<float> inv = DefaultInvFreq(rope.theta, rotary_dim);
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] /= rope.freq_factors[i];
+    return inv;
+  }
   switch (rope.type) {
     case RopeType::kDefault:
       return DefaultInvFreq(rope.theta, rotary_dim);

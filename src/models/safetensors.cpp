@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/gguf.h"
 #include "core/json_file.h"
 
 namespace kestrel {
@@ -270,6 +271,7 @@ Status WeightStore::AddFile(const std::string& path) {
 }
 
 Result<WeightStore> WeightStore::Open(const std::string& model_dir) {
+  if (IsGgufFile(model_dir)) return OpenGguf(model_dir);
   if (!IsDirectory(model_dir)) return NotFound(model_dir + ": not a directory");
   WeightStore store;
   store.model_dir_ = model_dir;

@@ -40,7 +40,10 @@ Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const uint8_t* data
 class WeightStore {
  public:
   // model.safetensors, else model.safetensors.index.json (each shard mapped once), else NotFound.
+  // A GGUF file instead of a directory: OpenGguf.
   static Result<WeightStore> Open(const std::string& model_dir);
+  // The tensors of a GGUF file under their Hugging Face names (models/gguf_model.cpp).
+  static Result<WeightStore> OpenGguf(const std::string& path);
 
   bool Has(const std::string& name) const { return tensors_.count(name) != 0; }
   // The tensor with this exact shape, or a Status naming the file, tensor, and both shapes.
@@ -58,6 +61,8 @@ class WeightStore {
   std::vector<MappedFile> files_;
   std::map<std::string, TensorView> tensors_;
   std::map<std::string, int> tensor_file_;  // name -> index into files_
+  // Tensors re-laid at load (GGUF's permuted Llama q/k rows), owned here.
+  std::vector<std::vector<uint8_t>> owned_;
 };
 
 }  // namespace kestrel

@@ -10,9 +10,12 @@ namespace kestrel {
 Status WeightBinder::Get(const std::string& name, std::vector<int64_t> shape, TensorView* out) {
   Result<TensorView> t = store_.Get(name, std::move(shape));
   if (!t.ok()) return t.status();
-  if (t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) {
+  const bool plain = t->dtype == DType::kF32 || t->dtype == DType::kF16 || t->dtype == DType::kBF16;
+  // Block-quantized tensors (GGUF) are read as matrices: linear layers and the embedding.
+  if (!plain && !(IsBlockQuantized(t->dtype) && t->n_dims == 2)) {
     return Unsupported(store_.file_of(name) + ": tensor '" + name + "' has dtype " +
-                       std::string(DTypeName(t->dtype)) + " (supported: F32, F16, BF16)");
+                       std::string(DTypeName(t->dtype)) +
+                       " (supported: F32, F16, BF16; Q8_0, Q4_K, Q6_K for matrices)");
   }
   *out = *t;
   if (used_.insert(name).second) {
@@ -74,8 +77,8 @@ TensorView SliceMatrixRows(const TensorView& t, int64_t index, int64_t row_begin
   v.n_dims = 2;
   v.shape[0] = n_rows;
   v.shape[1] = t.shape[2];
-  const int64_t offset = (index * t.shape[1] + row_begin) * t.shape[2];
-  v.data = static_cast<const uint8_t*>(t.data) + offset * static_cast<int64_t>(DTypeSize(t.dtype));
+  const int64_t row = index * t.shape[1] + row_begin;
+  v.data = static_cast<const uint8_t*>(t.data) + row * DTypeRowBytes(t.dtype, t.shape[2]);
   return v;
 }
 

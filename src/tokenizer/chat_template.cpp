@@ -5,6 +5,8 @@
 #include <optional>
 
 #include "core/json_file.h"
+#include "core/gguf.h"
+#include "tokenizer/tokenizer_gguf.h"
 #include "core/mapped_file.h"
 #include "tokenizer/jinja/json.h"
 #include "tokenizer/jinja/pystr.h"
@@ -150,6 +152,18 @@ ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 
 Result<ChatTemplate> ChatTemplate::FromDirectory(const std::string& dir) {
+  if (IsGgufFile(dir)) {
+    KASSIGN(GgufFile g, GgufFile::Open(dir));
+    KASSIGN(tok::GgufTokenizerFiles files, tok::TokenizerFilesFromGguf(g));
+    auto it = files.tokenizer_config.find("chat_template");
+    if (it == files.tokenizer_config.end()) {
+      return NotFound(dir + ": the GGUF file has no tokenizer.chat_template");
+    }
+    Result<ChatTemplate> t = FromSource(it->get<std::string>(),
+                                        SpecialTokens(files.tokenizer_config, json::object()));
+    if (!t.ok()) return t.status().With(dir + ": chat template: ");
+    return t;
+  }
   const std::string config_path = dir + "/tokenizer_config.json";
   json config = json::object();
   if (FileExists(config_path)) {

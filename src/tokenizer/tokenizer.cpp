@@ -8,6 +8,8 @@
 #include "tokenizer/tokenizer.h"
 
 #include "core/mapped_file.h"
+#include "core/gguf.h"
+#include "tokenizer/tokenizer_gguf.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode.h"
 
@@ -143,6 +145,17 @@ Result<Tokenizer> Tokenizer::FromJson(std::string_view tokenizer_json, const std
 }
 
 Result<Tokenizer> Tokenizer::FromDirectory(const std::string& dir) {
+  if (IsGgufFile(dir)) {
+    KASSIGN(GgufFile g, GgufFile::Open(dir));
+    KASSIGN(tok::GgufTokenizerFiles files, tok::TokenizerFilesFromGguf(g));
+    const std::string text =
+        files.tokenizer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    KASSIGN(Tokenizer tokenizer, FromJson(text, dir + " (GGUF tokenizer)"));
+    KTRY(LoadTokenizerConfig(files.tokenizer_config.dump(-1, ' ', false,
+                                                         nlohmann::json::error_handler_t::replace),
+                             dir + " (GGUF tokenizer)", tokenizer.impl_.get()));
+    return tokenizer;
+  }
   const std::string json_path = dir + "/tokenizer.json";
   if (!FileExists(json_path)) return NotFound(json_path + ": file not found");
   KASSIGN(std::string text, ReadFileToString(json_path));

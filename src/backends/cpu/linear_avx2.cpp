@@ -64,6 +64,86 @@ inline float Load1(const void* base, int64_t i) {
   }
 }
 
+// ---- block-quantized weights (core/quant_blocks.h defines the formats; local copies here) ----
+
+template <DType T>
+constexpr bool kBlock = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ6_K;
+
+// Bytes of one row of k_in elements.
+template <DType T>
+constexpr int64_t RowBytes(int64_t k_in) {
+  if constexpr (T == DType::kF32) return 4 * k_in;
+  else if constexpr (T == DType::kF16 || T == DType::kBF16) return 2 * k_in;
+  else if constexpr (T == DType::kQ8_0) return k_in / 32 * 34;
+  else if constexpr (T == DType::kQ4_K) return k_in / 256 * 144;
+  else return k_in / 256 * 210;
+}
+
+inline float HalfToFloat(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline __m256i Bytes8ToI32(const uint8_t* p) {  // 8 unsigned bytes -> 8 x i32
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// out[0..4) = elements [k, k + 32) of the row starting at `row` (k a multiple of 32), each the
+// exact value of the format's definition; out[j] holds elements k + 8j .. k + 8j + 7.
+template <DType T>
+inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
+  if constexpr (T == DType::kQ8_0) {
+    const uint8_t* b = row + k / 32 * 34;
+    const __m256 d = _mm256_set1_ps(HalfToFloat(b));
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * j)));
+      out[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+    }
+  } else if constexpr (T == DType::kQ4_K) {
+    const uint8_t* b = row + k / 256 * 144;
+    const int j256 = static_cast<int>(k % 256);
+    const int c = j256 >> 6, hi = (j256 >> 5) & 1, g = 2 * c + hi;
+    const uint8_t* sc = b + 4;
+    int s, m;
+    if (g < 4) {
+      s = sc[g] & 63;
+      m = sc[g + 4] & 63;
+    } else {
+      s = (sc[g + 4] & 0xF) | ((sc[g - 4] >> 6) << 4);
+      m = (sc[g + 4] >> 4) | ((sc[g] >> 6) << 4);
+    }
+    const __m256 d1 = _mm256_set1_ps(HalfToFloat(b) * static_cast<float>(s));
+    const __m256 m1 = _mm256_set1_ps(HalfToFloat(b + 2) * static_cast<float>(m));
+    const uint8_t* q = b + 16 + 32 * c;
+    const __m256i low = _mm256_set1_epi32(0xF);
+    for (int j = 0; j < 4; ++j) {
+      __m256i v = Bytes8ToI32(q + 8 * j);
+      v = hi ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, low);
+      // d1 * q is exact (an f16 times 6 bits times 4 bits), so the fused form rounds as the
+      // definition's d1 * q - m1 does.
+      out[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), d1, m1);
+    }
+  } else {  // Q6_K
+    const uint8_t* b = row + k / 256 * 210;
+    const int j256 = static_cast<int>(k % 256);
+    const int n = j256 >> 7, g = (j256 & 127) >> 5;
+    const uint8_t* ql = b + 64 * n + (g & 1) * 32;
+    const uint8_t* qh = b + 128 + 32 * n;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * n + 2 * g;
+    const float d = HalfToFloat(b + 208);
+    const __m128i ql_shift = _mm_cvtsi32_si128((g >> 1) * 4);
+    const __m128i qh_shift = _mm_cvtsi32_si128(2 * g);
+    const __m256i low = _mm256_set1_epi32(0xF), two = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i lo4 = _mm256_and_si256(_mm256_srl_epi32(Bytes8ToI32(ql + 8 * j), ql_shift), low);
+      const __m256i hi2 = _mm256_and_si256(_mm256_srl_epi32(Bytes8ToI32(qh + 8 * j), qh_shift), two);
+      const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo4, _mm256_slli_epi32(hi2, 4)), bias);
+      const __m256 scale = _mm256_set1_ps(d * static_cast<float>(sc[j >> 1]));
+      out[j] = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(q));
+    }
+  }
+}
 
 // ---- streaming kernel ------------------------------------------------------------------------
 
@@ -84,6 +164,30 @@ inline void DirectTile(const void* w, int64_t k_in, int64_t n0, const float* x, 
   const int64_t lines_per_step = k8 > 0 ? (next_lines * 8 + k8 - 1) / k8 : 0;
   const char* next = prefetch;
   int64_t line = 0;
+  if constexpr (kBlock<T>) {
+    // Rows are whole blocks (k_in % 32 == 0): 32 elements per step, added to each accumulator
+    // 8 at a time in k order, as the float path adds them.
+    const int64_t row_bytes = RowBytes<T>(k_in);
+    const uint8_t* w0 = static_cast<const uint8_t*>(w) + n0 * row_bytes;
+    for (int64_t k = 0; k < k_in; k += 32) {
+      for (int64_t i = 0; i < 4 * lines_per_step && line < next_lines; ++i, ++line) {
+        _mm_prefetch(next + line * 64, _MM_HINT_T0);
+      }
+      for (int r = 0; r < R; ++r) {
+        __m256 wv[4];
+        Dequant32<T>(w0 + r * row_bytes, k, wv);
+        for (int t = 0; t < MT; ++t) {
+          for (int j = 0; j < 4; ++j) {
+            acc[r][t] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x + t * k_in + k + 8 * j), acc[r][t]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < MT; ++t) y[t * ldy + n0 + r] = HorizontalSum(acc[r][t]);
+    }
+    return;
+  }
   for (int64_t k = 0; k < k8; k += 8) {
     for (int64_t i = 0; i < lines_per_step && line < next_lines; ++i, ++line) {
       _mm_prefetch(next + line * 64, _MM_HINT_T0);
@@ -125,14 +229,14 @@ struct PrefetchNext {
 template <DType T, int R, int MT>
 void DirectRows(const void* w, int64_t k_in, int64_t n_begin, int64_t n_end, const float* x,
                 float* y, int64_t ldy, PrefetchNext after) {
-  constexpr int64_t kElem = T == DType::kF32 ? 4 : 2;
+  const int64_t row_bytes = RowBytes<T>(k_in);
   const char* base = static_cast<const char*>(w);
   int64_t n = n_begin;
   for (; n + R <= n_end; n += R) {
     const int64_t next_end = n + 2 * R < n_end ? n + 2 * R : n_end;
     if (next_end > n + R) {
-      DirectTile<T, R, MT>(w, k_in, n, x, y, ldy, base + (n + R) * k_in * kElem,
-                           (next_end - n - R) * k_in * kElem);
+      DirectTile<T, R, MT>(w, k_in, n, x, y, ldy, base + (n + R) * row_bytes,
+                           (next_end - n - R) * row_bytes);
     } else {
       DirectTile<T, R, MT>(w, k_in, n, x, y, ldy, after.data, after.bytes);
     }
@@ -203,6 +307,21 @@ inline void Transpose8x8(__m256 r[8]) {
 template <DType T>
 void PackPanel(const void* w, int64_t k_in, int64_t n0, int nr, int64_t k0, int kc,
                float* packed) {
+  if constexpr (kBlock<T>) {
+    // Dequantize the panel's rows into f32 (kc is a multiple of 32), then pack those.
+    alignas(32) float stage[kNr * kKc];
+    const int64_t row_bytes = RowBytes<T>(k_in);
+    for (int j = 0; j < nr; ++j) {
+      const uint8_t* row = static_cast<const uint8_t*>(w) + (n0 + j) * row_bytes;
+      for (int k = 0; k < kc; k += 32) {
+        __m256 v[4];
+        Dequant32<T>(row, k0 + k, v);
+        for (int q = 0; q < 4; ++q) _mm256_store_ps(stage + j * kKc + k + 8 * q, v[q]);
+      }
+    }
+    PackPanel<DType::kF32>(stage, kKc, 0, nr, 0, kc, packed);
+    return;
+  }
   int k = 0;
   if (nr == kNr) {
     for (; k + 8 <= kc; k += 8) {
@@ -227,11 +346,11 @@ void PackPanel(const void* w, int64_t k_in, int64_t n0, int nr, int64_t k0, int 
 template <DType T>
 inline void PrefetchPanel(const void* w, int64_t k_in, int64_t n_out, int64_t n0, int64_t k0,
                           int kc) {
-  const int64_t elem = T == DType::kF32 ? 4 : 2;
+  const int64_t row_bytes = RowBytes<T>(k_in), seg = RowBytes<T>(kc);
   const char* base = static_cast<const char*>(w);
   for (int64_t j = 0; j < kNr && n0 + j < n_out; ++j) {
-    const char* row = base + ((n0 + j) * k_in + k0) * elem;
-    for (int64_t b = 0; b < kc * elem; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+    const char* row = base + (n0 + j) * row_bytes + RowBytes<T>(k0);
+    for (int64_t b = 0; b < seg; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
   }
 }
 
@@ -347,8 +466,18 @@ inline void WithDType(DType t, Fn&& fn) {
   switch (t) {
     case DType::kF32: fn.template operator()<DType::kF32>(); return;
     case DType::kF16: fn.template operator()<DType::kF16>(); return;
+    case DType::kQ8_0: fn.template operator()<DType::kQ8_0>(); return;
+    case DType::kQ4_K: fn.template operator()<DType::kQ4_K>(); return;
+    case DType::kQ6_K: fn.template operator()<DType::kQ6_K>(); return;
     default: fn.template operator()<DType::kBF16>(); return;
   }
+}
+
+// Bytes of a row of k_in elements of dtype t.
+int64_t RowBytesOf(DType t, int64_t k_in) {
+  int64_t bytes = 0;
+  WithDType(t, [&]<DType T>() { bytes = RowBytes<T>(k_in); });
+  return bytes;
 }
 
 }  // namespace
@@ -373,7 +502,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
     const TensorView& w = *jobs[j].w;
     const int64_t n_out = w.shape[0], k_in = w.shape[1];
     const int64_t n_units = (n_out + unit_rows - 1) / unit_rows;
-    const int64_t unit_bytes = unit_rows * k_in * (w.dtype == DType::kF32 ? 4 : 2);
+    const int64_t unit_bytes = unit_rows * RowBytesOf(w.dtype, k_in);
     const int64_t chunk_units =
         direct ? (unit_bytes >= (128 << 10) ? 1 : (128 << 10) / unit_bytes) : kChunkPanels;
     plan[j] = {n_units, chunk_units, n_chunks};
@@ -408,7 +537,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
           int64_t nu_begin, nu_end;
           locate(next, &nj, &nu_begin, &nu_end);
           const TensorView& nw = *jobs[nj].w;
-          const int64_t row_bytes = nw.shape[1] * (nw.dtype == DType::kF32 ? 4 : 2);
+          const int64_t row_bytes = RowBytesOf(nw.dtype, nw.shape[1]);
           const int64_t rows = nw.shape[0] - nu_begin * unit_rows < unit_rows
                                    ? nw.shape[0] - nu_begin * unit_rows
                                    : unit_rows;

@@ -6,6 +6,7 @@
 
 #include "backends/cpu/kernels_internal.h"
 #include "core/check.h"
+#include "core/quant_blocks.h"
 
 namespace kestrel::cpu {
 
@@ -26,7 +27,9 @@ bool CpuHasAvx2Fma() {
 
 static void CheckWeight2D(const TensorView& w) {
   KCHECK(w.n_dims == 2 && w.data != nullptr);
-  KCHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16);
+  KCHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16 ||
+         IsBlockQuantized(w.dtype));
+  KCHECK(w.shape[1] % DTypeBlockElems(w.dtype) == 0);
 }
 
 void Linear(const OpContext& ctx, const float* x, int64_t m_rows, const TensorView& w,
@@ -91,6 +94,15 @@ void EmbeddingGather(const TensorView& table, std::span<const int32_t> ids, floa
   CheckWeight2D(table);
   const int64_t vocab = table.shape[0];
   const int64_t d = table.shape[1];
+  if (IsBlockQuantized(table.dtype)) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      KCHECK(ids[i] >= 0 && ids[i] < vocab);
+      quant::DequantizeRow(table.dtype,
+                           static_cast<const uint8_t*>(table.data) + ids[i] * table.row_bytes(), d,
+                           out + static_cast<int64_t>(i) * d);
+    }
+    return;
+  }
   DispatchWeightDType(table.dtype, [&]<DType T>() {
     for (size_t i = 0; i < ids.size(); ++i) {
       KCHECK(ids[i] >= 0 && ids[i] < vocab);

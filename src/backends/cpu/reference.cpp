@@ -4,15 +4,31 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "backends/cpu/kernels_internal.h"
 #include "core/check.h"
+#include "core/quant_blocks.h"
 
 namespace kestrel::cpu::reference {
 
 void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorView& bias, float* y) {
   const int64_t n_out = w.shape[0];
   const int64_t k_in = w.shape[1];
+  if (IsBlockQuantized(w.dtype)) {
+    // The row's exact dequantized values, then the same sequential sum.
+    std::vector<float> row(static_cast<size_t>(k_in));
+    for (int64_t n = 0; n < n_out; ++n) {
+      quant::DequantizeRow(w.dtype, static_cast<const uint8_t*>(w.data) + n * w.row_bytes(), k_in,
+                           row.data());
+      for (int64_t m = 0; m < m_rows; ++m) {
+        const float* xm = x + m * k_in;
+        float acc = 0.0f;
+        for (int64_t k = 0; k < k_in; ++k) acc += xm[k] * row[static_cast<size_t>(k)];
+        y[m * n_out + n] = acc;
+      }
+    }
+  } else {
   DispatchWeightDType(w.dtype, [&]<DType T>() {
     for (int64_t m = 0; m < m_rows; ++m) {
       const float* xm = x + m * k_in;
@@ -24,6 +40,7 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
       }
     }
   });
+  }
   if (bias.empty()) return;
   DispatchWeightDType(bias.dtype, [&]<DType T>() {
     for (int64_t m = 0; m < m_rows; ++m) {

@@ -1,0 +1,57 @@
+// The ggml block formats Kestrel reads from GGUF files, and their dequantization exactly as the
+// format defines it (ggml's dequantize_row_*: the same f32 operations in the same order), so a
+// quantized weight means one f32 value everywhere: in the reference kernels, the AVX2 kernels,
+// the embedding gather and the tests' numpy reference (tools/make_gguf.py).
+//
+//   Q8_0  32 elements, 34 bytes: f16 d, int8 q[32];                 w = q * d
+//   Q4_K  256 elements, 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for the
+//         eight 32-element groups, 128 bytes of nibbles (group 2c in the low nibbles of bytes
+//         [32c, 32c + 32), group 2c + 1 in their high nibbles);
+//                                    w = (d * sc[g]) * q - (dmin * m[g])
+//   Q6_K  256 elements, 210 bytes: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs,
+//         int8 scales[16] (one per 16 elements), f16 d;      w = (d * scale) * (q - 32)
+// In Q8_0 and Q4_K every product is exact in f32 (an f16 times an integer of at most 7 bits), so
+// a fused multiply-add gives the same value as the separate operations.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+
+namespace kestrel::quant {
+
+inline constexpr int kQ8_0Block = 32, kQ8_0Bytes = 34;
+inline constexpr int kQKBlock = 256, kQ4_KBytes = 144, kQ6_KBytes = 210;
+
+inline float LoadF16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return F16ToF32(h);
+}
+
+// Scale and min of group j (0..7) of a Q4_K block from its 12 packed bytes.
+inline void Q4KScaleMin(const uint8_t* scales, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = scales[j] & 63;
+    *m = scales[j + 4] & 63;
+  } else {
+    *sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
+    *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+  }
+}
+
+// out[0..256) = the elements of one block.
+void DequantizeQ8_0Block(const uint8_t* block, float* out);  // 32 elements
+void DequantizeQ4_KBlock(const uint8_t* block, float* out);
+void DequantizeQ6_KBlock(const uint8_t* block, float* out);
+
+// out[0..n) = elements [0, n) of a row of type t starting at `row` (n a multiple of the block
+// size for block types; any F32/F16/BF16 row too).
+void DequantizeRow(DType t, const void* row, int64_t n, float* out);
+
+// Element i of a row-major tensor of type t whose rows are `cols` long (the scalar path of the
+// reference kernels).
+float DequantizeElement(DType t, const void* data, int64_t cols, int64_t i);
+
+}  // namespace kestrel::quant

@@ -1,0 +1,30 @@
+// A GGUF file as a model: its metadata as the config.json / generation_config.json fields
+// Kestrel reads, and its tensors under their Hugging Face names (WeightStore::OpenGguf), so that
+// everything after loading (binding, both backends, the engine) is the same for a directory and
+// a .gguf file. The tokenizer and chat template come from the same file (tokenizer/tokenizer.h).
+//
+// Architectures: general.architecture "llama" (Llama, Mistral), "qwen2", "qwen3", "qwen3moe".
+// Tensor types: F32, F16, BF16, Q8_0, Q4_K, Q6_K (others are refused, naming the tensor).
+// What llama.cpp's converter changed is undone at load: Llama's q/k rows are un-permuted back to
+// the rotate-half layout; the llama3 RoPE scaling arrives as per-frequency divisors
+// (rope_freqs, RopeConfig::freq_factors).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/gguf.h"
+#include "core/status.h"
+#include "models/config.h"
+
+namespace kestrel {
+
+// The config.json equivalent of a GGUF file's metadata (parsed by ParseModelConfig).
+Result<nlohmann::json> GgufConfigJson(const GgufFile& g);
+// The whole config, rope_freqs included.
+Result<ModelConfig> LoadGgufConfig(const GgufFile& g);
+// EOS / BOS ids from the tokenizer metadata (GGUF stores no sampling defaults Kestrel reads).
+Result<GenerationDefaults> GgufGenerationDefaults(const GgufFile& g);
+
+}  // namespace kestrel

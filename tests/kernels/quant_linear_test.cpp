@@ -1,0 +1,204 @@
+// Block-quantized weights (GGUF Q8_0, Q4_K, Q6_K): the dequantization against the format's
+// definition as an independent numpy implementation computes it (tools/make_gguf.py --golden),
+// bit for bit, through every path that reads them (the scalar dequantizer, the AVX2 streaming
+// kernel, the AVX2 packed kernel); and Linear over quantized weights equal, bit for bit, to
+// Linear over the same weights dequantized to f32, in both kernel sets and at any thread count.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/ops.h"
+#include "core/quant_blocks.h"
+#include "core/thread_pool.h"
+#include "kernel_test_util.h"
+
+namespace kestrel {
+namespace {
+
+using cpu::KernelSet;
+using cpu::OpContext;
+using testing::RandomFloats;
+using testing::SameBits;
+
+constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K};
+
+// Quantized weights as raw blocks at `byte_offset` past a 64-byte boundary.
+struct QuantWeights {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+  std::vector<float> values;  // every element dequantized (quant::DequantizeRow)
+  TensorView f32_view;        // the same values as an F32 tensor
+};
+
+// Random bytes with sane f16 scales: every quant bit pattern, scales within +-2.
+QuantWeights MakeQuantWeights(std::mt19937& rng, DType dtype, int64_t rows, int64_t cols,
+                              size_t byte_offset) {
+  QuantWeights w;
+  const int64_t row_bytes = DTypeRowBytes(dtype, cols);
+  w.bytes.resize(64 + byte_offset + static_cast<size_t>(rows * row_bytes));
+  const size_t pad = (64 - reinterpret_cast<uintptr_t>(w.bytes.data()) % 64) % 64;
+  uint8_t* base = w.bytes.data() + pad + byte_offset;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
+  const int64_t block = static_cast<int64_t>(DTypeSize(dtype));
+  for (int64_t b = 0; b < rows * row_bytes / block; ++b) {
+    uint8_t* p = base + b * block;
+    for (int64_t i = 0; i < block; ++i) p[i] = static_cast<uint8_t>(byte(rng));
+    auto put = [&](int64_t at) {
+      const uint16_t h = F32ToF16(scale(rng));
+      std::memcpy(p + at, &h, 2);
+    };
+    if (dtype == DType::kQ8_0) put(0);
+    if (dtype == DType::kQ4_K) { put(0); put(2); }
+    if (dtype == DType::kQ6_K) put(208);
+  }
+  w.view.data = base;
+  w.view.dtype = dtype;
+  w.view.n_dims = 2;
+  w.view.shape[0] = rows;
+  w.view.shape[1] = cols;
+  w.values.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    quant::DequantizeRow(dtype, base + r * row_bytes, cols, w.values.data() + r * cols);
+  }
+  w.f32_view = w.view;
+  w.f32_view.dtype = DType::kF32;
+  w.f32_view.data = w.values.data();
+  return w;
+}
+
+std::vector<float> RunLinear(const OpContext& ctx, const std::vector<float>& x, int64_t m,
+                             const TensorView& w) {
+  std::vector<float> y(static_cast<size_t>(m * w.shape[0]), -777.0f);
+  cpu::Linear(ctx, x.data(), m, w, TensorView{}, y.data());
+  return y;
+}
+
+TEST(QuantLinear, EqualsLinearOverTheDequantizedWeights) {
+  std::mt19937 rng(7);
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (DType dt : kQuantTypes) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 512}, {16, 768}, {9, 256}}) {
+      if (cols % DTypeBlockElems(dt) != 0) continue;
+      QuantWeights w = MakeQuantWeights(rng, dt, rows, cols, 3);
+      for (int64_t m : {1, 2, 3, 4, 5, 16, 17, 40}) {
+        const std::string label = std::string(DTypeName(dt)) + " " + std::to_string(rows) + "x" +
+                                  std::to_string(cols) + " m=" + std::to_string(m);
+        std::vector<float> x = RandomFloats(rng, m * cols);
+        EXPECT_TRUE(SameBits(RunLinear(OpContext{}, x, m, w.view),
+                             RunLinear(OpContext{}, x, m, w.f32_view)))
+            << "reference " << label;
+        if (!cpu::CpuHasAvx2Fma()) continue;
+        const std::vector<float> fast = RunLinear(OpContext{KernelSet::kAvx2, &pool2}, x, m, w.view);
+        EXPECT_TRUE(SameBits(fast, RunLinear(OpContext{KernelSet::kAvx2, &pool2}, x, m, w.f32_view)))
+            << "avx2 " << label;
+        for (ThreadPool* p : {&pool1, &pool3}) {
+          EXPECT_TRUE(SameBits(fast, RunLinear(OpContext{KernelSet::kAvx2, p}, x, m, w.view)))
+              << "avx2 threads " << label;
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantLinear, EmbeddingGatherDequantizesRows) {
+  std::mt19937 rng(3);
+  for (DType dt : kQuantTypes) {
+    QuantWeights w = MakeQuantWeights(rng, dt, 11, 512, 0);
+    const std::vector<int32_t> ids = {4, 0, 10, 4};
+    std::vector<float> out(ids.size() * 512);
+    cpu::EmbeddingGather(w.view, ids, out.data());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(out.data() + i * 512, w.values.data() + ids[i] * 512, 512 * 4))
+          << DTypeName(dt);
+    }
+  }
+}
+
+// The blocks and values tools/make_gguf.py --golden writes.
+struct GoldenType {
+  DType dtype;
+  int64_t rows, cols;
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;
+};
+
+std::vector<GoldenType> ReadGolden() {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::temp_directory_path() / ("kestrel_quant_golden_" + std::to_string(getpid()) + ".bin");
+  const std::string cmd = "/usr/bin/python3 " + std::string(KESTREL_SOURCE_DIR) +
+                          "/tools/make_gguf.py --golden " + out.string();
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << " (needs Debian's python3-numpy)";
+  std::ifstream f(out, std::ios::binary);
+  auto u32 = [&] {
+    uint32_t v = 0;
+    f.read(reinterpret_cast<char*>(&v), 4);
+    return v;
+  };
+  std::vector<GoldenType> types(u32());
+  for (GoldenType& t : types) {
+    const uint32_t ggml = u32();
+    t.dtype = ggml == 8 ? DType::kQ8_0 : ggml == 12 ? DType::kQ4_K : DType::kQ6_K;
+    t.rows = u32();
+    t.cols = u32();
+    t.bytes.resize(u32());
+    f.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+    t.values.resize(static_cast<size_t>(t.rows * t.cols));
+    f.read(reinterpret_cast<char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 4));
+  }
+  EXPECT_TRUE(f.good());
+  fs::remove(out);
+  return types;
+}
+
+TEST(QuantLinear, DequantizationMatchesTheNumpyDefinitionBitForBit) {
+  const std::vector<GoldenType> golden = ReadGolden();
+  ASSERT_EQ(golden.size(), 3u);
+  ThreadPool pool(2);
+  for (const GoldenType& g : golden) {
+    const std::string name(DTypeName(g.dtype));
+    std::vector<float> scalar(g.values.size());
+    for (int64_t r = 0; r < g.rows; ++r) {
+      quant::DequantizeRow(g.dtype, g.bytes.data() + r * DTypeRowBytes(g.dtype, g.cols), g.cols,
+                           scalar.data() + r * g.cols);
+    }
+    EXPECT_TRUE(SameBits(scalar, g.values)) << name << " scalar";
+    TensorView w;
+    w.data = g.bytes.data();
+    w.dtype = g.dtype;
+    w.n_dims = 2;
+    w.shape[0] = g.rows;
+    w.shape[1] = g.cols;
+        // x = rows of the identity: y[i, n] = w[n, i] exactly (one non-zero product per sum), so the
+    // kernels' own dequantization shows through unchanged. 16 rows at a time: the streaming
+    // kernel; all at once: the packed one.
+    for (KernelSet ks : {KernelSet::kReference, KernelSet::kAvx2}) {
+      if (ks == KernelSet::kAvx2 && !cpu::CpuHasAvx2Fma()) continue;
+      const OpContext ctx{ks, &pool};
+      for (int64_t step : {int64_t{16}, g.cols}) {
+        std::vector<float> seen(g.values.size());
+        for (int64_t i0 = 0; i0 < g.cols; i0 += step) {
+          const int64_t m = std::min(step, g.cols - i0);
+          std::vector<float> x(static_cast<size_t>(m * g.cols), 0.0f);
+          for (int64_t i = 0; i < m; ++i) x[i * g.cols + i0 + i] = 1.0f;
+          const std::vector<float> y = RunLinear(ctx, x, m, w);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t n = 0; n < g.rows; ++n) seen[n * g.cols + i0 + i] = y[i * g.rows + n];
+          }
+        }
+        // Equal as values: a -0 element comes out of 0 + 1 * -0 as +0.
+        EXPECT_EQ(seen, g.values)
+            << name << (ks == KernelSet::kAvx2 ? " avx2" : " reference") << " m=" << step;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kestrel

@@ -1,0 +1,283 @@
+// GGUF files as models: written by tools/make_gguf.py (numpy: the ggml block formats, the
+// llama.cpp naming and q/k permutation, the tokenizer metadata) from the committed fixtures, with
+// the same model's dequantized weights beside them as an f32 safetensors directory. The GGUF
+// model must give exactly the logits of that directory (itself the ordinary load path, checked
+// against transformers by the fixture tests), tokenize exactly like the tokenizer.json it came
+// from, render the same chat template, and refuse broken files with a message.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/ops.h"
+#include "core/gguf.h"
+#include "models/model.h"
+#include "models/safetensors.h"
+#include "tiny_model.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kestrel {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kSource = KESTREL_SOURCE_DIR;
+
+// One converted model: the .gguf and its dequantized reference directory.
+struct Converted {
+  std::string gguf, reference;
+};
+
+class Gguf : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(testing::MakeTempDir("gguf"));
+    models_ = new std::map<std::string, Converted>();
+    struct Job {
+      std::string name, model, type, tokenizer, pre;
+    };
+    const std::string tiny = kSource + "/models/kestrel-tiny";
+    const std::string fx = kSource + "/tests/data/models/";
+    const std::vector<Job> jobs = {
+        {"tiny_q8_0", tiny, "q8_0", "", "qwen2"},
+        {"tiny_q4_k", tiny, "q4_k", "", "qwen2"},
+        {"tiny_q6_k", tiny, "q6_k", "", "qwen2"},
+        {"tiny_q4_k_m", tiny, "q4_k_m", "", "qwen2"},
+        {"tiny_f16", tiny, "f16", "", "qwen2"},
+        {"tiny_bf16", tiny, "bf16", "", "qwen2"},
+        {"llama3_q8_0", fx + "llama3", "q8_0", kSource + "/tests/data/npm/llama3", "llama-bpe"},
+        {"mistral_q8_0", fx + "mistral", "q8_0", "", "llama-bpe"},
+        {"qwen2_q8_0", fx + "qwen2", "q8_0", "", "qwen2"},
+        {"qwen3_q8_0", fx + "qwen3", "q8_0", kSource + "/tests/data/npm/qwen3", "qwen2"},
+        {"qwen3_moe_q8_0", fx + "qwen3_moe", "q8_0", "", "qwen2"},
+    };
+    for (const Job& j : jobs) {
+      Converted c{*dir_ + "/" + j.name + ".gguf", *dir_ + "/" + j.name + "_ref"};
+      std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_gguf.py --model " + j.model +
+                        " --type " + j.type + " --pre " + j.pre + " --out " + c.gguf +
+                        " --dequantized-out " + c.reference;
+      if (!j.tokenizer.empty()) cmd += " --tokenizer " + j.tokenizer;
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " (needs Debian's python3-numpy)";
+      (*models_)[j.name] = c;
+    }
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+    delete models_;
+  }
+  static const Converted& Get(const std::string& name) { return models_->at(name); }
+
+  static std::string* dir_;
+  static std::map<std::string, Converted>* models_;
+};
+std::string* Gguf::dir_ = nullptr;
+std::map<std::string, Converted>* Gguf::models_ = nullptr;
+
+const std::vector<int32_t> kPrompt = {1, 7, 42, 300, 5, 77, 12, 250, 3, 400, 9, 64, 128, 255, 31, 2, 100};
+
+// Logits [tokens][vocab] of every position of kPrompt (ids taken modulo the vocabulary).
+std::vector<std::vector<float>> AllLogits(const std::string& path, CpuKernels kernels) {
+  ModelLoadOptions opts;
+  opts.kernels = kernels;
+  opts.kv_cache_tokens = 256;
+  Result<std::unique_ptr<Model>> model = Model::Load(path, opts);
+  EXPECT_TRUE(model.ok()) << path << ": " << model.status().message();
+  if (!model.ok()) return {};
+  std::vector<int32_t> blocks((*model)->n_kv_blocks());
+  for (size_t b = 0; b < blocks.size(); ++b) blocks[b] = static_cast<int32_t>(b);
+  testing::SeqRunner runner(model->get(), blocks);
+  std::vector<int32_t> prompt;
+  for (int32_t t : kPrompt) prompt.push_back(t % static_cast<int32_t>((*model)->config().vocab_size));
+  const int seq = runner.AddSequence(prompt);
+  return runner.Step({{seq, static_cast<int64_t>(prompt.size())}})[0];
+}
+
+bool SameBits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<CpuKernels> KernelSets() {
+  std::vector<CpuKernels> k = {CpuKernels::kReference};
+  if (cpu::CpuHasAvx2Fma()) k.push_back(CpuKernels::kAuto);
+  return k;
+}
+
+TEST_F(Gguf, LogitsEqualTheDequantizedWeightsBitForBit) {
+  for (const char* name : {"tiny_q8_0", "tiny_q4_k", "tiny_q6_k", "tiny_q4_k_m", "tiny_f16",
+                           "tiny_bf16", "mistral_q8_0", "qwen2_q8_0", "qwen3_q8_0",
+                           "qwen3_moe_q8_0"}) {
+    for (CpuKernels k : KernelSets()) {
+      const auto gguf = AllLogits(Get(name).gguf, k);
+      const auto ref = AllLogits(Get(name).reference, k);
+      ASSERT_FALSE(gguf.empty());
+      EXPECT_TRUE(SameBits(gguf, ref)) << name << (k == CpuKernels::kReference ? " reference" : " avx2");
+    }
+  }
+}
+
+// Llama 3's RoPE scaling arrives as llama.cpp's per-frequency divisors (rope_freqs): the
+// frequencies differ from transformers' llama3 formula by float rounding only.
+TEST_F(Gguf, Llama3WithRopeFreqsMatchesWithinRounding) {
+  for (CpuKernels k : KernelSets()) {
+    const auto gguf = AllLogits(Get("llama3_q8_0").gguf, k);
+    const auto ref = AllLogits(Get("llama3_q8_0").reference, k);
+    ASSERT_EQ(gguf.size(), ref.size());
+    for (size_t t = 0; t < gguf.size(); ++t) {
+      EXPECT_LE(testing::MaxAbsDiff(gguf[t], ref[t]), 1e-5 * testing::Range(ref[t])) << "position " << t;
+      EXPECT_EQ(testing::Argmax(gguf[t]), testing::Argmax(ref[t])) << "position " << t;
+    }
+  }
+}
+
+// What quantization costs on the trained tiny model: the logit error of each format against the
+// bf16 checkpoint, as a fraction of the logit range (printed; bounded loosely so a broken
+// quantizer or kernel, not the format's own error, fails it).
+TEST_F(Gguf, QuantizationErrorAgainstBf16IsTheFormatsOwn) {
+  const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
+  const std::map<std::string, double> bound = {
+      {"tiny_q8_0", 0.02}, {"tiny_q6_k", 0.05}, {"tiny_q4_k_m", 0.2}, {"tiny_q4_k", 0.25}};
+  for (const auto& [name, limit] : bound) {
+    const auto q = AllLogits(Get(name).gguf, CpuKernels::kAuto);
+    double worst = 0;
+    int same_argmax = 0;
+    for (size_t t = 0; t < q.size(); ++t) {
+      worst = std::max(worst, testing::MaxAbsDiff(q[t], bf16[t]) / testing::Range(bf16[t]));
+      same_argmax += testing::Argmax(q[t]) == testing::Argmax(bf16[t]);
+    }
+    std::printf("[ info     ] %-12s max |logit - bf16| / range = %.4f, argmax equal at %d of %zu\n",
+                name.c_str(), worst, same_argmax, q.size());
+    EXPECT_LE(worst, limit) << name;
+  }
+}
+
+std::vector<std::string> CorpusLines() {
+  std::ifstream f(kSource + "/tests/data/tokenizer/corpus.jsonl");
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line).at("text").get<std::string>());
+  return out;
+}
+
+// A directory holding only the tokenizer files of `src`.
+std::string TokenizerDir(const std::string& src, const std::string& tag) {
+  const std::string dir = testing::MakeTempDir(tag);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    if (fs::exists(src + "/" + f)) fs::copy_file(src + "/" + f, dir + "/" + f);
+  }
+  return dir;
+}
+
+TEST_F(Gguf, TokenizerAndChatTemplateEqualTheTokenizerJsons) {
+  const std::vector<std::string> corpus = CorpusLines();
+  ASSERT_GT(corpus.size(), 1000u);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"llama3_q8_0", kSource + "/tests/data/npm/llama3"},
+      {"qwen3_q8_0", kSource + "/tests/data/npm/qwen3"},
+      {"tiny_q4_k_m", kSource + "/models/kestrel-tiny"}};
+  for (const auto& [name, src] : cases) {
+    Result<Tokenizer> g = Tokenizer::FromDirectory(Get(name).gguf);
+    Result<Tokenizer> h = Tokenizer::FromDirectory(TokenizerDir(src, "tok"));
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    ASSERT_TRUE(h.ok()) << h.status().message();
+    EXPECT_EQ(g->vocab_size(), h->vocab_size()) << name;
+    EXPECT_EQ(g->bos_token(), h->bos_token()) << name;
+    EXPECT_EQ(g->eos_token(), h->eos_token()) << name;
+    EXPECT_EQ(g->add_bos_token(), h->add_bos_token()) << name;
+    int differ = 0;
+    for (const std::string& text : corpus) {
+      for (bool special : {false, true}) {
+        const std::vector<int32_t> a = g->Encode(text, special), b = h->Encode(text, special);
+        if (a != b && ++differ <= 3) ADD_FAILURE() << name << " encodes differently: " << text;
+        if (!special && g->Decode(a) != h->Decode(b)) ++differ;
+      }
+    }
+    EXPECT_EQ(differ, 0) << name;
+
+    Result<ChatTemplate> gt = ChatTemplate::FromDirectory(Get(name).gguf);
+    Result<ChatTemplate> ht = ChatTemplate::FromDirectory(TokenizerDir(src, "tmpl"));
+    ASSERT_EQ(gt.ok(), ht.ok()) << name;
+    if (!ht.ok()) continue;
+    const nlohmann::json messages = nlohmann::json::array(
+        {{{"role", "system"}, {"content", "Be brief."}},
+         {{"role", "user"}, {"content", "What is 2+2?"}},
+         {{"role", "assistant"}, {"content", "4"}},
+         {{"role", "user"}, {"content", "And 3+3?"}}});
+    const nlohmann::json tools = nullptr, kwargs = nlohmann::json::object();
+    Result<std::string> a = gt->Render(messages, tools, true, kwargs);
+    Result<std::string> b = ht->Render(messages, tools, true, kwargs);
+    ASSERT_TRUE(a.ok() && b.ok()) << name;
+    EXPECT_EQ(*a, *b) << name;
+  }
+}
+
+std::vector<uint8_t> ReadBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+
+void WriteBytes(const std::string& path, const std::vector<uint8_t>& b) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+TEST_F(Gguf, BrokenFilesAreRefusedWithAReason) {
+  const std::vector<uint8_t> good = ReadBytes(Get("qwen2_q8_0").gguf);  // no tokenizer: short header
+  Result<GgufHeader> parsed = ParseGgufHeader(good.data(), good.size(), "x.gguf");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  ASSERT_LT(parsed->data_offset, 16384u);
+  // Every truncation of the header (and some of the data) fails cleanly.
+  for (size_t n = 0; n < parsed->data_offset + 4096 && n < good.size(); n += (n < parsed->data_offset ? 1 : 61)) {
+    Result<GgufHeader> h = ParseGgufHeader(good.data(), n, "x.gguf");
+    ASSERT_FALSE(h.ok()) << "prefix of " << n << " bytes";
+    EXPECT_NE(h.status().message().find("x.gguf"), std::string::npos);
+  }
+  std::vector<uint8_t> bad = good;
+  bad[0] = 'X';
+  EXPECT_FALSE(ParseGgufHeader(bad.data(), bad.size(), "x.gguf").ok());
+  bad = good;
+  bad[4] = 9;  // version
+  EXPECT_NE(ParseGgufHeader(bad.data(), bad.size(), "x.gguf").status().message().find("version"), std::string::npos);
+
+  // A tensor of a type Kestrel does not read (Q5_K): the load names the tensor and the type.
+  const std::string name = "blk.0.attn_q.weight";
+  auto at = std::search(good.begin(), good.end(), name.begin(), name.end());
+  ASSERT_NE(at, good.end());
+  const size_t type_pos = static_cast<size_t>(at - good.begin()) + name.size() + 4 + 2 * 8;
+  bad = good;
+  uint32_t type = 0;
+  std::memcpy(&type, bad.data() + type_pos, 4);
+  ASSERT_EQ(type, 8u);  // Q8_0 as written
+  type = 13;            // Q5_K
+  std::memcpy(bad.data() + type_pos, &type, 4);
+  const std::string path = *dir_ + "/q5k.gguf";
+  WriteBytes(path, bad);
+  Result<std::unique_ptr<Model>> m = Model::Load(path, ModelLoadOptions{});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("Q5_K"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find(name), std::string::npos) << m.status().message();
+
+  // Cut inside the tensor data: the header's extents no longer fit.
+  bad.assign(good.begin(), good.end() - 100);
+  WriteBytes(path, bad);
+  m = Model::Load(path, ModelLoadOptions{});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("past the end"), std::string::npos) << m.status().message();
+}
+
+}  // namespace
+}  // namespace kestrel

@@ -1,0 +1,529 @@
+#!/usr/bin/env python3
+"""Writes a GGUF file from a Hugging Face model directory, quantizing its matrices in the ggml
+block formats Kestrel reads (Q8_0, Q4_K, Q6_K), and optionally the same model with every weight
+replaced by its dequantized value, as an f32 safetensors directory: the reference the GGUF model's
+logits must equal (Kestrel or transformers run on it). Kestrel's tests call it (numpy only).
+
+The quantizers here are simple (per-group min/max and absmax scales), not llama.cpp's searches:
+what matters for Kestrel is the layout and the dequantization, which follow the format's
+definition (ggml's dequantize_row_*), in float32, operation by operation.
+
+  make_gguf.py --model DIR --out FILE.gguf --type q8_0|q4_k|q6_k|q4_k_m|f16|bf16|f32
+               [--dequantized-out DIR] [--pre qwen2|llama-bpe|qwen35] [--tokenizer DIR]
+  make_gguf.py --golden OUT.bin      random blocks of each type and their dequantized values
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+
+import numpy as np
+
+GGML = {"f32": 0, "f16": 1, "q8_0": 8, "q4_k": 12, "q6_k": 14, "bf16": 30}
+BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_k": 256, "q6_k": 256}
+ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": "bf16"}
+
+
+# ---- safetensors -----------------------------------------------------------------------------
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        raw = data[e["data_offsets"][0]:e["data_offsets"][1]]
+        if e["dtype"] == "BF16":
+            u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+            a = u.view(np.float32)
+        else:
+            a = np.frombuffer(raw, dtype=ST_DTYPES[e["dtype"]]).astype(np.float32)
+        out[name] = a.reshape(e["shape"])
+    return out
+
+
+def write_safetensors(path, tensors):
+    header, offset, blobs = {}, 0, []
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name], dtype=np.float32)
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+        blobs.append(a.tobytes())
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def load_model(model_dir):
+    tensors = {}
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        for shard in sorted(set(json.load(open(index))["weight_map"].values())):
+            tensors.update(read_safetensors(os.path.join(model_dir, shard)))
+    else:
+        tensors.update(read_safetensors(os.path.join(model_dir, "model.safetensors")))
+    return tensors
+
+
+# ---- block formats ---------------------------------------------------------------------------
+
+def f16(x):
+    return np.asarray(x, dtype=np.float32).astype(np.float16)
+
+
+def rint(x):
+    return np.floor(np.asarray(x, dtype=np.float64) + 0.5)
+
+
+def quantize_q8_0(w):  # w [rows, cols], cols % 32 == 0 -> bytes [rows, cols/32*34]
+    rows, cols = w.shape
+    g = w.reshape(rows, cols // 32, 32).astype(np.float32)
+    d = f16(np.abs(g).max(axis=2) / 127.0)
+    df = d.astype(np.float32)
+    safe = np.where(df == 0, 1, df)
+    q = np.clip(rint(g / safe[..., None]), -127, 127).astype(np.int8)
+    q[df == 0] = 0
+    out = np.zeros((rows, cols // 32, 34), np.uint8)
+    out[..., 0:2] = d.view(np.uint8).reshape(rows, cols // 32, 2)
+    out[..., 2:] = q.view(np.uint8)
+    return out.reshape(rows, -1)
+
+
+def dequantize_q8_0(b, cols):
+    rows = b.shape[0]
+    b = b.reshape(rows, cols // 32, 34)
+    d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
+    q = b[..., 2:].view(np.int8).astype(np.float32)
+    return (q * d).reshape(rows, cols)
+
+
+def pack_q4k_scales(sc, m):  # sc, m [n, 8] in 0..63 -> [n, 12]
+    out = np.zeros(sc.shape[:-1] + (12,), np.uint8)
+    for j in range(4):
+        out[..., j] = (sc[..., j] | ((sc[..., j + 4] >> 4) << 6)).astype(np.uint8)
+        out[..., j + 4] = (m[..., j] | ((m[..., j + 4] >> 4) << 6)).astype(np.uint8)
+        out[..., j + 8] = ((sc[..., j + 4] & 0xF) | ((m[..., j + 4] & 0xF) << 4)).astype(np.uint8)
+    return out
+
+
+def unpack_q4k_scales(s):
+    sc = np.zeros(s.shape[:-1] + (8,), np.int64)
+    m = np.zeros_like(sc)
+    s = s.astype(np.int64)
+    for j in range(8):
+        if j < 4:
+            sc[..., j] = s[..., j] & 63
+            m[..., j] = s[..., j + 4] & 63
+        else:
+            sc[..., j] = (s[..., j + 4] & 0xF) | ((s[..., j - 4] >> 6) << 4)
+            m[..., j] = (s[..., j + 4] >> 4) | ((s[..., j] >> 6) << 4)
+    return sc, m
+
+
+def quantize_q4_k(w):
+    rows, cols = w.shape
+    nb = rows * cols // 256
+    g = w.reshape(nb, 8, 32).astype(np.float32)
+    lo = np.minimum(g.min(axis=2), 0)
+    hi = g.max(axis=2)
+    scale = (hi - lo) / 15.0
+    mins = -lo
+    d = f16(scale.max(axis=1) / 63.0)
+    dmin = f16(mins.max(axis=1) / 63.0)
+    df, dminf = d.astype(np.float32), dmin.astype(np.float32)
+    sc = np.clip(rint(scale / np.where(df == 0, 1, df)[:, None]), 0, 63).astype(np.int64)
+    m = np.clip(rint(mins / np.where(dminf == 0, 1, dminf)[:, None]), 0, 63).astype(np.int64)
+    d1 = (df[:, None] * sc.astype(np.float32)).astype(np.float32)
+    m1 = (dminf[:, None] * m.astype(np.float32)).astype(np.float32)
+    q = np.clip(rint((g + m1[..., None]) / np.where(d1 == 0, 1, d1)[..., None]), 0, 15).astype(np.uint8)
+    q[d1 == 0] = 0
+    out = np.zeros((nb, 144), np.uint8)
+    out[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+    out[:, 2:4] = dmin.view(np.uint8).reshape(nb, 2)
+    out[:, 4:16] = pack_q4k_scales(sc, m)
+    qg = q.reshape(nb, 4, 2, 32)
+    out[:, 16:] = (qg[:, :, 0, :] | (qg[:, :, 1, :] << 4)).reshape(nb, 128)
+    return out.reshape(rows, -1)
+
+
+def dequantize_q4_k(b, cols):
+    rows = b.shape[0]
+    nb = rows * cols // 256
+    b = b.reshape(nb, 144)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
+    sc, m = unpack_q4k_scales(b[:, 4:16])
+    d1 = (d[:, None] * sc.astype(np.float32)).astype(np.float32)  # [nb, 8]
+    m1 = (dmin[:, None] * m.astype(np.float32)).astype(np.float32)
+    qs = b[:, 16:].reshape(nb, 4, 32)
+    q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(nb, 8, 32).astype(np.float32)
+    y = (d1[..., None] * q).astype(np.float32) - m1[..., None]
+    return y.astype(np.float32).reshape(rows, cols)
+
+
+def quantize_q6_k(w):
+    rows, cols = w.shape
+    nb = rows * cols // 256
+    g = w.reshape(nb, 16, 16).astype(np.float32)
+    amax_i = np.abs(g).argmax(axis=2)
+    signed_max = np.take_along_axis(g, amax_i[..., None], axis=2)[..., 0]
+    scale = -signed_max / 32.0  # the extreme value maps to -32
+    d = f16(np.abs(scale).max(axis=1) / 127.0)
+    df = d.astype(np.float32)
+    sc = np.clip(rint(scale / np.where(df == 0, 1, df)[:, None]), -128, 127).astype(np.int64)
+    s = (df[:, None] * sc.astype(np.float32)).astype(np.float32)
+    q = np.clip(rint(g / np.where(s == 0, 1, s)[..., None]), -32, 31).astype(np.int64)
+    q[s == 0] = 0
+    q6 = (q + 32).reshape(nb, 2, 128)
+    out = np.zeros((nb, 210), np.uint8)
+    ql = np.zeros((nb, 2, 64), np.int64)
+    qh = np.zeros((nb, 2, 32), np.int64)
+    ql[:, :, 0:32] = (q6[:, :, 0:32] & 0xF) | ((q6[:, :, 64:96] & 0xF) << 4)
+    ql[:, :, 32:64] = (q6[:, :, 32:64] & 0xF) | ((q6[:, :, 96:128] & 0xF) << 4)
+    qh[:] = ((q6[:, :, 0:32] >> 4) | ((q6[:, :, 32:64] >> 4) << 2) | ((q6[:, :, 64:96] >> 4) << 4)
+             | ((q6[:, :, 96:128] >> 4) << 6))
+    out[:, 0:128] = ql.reshape(nb, 128).astype(np.uint8)
+    out[:, 128:192] = qh.reshape(nb, 64).astype(np.uint8)
+    out[:, 192:208] = sc.astype(np.int8).view(np.uint8)
+    out[:, 208:210] = d.view(np.uint8).reshape(nb, 2)
+    return out.reshape(rows, -1)
+
+
+def dequantize_q6_k(b, cols):
+    rows = b.shape[0]
+    nb = rows * cols // 256
+    b = b.reshape(nb, 210)
+    ql = b[:, 0:128].reshape(nb, 2, 64).astype(np.int64)
+    qh = b[:, 128:192].reshape(nb, 2, 32).astype(np.int64)
+    sc = b[:, 192:208].view(np.int8).astype(np.float32).reshape(nb, 16)
+    d = b[:, 208:210].copy().view(np.float16).astype(np.float32)[:, 0]
+    q = np.zeros((nb, 2, 128), np.int64)
+    q[:, :, 0:32] = (ql[:, :, 0:32] & 0xF) | (((qh >> 0) & 3) << 4)
+    q[:, :, 32:64] = (ql[:, :, 32:64] & 0xF) | (((qh >> 2) & 3) << 4)
+    q[:, :, 64:96] = (ql[:, :, 0:32] >> 4) | (((qh >> 4) & 3) << 4)
+    q[:, :, 96:128] = (ql[:, :, 32:64] >> 4) | (((qh >> 6) & 3) << 4)
+    q = (q - 32).reshape(nb, 16, 16).astype(np.float32)
+    scale = (d[:, None] * sc).astype(np.float32)  # d * sc, then * q: two f32 roundings
+    return (scale[..., None] * q).astype(np.float32).reshape(rows, cols)
+
+
+QUANT = {"q8_0": (quantize_q8_0, dequantize_q8_0), "q4_k": (quantize_q4_k, dequantize_q4_k),
+         "q6_k": (quantize_q6_k, dequantize_q6_k)}
+
+
+def encode(w, kind):
+    """(bytes, dequantized f32 values) of a tensor stored as `kind`."""
+    w = np.asarray(w, dtype=np.float32)
+    if kind == "f32":
+        return w.tobytes(), w
+    if kind == "f16":
+        h = w.astype(np.float16)
+        return h.tobytes(), h.astype(np.float32)
+    if kind == "bf16":
+        u = w.view(np.uint32)
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        return r.tobytes(), (r.astype(np.uint32) << 16).view(np.float32)
+    q, dq = QUANT[kind]
+    b = q(w)
+    return b.tobytes(), dq(b, w.shape[1])
+
+
+# ---- GGUF writer -----------------------------------------------------------------------------
+
+def gguf_string(s):
+    b = s.encode("utf-8") if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_value(v, type_hint=None):
+    if isinstance(v, bool):
+        return struct.pack("<I", 7) + struct.pack("<B", v)
+    if isinstance(v, int):
+        t = type_hint or "u32"
+        code, fmt = {"u32": (4, "<I"), "i32": (5, "<i"), "u64": (10, "<Q")}[t]
+        return struct.pack("<I", code) + struct.pack(fmt, v)
+    if isinstance(v, float):
+        return struct.pack("<I", 6) + struct.pack("<f", v)
+    if isinstance(v, str):
+        return struct.pack("<I", 8) + gguf_string(v)
+    if isinstance(v, list):
+        if all(isinstance(x, str) for x in v):
+            return struct.pack("<IIQ", 9, 8, len(v)) + b"".join(gguf_string(x) for x in v)
+        return struct.pack("<IIQ", 9, 5, len(v)) + b"".join(struct.pack("<i", x) for x in v)
+    raise TypeError(v)
+
+
+def write_gguf(path, metadata, tensors, alignment=32):
+    """tensors: list of (name, shape outermost-first, ggml type, bytes)."""
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata)))
+    for key, value in metadata.items():
+        hint = None
+        if isinstance(value, tuple):
+            value, hint = value
+        out += gguf_string(key) + gguf_value(value, hint)
+    offset = 0
+    offsets = []
+    for name, shape, gtype, data in tensors:
+        out += gguf_string(name) + struct.pack("<I", len(shape))
+        for dim in reversed(shape):
+            out += struct.pack("<Q", dim)
+        out += struct.pack("<IQ", gtype, offset)
+        offsets.append(offset)
+        offset += len(data)
+        offset += -offset % alignment
+    out += b"\0" * (-len(out) % alignment)
+    with open(path, "wb") as f:
+        f.write(out)
+        for (name, shape, gtype, data), off in zip(tensors, offsets):
+            f.write(data)
+            f.write(b"\0" * (-len(data) % alignment))
+
+
+# ---- model conversion ------------------------------------------------------------------------
+
+ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe"}
+LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+               "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp"}
+
+
+def llama_permute(w, n_head):  # llama.cpp's converter: interleave each head's two rotate-half halves
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def choose_type(gguf_name, shape, scheme):
+    if len(shape) < 2 or scheme in ("f32", "f16", "bf16") and len(shape) < 2:
+        return "f32"
+    if scheme in ("f32", "f16", "bf16"):
+        return scheme
+    if scheme == "q4_k_m":  # what llama.cpp's Q4_K_M mixes, simplified: V, down and the head in Q6_K
+        kind = "q6_k" if any(s in gguf_name for s in ("attn_v", "ffn_down", "output.")) else "q4_k"
+    else:
+        kind = scheme
+    if shape[-1] % BLOCK[kind] != 0:
+        kind = "q8_0" if shape[-1] % 32 == 0 else "f16"
+    return kind
+
+
+def tokenizer_metadata(model_dir, pre):
+    md = {}
+    tj_path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.exists(tj_path):
+        return md
+    tj = json.load(open(tj_path, encoding="utf-8"))
+    cfg_path = os.path.join(model_dir, "tokenizer_config.json")
+    cfg = json.load(open(cfg_path, encoding="utf-8")) if os.path.exists(cfg_path) else {}
+    vocab = dict(tj["model"]["vocab"])
+    types = {}
+    for t in tj.get("added_tokens", []):
+        vocab[t["content"]] = t["id"]
+        types[t["id"]] = 3 if t.get("special") else 4
+    n = max(vocab.values()) + 1
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    ttype = [5] * n
+    for s, i in vocab.items():
+        tokens[i] = s
+        ttype[i] = types.get(i, 1)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    md["tokenizer.ggml.model"] = "gpt2"
+    md["tokenizer.ggml.pre"] = pre
+    md["tokenizer.ggml.tokens"] = tokens
+    md["tokenizer.ggml.token_type"] = ttype
+    md["tokenizer.ggml.merges"] = merges
+
+    def token_id(key):
+        v = cfg.get(key)
+        if isinstance(v, dict):
+            v = v.get("content")
+        return vocab.get(v) if v is not None else None
+    bos, eos = token_id("bos_token"), token_id("eos_token")
+    if bos is not None:
+        md["tokenizer.ggml.bos_token_id"] = bos
+    if eos is not None:
+        md["tokenizer.ggml.eos_token_id"] = eos
+    post = tj.get("post_processor") or {}
+    add_bos = "TemplateProcessing" in json.dumps(post)
+    md["tokenizer.ggml.add_bos_token"] = bool(add_bos)
+    tmpl = cfg.get("chat_template")
+    jinja = os.path.join(model_dir, "chat_template.jinja")
+    if os.path.exists(jinja):
+        tmpl = open(jinja, encoding="utf-8").read()
+    if isinstance(tmpl, str):
+        md["tokenizer.chat_template"] = tmpl
+    return md
+
+
+def rope_factors(rope, head_dim):
+    """llama.cpp's per-frequency divisors for llama3 RoPE scaling (rope_freqs.weight)."""
+    import math
+    base = rope["rope_theta"]
+    factor = rope["factor"]
+    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old = rope["original_max_position_embeddings"]
+    low_wl, high_wl = old / low, old / high
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    out = []
+    for f in freqs:
+        wl = 2 * math.pi / f
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (old / wl - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def convert(args):
+    cfg = json.load(open(os.path.join(args.model, "config.json")))
+    arch = ARCH.get(cfg["architectures"][0])
+    if arch is None:
+        sys.exit(f"make_gguf: architecture {cfg['architectures'][0]} is not converted")
+    tensors = load_model(args.model)
+    n_head = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads") or n_head
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
+    rope = cfg.get("rope_parameters") or dict(cfg.get("rope_scaling") or {}, rope_theta=cfg.get("rope_theta", 10000.0))
+    md = {"general.architecture": arch, "general.name": os.path.basename(os.path.normpath(args.model)),
+          "general.alignment": 32}
+    p = arch + "."
+    md[p + "context_length"] = cfg.get("max_position_embeddings", 2048)
+    md[p + "embedding_length"] = cfg["hidden_size"]
+    md[p + "block_count"] = cfg["num_hidden_layers"]
+    md[p + "feed_forward_length"] = cfg.get("intermediate_size", 0)
+    md[p + "attention.head_count"] = n_head
+    md[p + "attention.head_count_kv"] = n_kv
+    md[p + "attention.key_length"] = head_dim
+    md[p + "attention.value_length"] = head_dim
+    md[p + "attention.layer_norm_rms_epsilon"] = float(cfg.get("rms_norm_eps", 1e-6))
+    md[p + "rope.freq_base"] = float(rope.get("rope_theta", 10000.0))
+    md[p + "rope.dimension_count"] = head_dim
+    if arch == "qwen3moe":
+        md[p + "expert_count"] = cfg.get("num_experts") or cfg.get("num_local_experts")
+        md[p + "expert_used_count"] = cfg["num_experts_per_tok"]
+        md[p + "expert_feed_forward_length"] = cfg["moe_intermediate_size"]
+        md[p + "expert_weights_norm"] = bool(cfg.get("norm_topk_prob", True))
+    md.update(tokenizer_metadata(args.tokenizer or args.model, args.pre))
+
+    out_tensors, dequantized = [], {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "llama3":
+        f = rope_factors(rope, head_dim)
+        out_tensors.append(("rope_freqs.weight", [len(f)], GGML["f32"], f.tobytes()))
+    elif rope_type not in ("default", None):
+        sys.exit(f"make_gguf: rope type {rope_type} is not converted")
+    prefix = "model."
+    for name in sorted(tensors):
+        w = tensors[name]
+        hf = name
+        if name == "lm_head.weight":
+            g = "output.weight"
+        elif name == prefix + "embed_tokens.weight":
+            g = "token_embd.weight"
+        elif name == prefix + "norm.weight":
+            g = "output_norm.weight"
+        elif name.startswith(prefix + "layers."):
+            rest = name[len(prefix + "layers."):]
+            layer, _, rest = rest.partition(".")
+            base, _, kind = rest.rpartition(".")
+            if base.startswith("mlp.experts."):
+                continue  # stacked below
+            g = f"blk.{layer}.{LAYER_NAMES[base]}.{kind}"
+        else:
+            sys.exit(f"make_gguf: no GGUF name for {name}")
+        stored = w
+        if arch == "llama" and (".attn_q." in g or ".attn_k." in g):
+            stored = llama_permute(w, n_head if ".attn_q." in g else n_kv)
+        kind = choose_type(g, w.shape, args.type)
+        data, dq = encode(stored.reshape(stored.shape[0], -1) if stored.ndim > 1 else stored, kind)
+        if arch == "llama" and (".attn_q." in g or ".attn_k." in g):  # undo for the reference
+            n = n_head if ".attn_q." in g else n_kv
+            hd = w.shape[0] // n
+            dq = dq.reshape(n, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        out_tensors.append((g, list(w.shape), GGML[kind], data))
+        dequantized[hf] = dq.reshape(w.shape)
+    if arch == "qwen3moe":
+        n_e = md[p + "expert_count"]
+        for layer in range(cfg["num_hidden_layers"]):
+            for proj, gname in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+                names = [f"{prefix}layers.{layer}.mlp.experts.{e}.{proj}.weight" for e in range(n_e)]
+                if names[0] not in tensors:
+                    continue
+                stack = np.stack([tensors[n] for n in names])
+                kind = choose_type(gname, stack.shape, args.type)
+                data, dq = encode(stack.reshape(-1, stack.shape[-1]), kind)
+                out_tensors.append((f"blk.{layer}.{gname}.weight", list(stack.shape), GGML[kind], data))
+                for e, n in enumerate(names):
+                    dequantized[n] = dq.reshape(stack.shape)[e]
+    write_gguf(args.out, md, out_tensors)
+    if args.dequantized_out:
+        os.makedirs(args.dequantized_out, exist_ok=True)
+        cfg_out = dict(cfg)
+        cfg_out["dtype"] = "float32"
+        cfg_out.pop("torch_dtype", None)
+        json.dump(cfg_out, open(os.path.join(args.dequantized_out, "config.json"), "w"), indent=2)
+        write_safetensors(os.path.join(args.dequantized_out, "model.safetensors"), dequantized)
+        for extra in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
+            if os.path.exists(os.path.join(args.model, extra)):
+                shutil.copy(os.path.join(args.model, extra), args.dequantized_out)
+
+
+def golden(path):
+    """Random blocks of each format (valid scales, every bit pattern of the quants) and the
+    float32 values the format defines for them: [u32 n_types] then per type
+    [u32 ggml type][u32 rows][u32 cols][u32 n_bytes][bytes][rows*cols f32]."""
+    rng = np.random.default_rng(1234)
+    out = bytearray(struct.pack("<I", 3))
+    for kind, cols in (("q8_0", 96), ("q4_k", 512), ("q6_k", 512)):
+        rows = 5
+        nbytes = rows * cols // BLOCK[kind] * {"q8_0": 34, "q4_k": 144, "q6_k": 210}[kind]
+        raw = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        per_block = {"q8_0": 34, "q4_k": 144, "q6_k": 210}[kind]
+        blocks = raw.reshape(-1, per_block)
+        scales = f16(rng.uniform(-2, 2, (blocks.shape[0], 2))).view(np.uint8).reshape(-1, 4)
+        if kind == "q8_0":
+            blocks[:, 0:2] = scales[:, 0:2]
+        elif kind == "q4_k":
+            blocks[:, 0:4] = scales
+        else:
+            blocks[:, 208:210] = scales[:, 0:2]
+        b = blocks.reshape(rows, -1)
+        values = QUANT[kind][1](b, cols)
+        out += struct.pack("<IIII", GGML[kind], rows, cols, nbytes) + b.tobytes() + values.astype(np.float32).tobytes()
+    with open(path, "wb") as f:
+        f.write(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--out")
+    ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k", "q4_k_m"])
+    ap.add_argument("--dequantized-out")
+    ap.add_argument("--pre", default="qwen2", help="tokenizer.ggml.pre (qwen2, qwen35, llama-bpe)")
+    ap.add_argument("--tokenizer", help="directory of tokenizer.json / tokenizer_config.json (default --model)")
+    ap.add_argument("--golden")
+    args = ap.parse_args()
+    if args.golden:
+        golden(args.golden)
+        return
+    if not args.model or not args.out:
+        ap.error("--model and --out are required")
+    convert(args)
+
+
+if __name__ == "__main__":
+    main()
