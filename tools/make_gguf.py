@@ -29,21 +29,26 @@ ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": "bf16"}
 # ---- safetensors -----------------------------------------------------------------------------
 
 def read_safetensors(path):
+    """name -> zero-argument function giving the tensor as float32 (memory-mapped: a model is
+    converted one tensor at a time, whatever its size)."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
-        data = f.read()
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
     out = {}
     for name, e in header.items():
         if name == "__metadata__":
             continue
-        raw = data[e["data_offsets"][0]:e["data_offsets"][1]]
-        if e["dtype"] == "BF16":
-            u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
-            a = u.view(np.float32)
-        else:
-            a = np.frombuffer(raw, dtype=ST_DTYPES[e["dtype"]]).astype(np.float32)
-        out[name] = a.reshape(e["shape"])
+
+        def load(e=e):
+            raw = data[e["data_offsets"][0]:e["data_offsets"][1]]
+            if e["dtype"] == "BF16":
+                a = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            else:
+                a = raw.view(ST_DTYPES[e["dtype"]]).astype(np.float32)
+            return a.reshape(e["shape"])
+        load.shape = tuple(e["shape"])
+        out[name] = load
     return out
 
 
@@ -263,7 +268,8 @@ def gguf_value(v, type_hint=None):
 
 
 def write_gguf(path, metadata, tensors, alignment=32):
-    """tensors: list of (name, shape outermost-first, ggml type, bytes)."""
+    """tensors: list of (name, shape outermost-first, ggml type, n_bytes, produce) where
+    produce() returns the bytes; they are produced and written one at a time."""
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata)))
     for key, value in metadata.items():
         hint = None
@@ -271,19 +277,19 @@ def write_gguf(path, metadata, tensors, alignment=32):
             value, hint = value
         out += gguf_string(key) + gguf_value(value, hint)
     offset = 0
-    offsets = []
-    for name, shape, gtype, data in tensors:
+    for name, shape, gtype, n_bytes, _ in tensors:
         out += gguf_string(name) + struct.pack("<I", len(shape))
         for dim in reversed(shape):
             out += struct.pack("<Q", dim)
         out += struct.pack("<IQ", gtype, offset)
-        offsets.append(offset)
-        offset += len(data)
+        offset += n_bytes
         offset += -offset % alignment
     out += b"\0" * (-len(out) % alignment)
     with open(path, "wb") as f:
         f.write(out)
-        for (name, shape, gtype, data), off in zip(tensors, offsets):
+        for name, shape, gtype, n_bytes, produce in tensors:
+            data = produce()
+            assert len(data) == n_bytes, name
             f.write(data)
             f.write(b"\0" * (-len(data) % alignment))
 
@@ -304,7 +310,7 @@ def llama_permute(w, n_head):  # llama.cpp's converter: interleave each head's t
 
 
 def choose_type(gguf_name, shape, scheme):
-    if len(shape) < 2 or scheme in ("f32", "f16", "bf16") and len(shape) < 2:
+    if len(shape) < 2:
         return "f32"
     if scheme in ("f32", "f16", "bf16"):
         return scheme
@@ -317,7 +323,7 @@ def choose_type(gguf_name, shape, scheme):
     return kind
 
 
-def tokenizer_metadata(model_dir, pre):
+def tokenizer_metadata(model_dir, pre, vocab_size):
     md = {}
     tj_path = os.path.join(model_dir, "tokenizer.json")
     if not os.path.exists(tj_path):
@@ -330,7 +336,7 @@ def tokenizer_metadata(model_dir, pre):
     for t in tj.get("added_tokens", []):
         vocab[t["content"]] = t["id"]
         types[t["id"]] = 3 if t.get("special") else 4
-    n = max(vocab.values()) + 1
+    n = max(max(vocab.values()) + 1, vocab_size)  # padded to the embedding's rows, as llama.cpp does
     tokens = [f"[PAD{i}]" for i in range(n)]
     ttype = [5] * n
     for s, i in vocab.items():
@@ -416,19 +422,24 @@ def convert(args):
         md[p + "expert_used_count"] = cfg["num_experts_per_tok"]
         md[p + "expert_feed_forward_length"] = cfg["moe_intermediate_size"]
         md[p + "expert_weights_norm"] = bool(cfg.get("norm_topk_prob", True))
-    md.update(tokenizer_metadata(args.tokenizer or args.model, args.pre))
+    md.update(tokenizer_metadata(args.tokenizer or args.model, args.pre, cfg["vocab_size"]))
 
     out_tensors, dequantized = [], {}
+    keep = args.dequantized_out is not None
+    bytes_per_block = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_k": 144, "q6_k": 210}
+
+    def n_bytes(shape, kind):
+        return int(np.prod(shape)) // BLOCK[kind] * bytes_per_block[kind]
+
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type == "llama3":
         f = rope_factors(rope, head_dim)
-        out_tensors.append(("rope_freqs.weight", [len(f)], GGML["f32"], f.tobytes()))
+        out_tensors.append(("rope_freqs.weight", [len(f)], GGML["f32"], f.nbytes, f.tobytes))
     elif rope_type not in ("default", None):
         sys.exit(f"make_gguf: rope type {rope_type} is not converted")
     prefix = "model."
     for name in sorted(tensors):
-        w = tensors[name]
-        hf = name
+        shape = tensors[name].shape
         if name == "lm_head.weight":
             g = "output.weight"
         elif name == prefix + "embed_tokens.weight":
@@ -444,17 +455,22 @@ def convert(args):
             g = f"blk.{layer}.{LAYER_NAMES[base]}.{kind}"
         else:
             sys.exit(f"make_gguf: no GGUF name for {name}")
-        stored = w
+        kind = choose_type(g, shape, args.type)
+        permute = None
         if arch == "llama" and (".attn_q." in g or ".attn_k." in g):
-            stored = llama_permute(w, n_head if ".attn_q." in g else n_kv)
-        kind = choose_type(g, w.shape, args.type)
-        data, dq = encode(stored.reshape(stored.shape[0], -1) if stored.ndim > 1 else stored, kind)
-        if arch == "llama" and (".attn_q." in g or ".attn_k." in g):  # undo for the reference
-            n = n_head if ".attn_q." in g else n_kv
-            hd = w.shape[0] // n
-            dq = dq.reshape(n, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-        out_tensors.append((g, list(w.shape), GGML[kind], data))
-        dequantized[hf] = dq.reshape(w.shape)
+            permute = n_head if ".attn_q." in g else n_kv
+
+        def produce(name=name, kind=kind, permute=permute):
+            w = tensors[name]()
+            stored = llama_permute(w, permute) if permute else w
+            data, dq = encode(stored.reshape(stored.shape[0], -1) if stored.ndim > 1 else stored, kind)
+            if keep:
+                if permute:  # back to the checkpoint's row order for the reference
+                    hd = w.shape[0] // permute
+                    dq = dq.reshape(permute, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+                dequantized[name] = dq.reshape(w.shape)
+            return data
+        out_tensors.append((g, list(shape), GGML[kind], n_bytes(shape, kind), produce))
     if arch == "qwen3moe":
         n_e = md[p + "expert_count"]
         for layer in range(cfg["num_hidden_layers"]):
@@ -462,12 +478,17 @@ def convert(args):
                 names = [f"{prefix}layers.{layer}.mlp.experts.{e}.{proj}.weight" for e in range(n_e)]
                 if names[0] not in tensors:
                     continue
-                stack = np.stack([tensors[n] for n in names])
-                kind = choose_type(gname, stack.shape, args.type)
-                data, dq = encode(stack.reshape(-1, stack.shape[-1]), kind)
-                out_tensors.append((f"blk.{layer}.{gname}.weight", list(stack.shape), GGML[kind], data))
-                for e, n in enumerate(names):
-                    dequantized[n] = dq.reshape(stack.shape)[e]
+                shape = (n_e,) + tuple(tensors[names[0]].shape)
+                kind = choose_type(gname, shape, args.type)
+
+                def produce(names=names, kind=kind, shape=shape):
+                    stack = np.stack([tensors[n]() for n in names])
+                    data, dq = encode(stack.reshape(-1, stack.shape[-1]), kind)
+                    if keep:
+                        for e, n in enumerate(names):
+                            dequantized[n] = dq.reshape(shape)[e]
+                    return data
+                out_tensors.append((f"blk.{layer}.{gname}.weight", list(shape), GGML[kind], n_bytes(shape, kind), produce))
     write_gguf(args.out, md, out_tensors)
     if args.dequantized_out:
         os.makedirs(args.dequantized_out, exist_ok=True)

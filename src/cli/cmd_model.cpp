@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "cli/model_setup.h"
 #include "cli/verbs.h"
+#include "core/gguf.h"
 #include "engine/engine.h"
 #include "models/cache_spec.h"
 #include "models/safetensors.h"
@@ -106,10 +107,11 @@ int RunInfo(const std::string& model_flag) {
   Result<WeightStore> weights = WeightStore::Open(dir);
   if (!weights.ok()) return Fail(weights.status());
   int64_t n_params = 0;
-  std::map<std::string, int64_t> dtypes;
+  std::map<std::string, int64_t> dtypes, dtype_bytes;
   for (const auto& [name, t] : weights->tensors()) {
     n_params += t.numel();
     dtypes[std::string(DTypeName(t.dtype))] += t.numel();
+    dtype_bytes[std::string(DTypeName(t.dtype))] += static_cast<int64_t>(t.size_bytes());
   }
   // Binding checks every tensor (and refuses unknown ones) without reading the weights.
   Result<DecoderWeights> bound = BindDecoderWeights(*cfg, *weights);
@@ -121,7 +123,9 @@ int RunInfo(const std::string& model_flag) {
   out["architecture"] = cfg->architecture_class;
   out["parameters"] = n_params;
   out["decoder_parameters"] = bound->n_parameters;
-  out["dtypes"] = dtypes;
+  out["format"] = IsGgufFile(dir) ? "gguf" : "safetensors";
+  out["dtypes"] = dtypes;  // parameters per dtype
+  out["dtype_bytes"] = dtype_bytes;
   out["weight_bytes"] = weights->total_bytes();
   out["files"] = weights->files();
   out["context_length"] = cfg->max_position_embeddings;

@@ -1,5 +1,8 @@
 #include "core/quant_blocks.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/check.h"
 
 namespace kestrel::quant {
@@ -91,6 +94,105 @@ float DequantizeElement(DType t, const void* data, int64_t cols, int64_t i) {
   float buf[kQKBlock];
   DequantizeRow(t, block, be, buf);
   return buf[col % be];
+}
+
+namespace {
+
+// q[i] = nearbyint(x[i] * id) over n elements; the scale d and id from the block's amax.
+void QuantizeBlock(const float* x, int n, int8_t* q, float* d_out) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * id));
+  *d_out = d;
+}
+
+}  // namespace
+
+void QuantizeActsQ8_0(const float* x, int64_t k, int8_t* q, float* d) {
+  for (int64_t b = 0; b < k / kQ8_0Block; ++b) {
+    QuantizeBlock(x + b * kQ8_0Block, kQ8_0Block, q + b * kQ8_0Block, &d[b]);
+    d[b] = F16ToF32(F32ToF16(d[b]));
+  }
+}
+
+void QuantizeActsQ8_K(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsum) {
+  for (int64_t b = 0; b < k / kQKBlock; ++b) QuantizeBlock(x + b * kQKBlock, kQKBlock, q + b * kQKBlock, &d[b]);
+  for (int64_t g = 0; g < k / kQ8_KGroup; ++g) {
+    int sum = 0;
+    for (int i = 0; i < kQ8_KGroup; ++i) sum += q[g * kQ8_KGroup + i];
+    bsum[g] = static_cast<int16_t>(sum);
+  }
+}
+
+float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
+  float lane[8] = {};
+  for (int64_t b = 0; b < k / kQ8_0Block; ++b) {
+    const uint8_t* blk = w_row + b * kQ8_0Bytes;
+    const int8_t* qw = reinterpret_cast<const int8_t*>(blk + 2);
+    const int8_t* qx = x.q + b * kQ8_0Block;
+    const float scale = LoadF16(blk) * x.d[b];
+    for (int j = 0; j < 8; ++j) {
+      int32_t p = 0;
+      for (int i = 4 * j; i < 4 * j + 4; ++i) p += int32_t{qw[i]} * qx[i];
+      lane[j] = std::fma(scale, static_cast<float>(p), lane[j]);
+    }
+  }
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < k / kQKBlock; ++b) {
+    const uint8_t* blk = w_row + b * kQ4_KBytes;
+    const uint8_t* qs = blk + 16;
+    const int8_t* qx = x.q + b * kQKBlock;
+    int32_t sumi = 0, summ = 0;
+    for (int g = 0; g < 8; ++g) {
+      int sc, m;
+      Q4KScaleMin(blk + 4, g, &sc, &m);
+      const int c = g / 2, shift = (g % 2) * 4;
+      int32_t isum = 0;
+      for (int l = 0; l < 32; ++l) isum += ((qs[32 * c + l] >> shift) & 0xF) * int32_t{qx[32 * g + l]};
+      sumi += sc * isum;
+      summ += m * (x.bsum[b * 16 + 2 * g] + x.bsum[b * 16 + 2 * g + 1]);
+    }
+    const float a = (x.d[b] * LoadF16(blk)) * static_cast<float>(sumi);
+    const float m = (x.d[b] * LoadF16(blk + 2)) * static_cast<float>(summ);
+    const float term = a - m;
+    acc = acc + term;
+  }
+  return acc;
+}
+
+float DotQ6_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < k / kQKBlock; ++b) {
+    const uint8_t* blk = w_row + b * kQ6_KBytes;
+    const uint8_t* ql = blk;
+    const uint8_t* qh = blk + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const int8_t* qx = x.q + b * kQKBlock;
+    int32_t sumi = 0;
+    for (int n = 0; n < 2; ++n) {
+      for (int i = 0; i < 4; ++i) {  // elements 128n + 32i + l
+        for (int half = 0; half < 2; ++half) {
+          int32_t isum = 0;
+          for (int l = 16 * half; l < 16 * half + 16; ++l) {
+            const int lo = (ql[64 * n + 32 * (i & 1) + l] >> (4 * (i >> 1))) & 0xF;
+            const int hi = (qh[32 * n + l] >> (2 * i)) & 3;
+            isum += ((lo | (hi << 4)) - 32) * int32_t{qx[128 * n + 32 * i + l]};
+          }
+          sumi += sc[8 * n + 2 * i + half] * isum;
+        }
+      }
+    }
+    const float scale = x.d[b] * LoadF16(blk + 208);
+    const float term = scale * static_cast<float>(sumi);
+    acc = acc + term;
+  }
+  return acc;
 }
 
 }  // namespace kestrel::quant

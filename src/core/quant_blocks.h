@@ -54,4 +54,39 @@ void DequantizeRow(DType t, const void* row, int64_t n, float* out);
 // reference kernels).
 float DequantizeElement(DType t, const void* data, int64_t cols, int64_t i);
 
+// ---- Integer dot products against quantized activations (llama.cpp's CPU semantics) ---------
+//
+// What the CPU computes by default for a block-quantized weight: the activation row is quantized
+// to int8 in blocks too, and each weight block meets its activation block in an exact integer
+// dot product; only the per-block scales are floating point. Activation blocks:
+//   for Q8_0 weights, per 32:  d = f32(f16(amax / 127)), q = nearbyint(x * (127 / amax))
+//   for Q4_K / Q6_K, per 256:  d = amax / 127 (f32), same q, and bsums = the sums of each 16 q
+// (`nearbyint`: round half to even; q = 0 where amax = 0). The row's result, block by block in
+// order, each term computed and then added (no fused multiply-add), except Q8_0, whose small
+// blocks keep eight lanes as the AVX2 kernel does:
+//   Q8_0:  lane[j] = fma(dw * dx, float(sum of q_w q_x over elements 4j..4j+3), lane[j]);
+//          result ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+//   Q4_K:  acc += (dx * d) * float(sum_g sc_g * isum_g) - (dx * dmin) * float(sum_g m_g * bsum_g)
+//   Q6_K:  acc += (dx * d) * float(sum_j sc_j * (sum (q6 - 32) * q_x)_j)
+// The AVX2 kernels compute the same integers and the same float operations, so both kernel sets
+// give the same bits.
+inline constexpr int kQ8_KGroup = 16;  // elements per bsum
+
+// Activation blocks of one row of k elements (k a multiple of the block size).
+struct ActsQ8_0View {
+  const int8_t* q;
+  const float* d;  // k / 32
+};
+struct ActsQ8_KView {
+  const int8_t* q;
+  const float* d;       // k / 256
+  const int16_t* bsum;  // k / 16
+};
+void QuantizeActsQ8_0(const float* x, int64_t k, int8_t* q, float* d);
+void QuantizeActsQ8_K(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsum);
+
+float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k);
+float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
+float DotQ6_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
+
 }  // namespace kestrel::quant

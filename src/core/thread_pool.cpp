@@ -22,19 +22,32 @@ ThreadPool::ThreadPool(int n_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   cv_start_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-static void RunChunk(const std::function<void(int64_t, int64_t, int)>& fn, int64_t n, int chunks,
-                     int index) {
+namespace {
+
+// Iterations of busy waiting before sleeping: ~50-100 us.
+constexpr int kSpinIterations = 20000;
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+void RunChunk(const std::function<void(int64_t, int64_t, int)>& fn, int64_t n, int chunks,
+              int index) {
   if (index >= chunks) return;
   int64_t begin = n * index / chunks;
   int64_t end = n * (index + 1) / chunks;
   if (begin < end) fn(begin, end, index);
 }
+
+}  // namespace
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
                              const std::function<void(int64_t, int64_t, int)>& fn) {
@@ -45,40 +58,47 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     fn(0, n, 0);
     return;
   }
+  job_ = &fn;
+  job_n_ = n;
+  job_chunks_ = chunks;
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunks_ = chunks;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+    std::lock_guard<std::mutex> lock(mu_);  // a worker about to sleep sees the new generation
   }
   cv_start_.notify_all();
   RunChunk(fn, n, chunks, 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [this] { return pending_ == 0; });
+  for (int i = 0; i < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++i) {
+    CpuRelax();
+  }
+  if (pending_.load(std::memory_order_acquire) != 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    caller_sleeping_ = true;
+    cv_done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    caller_sleeping_ = false;
+  }
   job_ = nullptr;
 }
 
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t, int)>* job;
-    int64_t n;
-    int chunks;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      chunks = job_chunks_;
+    for (int i = 0; i < kSpinIterations; ++i) {
+      if (generation_.load(std::memory_order_acquire) != seen || stop_.load()) break;
+      CpuRelax();
     }
-    RunChunk(*job, n, chunks, index);
-    {
+    if (generation_.load(std::memory_order_acquire) == seen && !stop_.load()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_start_.wait(lock, [&] {
+        return stop_.load() || generation_.load(std::memory_order_acquire) != seen;
+      });
+    }
+    if (stop_.load()) return;
+    seen = generation_.load(std::memory_order_acquire);
+    RunChunk(*job_, job_n_, job_chunks_, index);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+      if (caller_sleeping_) cv_done_.notify_one();
     }
   }
 }

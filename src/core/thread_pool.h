@@ -34,15 +34,21 @@ class ThreadPool {
 
   int n_threads_;
   std::vector<std::thread> workers_;
+  // A job is published by bumping generation_ (release); workers and the caller spin on the
+  // atomics for a short while (a decode step runs hundreds of parallel regions a few tens of
+  // microseconds apart, and a futex wake-up costs about as much as one), then sleep on the
+  // condition variables. The mutex orders sleeping against publishing: whoever publishes or
+  // finishes takes it before notifying, so no wake-up is lost.
   std::mutex mu_;
   std::condition_variable cv_start_;
   std::condition_variable cv_done_;
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int job_chunks_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  bool caller_sleeping_ = false;  // guarded by mu_
 };
 
 }  // namespace kestrel

@@ -230,6 +230,36 @@ TEST(Cli, InfoDescribesTheModel) {
   EXPECT_GT(out["parameters"].get<int64_t>(), 0);
 }
 
+// A GGUF file (written by tools/make_gguf.py from the embedded model, Q4_K_M mix) in place of a
+// model directory: info shows the format and bytes per type, generate and logits run, and a
+// truncated file is one line of error.
+TEST(Cli, GgufFileIsAModel) {
+  fs::path dir = TempDir("gguf");
+  const std::string gguf = (dir / "tiny.gguf").string();
+  const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_gguf.py --model " + kSource +
+                          "/models/kestrel-tiny --type q4_k_m --out " + gguf;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  ProcessResult info = RunKestrel({"info", "--model", gguf});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  json out = json::parse(info.out);
+  EXPECT_EQ(out["format"], "gguf");
+  EXPECT_GT(out["dtype_bytes"]["Q4_K"].get<int64_t>(), 0);
+  EXPECT_GT(out["dtype_bytes"]["Q6_K"].get<int64_t>(), 0);
+  EXPECT_EQ(out["parameters"], json::parse(RunKestrel({"info", "--model", kSource + "/models/kestrel-tiny"}).out)["parameters"]);
+
+  ProcessResult gen = RunKestrel({"generate", "--model", gguf, "--device", "cpu", "--chat", "--prompt",
+                                  "Hello", "--max-tokens", "8"});
+  EXPECT_EQ(gen.exit_code, 0) << gen.err;
+  EXPECT_FALSE(gen.out.empty());
+
+  fs::resize_file(gguf, fs::file_size(gguf) - 1000);
+  ProcessResult bad = RunKestrel({"logits", "--model", gguf, "--device", "cpu", "--ids", "1,2"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(CountLines(bad.err), 1) << bad.err;
+  EXPECT_NE(bad.err.find("tiny.gguf"), std::string::npos) << bad.err;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, NegativeThreadCountsAreAOneLineError) {
   for (std::vector<std::string> args :
        {std::vector<std::string>{"serve"}, {"generate", "--prompt", "x"}, {"bench"}}) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +81,53 @@ std::vector<float> RunLinear(const OpContext& ctx, const std::vector<float>& x, 
   return y;
 }
 
+// The default path: int8 activations, integer dot products; the AVX2 kernels compute the
+// reference's integers and float operations, so every kernel set and thread count gives the same
+// bits, and the result is the f64 product of the dequantized weights and the dequantized int8
+// activations up to the f32 rounding of the block terms.
+TEST(QuantLinear, Int8ActivationsSameBitsInEveryKernelSet) {
+  std::mt19937 rng(11);
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (DType dt : kQuantTypes) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 512}, {16, 768}, {9, 256}}) {
+      if (cols % DTypeBlockElems(dt) != 0) continue;
+      QuantWeights w = MakeQuantWeights(rng, dt, rows, cols, 5);
+      for (int64_t m : {1, 2, 5, 17, 40}) {
+        const std::string label = std::string(DTypeName(dt)) + " " + std::to_string(rows) + "x" +
+                                  std::to_string(cols) + " m=" + std::to_string(m);
+        std::vector<float> x = RandomFloats(rng, m * cols);
+        OpContext ref;
+        ref.int8_activations = true;
+        const std::vector<float> y = RunLinear(ref, x, m, w.view);
+        // Against f64 over the dequantized operands: the activations quantized by the scalar
+        // definition, each block's integer sum exact, so only the per-block f32 rounding remains.
+        const bool k_quant = dt != DType::kQ8_0;
+        std::vector<int8_t> q(static_cast<size_t>(cols));
+        std::vector<float> d(static_cast<size_t>(cols / 32));
+        std::vector<int16_t> bs(static_cast<size_t>(cols / 16));
+        for (int64_t t = 0; t < m; ++t) {
+          if (k_quant) quant::QuantizeActsQ8_K(x.data() + t * cols, cols, q.data(), d.data(), bs.data());
+          else quant::QuantizeActsQ8_0(x.data() + t * cols, cols, q.data(), d.data());
+          for (int64_t n = 0; n < rows; ++n) {
+            double exact = 0, mag = 0;
+            for (int64_t i = 0; i < cols; ++i) {
+              const double xd = double(q[static_cast<size_t>(i)]) * d[static_cast<size_t>(i / (k_quant ? 256 : 32))];
+              exact += xd * w.values[static_cast<size_t>(n * cols + i)];
+              mag += std::fabs(xd * w.values[static_cast<size_t>(n * cols + i)]);
+            }
+            ASSERT_LE(std::fabs(y[static_cast<size_t>(t * rows + n)] - exact), 1e-5 * mag + 1e-30) << label;
+          }
+        }
+        if (!cpu::CpuHasAvx2Fma()) continue;
+        for (ThreadPool* p : {&pool1, &pool2, &pool3}) {
+          EXPECT_TRUE(SameBits(y, RunLinear(OpContext{KernelSet::kAvx2, p}, x, m, w.view)))
+              << "avx2 " << label;
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantLinear, EqualsLinearOverTheDequantizedWeights) {
   std::mt19937 rng(7);
   ThreadPool pool1(1), pool2(2), pool3(3);
@@ -91,15 +139,15 @@ TEST(QuantLinear, EqualsLinearOverTheDequantizedWeights) {
         const std::string label = std::string(DTypeName(dt)) + " " + std::to_string(rows) + "x" +
                                   std::to_string(cols) + " m=" + std::to_string(m);
         std::vector<float> x = RandomFloats(rng, m * cols);
-        EXPECT_TRUE(SameBits(RunLinear(OpContext{}, x, m, w.view),
-                             RunLinear(OpContext{}, x, m, w.f32_view)))
+        const OpContext ref{KernelSet::kReference, nullptr, false};
+        EXPECT_TRUE(SameBits(RunLinear(ref, x, m, w.view), RunLinear(ref, x, m, w.f32_view)))
             << "reference " << label;
         if (!cpu::CpuHasAvx2Fma()) continue;
-        const std::vector<float> fast = RunLinear(OpContext{KernelSet::kAvx2, &pool2}, x, m, w.view);
-        EXPECT_TRUE(SameBits(fast, RunLinear(OpContext{KernelSet::kAvx2, &pool2}, x, m, w.f32_view)))
-            << "avx2 " << label;
+        const OpContext fast2{KernelSet::kAvx2, &pool2, false};
+        const std::vector<float> fast = RunLinear(fast2, x, m, w.view);
+        EXPECT_TRUE(SameBits(fast, RunLinear(fast2, x, m, w.f32_view))) << "avx2 " << label;
         for (ThreadPool* p : {&pool1, &pool3}) {
-          EXPECT_TRUE(SameBits(fast, RunLinear(OpContext{KernelSet::kAvx2, p}, x, m, w.view)))
+          EXPECT_TRUE(SameBits(fast, RunLinear(OpContext{KernelSet::kAvx2, p, false}, x, m, w.view)))
               << "avx2 threads " << label;
         }
       }
@@ -180,7 +228,7 @@ TEST(QuantLinear, DequantizationMatchesTheNumpyDefinitionBitForBit) {
     // kernel; all at once: the packed one.
     for (KernelSet ks : {KernelSet::kReference, KernelSet::kAvx2}) {
       if (ks == KernelSet::kAvx2 && !cpu::CpuHasAvx2Fma()) continue;
-      const OpContext ctx{ks, &pool};
+      const OpContext ctx{ks, &pool, /*int8_activations=*/false};
       for (int64_t step : {int64_t{16}, g.cols}) {
         std::vector<float> seen(g.values.size());
         for (int64_t i0 = 0; i0 < g.cols; i0 += step) {

@@ -46,14 +46,17 @@ inline void DispatchWeightDType(DType t, Fn&& fn) {
 }
 
 namespace reference {
-void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorView& bias, float* y);
+// int8_activations: block-quantized w multiplies int8-quantized x (core/quant_blocks.h).
+void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorView& bias, float* y,
+            bool int8_activations);
 void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, const float* q,
                     const float* k_cache, const float* v_cache, float* out,
                     std::span<float> scratch);
 }  // namespace reference
 
 namespace avx2 {
-void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs);
+void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
+                 bool int8_activations);
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const float* k_cache, const float* v_cache, float* out,
                     std::span<float> scratch);

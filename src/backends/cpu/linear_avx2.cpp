@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <vector>
 
 #include "backends/cpu/kernels_internal.h"
 #include "backends/cpu/simd_avx2.h"
@@ -142,6 +143,209 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
       const __m256 scale = _mm256_set1_ps(d * static_cast<float>(sc[j >> 1]));
       out[j] = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(q));
     }
+  }
+}
+
+// ---- integer dot products against int8 activations (core/quant_blocks.h defines them) -------
+
+inline int HsumI32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// One activation block: amax, then q = nearbyint(x * id), as the scalar definition.
+inline float QuantizeActBlock(const float* x, int n, int8_t* q) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 vmax = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask));
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float amax = _mm_cvtss_f32(m);
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const __m256 vid = _mm256_set1_ps(id);
+  for (int i = 0; i < n; i += 32) {
+    __m256i v[4];
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), vid),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    // i32 -> i16 -> i8 packs interleave 128-bit lanes; the permute restores element order.
+    const __m256i p01 = _mm256_packs_epi32(v[0], v[1]);
+    const __m256i p23 = _mm256_packs_epi32(v[2], v[3]);
+    const __m256i p = _mm256_packs_epi16(p01, p23);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  return d;
+}
+
+void QuantizeActsQ8_0(const float* x, int64_t k, int8_t* q, float* d) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float db = QuantizeActBlock(x + b * 32, 32, q + b * 32);
+    d[b] = _cvtsh_ss(_cvtss_sh(db, _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+
+void QuantizeActsQ8_K(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsum) {
+  for (int64_t b = 0; b < k / 256; ++b) d[b] = QuantizeActBlock(x + b * 256, 256, q + b * 256);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < k / 32; ++g) {  // two 16-element sums per 32 bytes
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * g));
+    const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+    const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+    bsum[2 * g] = static_cast<int16_t>(HsumI32(_mm256_madd_epi16(lo, ones)));
+    bsum[2 * g + 1] = static_cast<int16_t>(HsumI32(_mm256_madd_epi16(hi, ones)));
+  }
+}
+
+struct ActsView {  // one row's activation blocks (Q8_0: d per 32; Q8_K: d per 256 and bsums)
+  const int8_t* q;
+  const float* d;
+  const int16_t* bsum;
+};
+
+inline __m256i Load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// out[r] = the dot products of rows w + r * row_bytes (r < R) with x: R weight streams at once,
+// each also asking for the same offset R rows further (the next tile's rows).
+template <int R>
+[[gnu::optimize("fp-contract=off")]] void DotQ8_0(const uint8_t* w, int64_t row_bytes, ActsView x,
+                                                 int64_t k, float* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const __m256i xq = Load32(x.q + 32 * b);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + r * row_bytes + b * 34;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + R * row_bytes), _MM_HINT_T0);
+      const __m256i wq = Load32(blk + 2);
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+      const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk) * x.d[b]), sums, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]);
+}
+
+template <int R>
+[[gnu::optimize("fp-contract=off")]] void DotQ4_K(const uint8_t* w_base, int64_t row_bytes, ActsView x,
+                                                 int64_t k, float* out) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  float acc[R] = {};
+  for (int64_t b = 0; b < k / 256; ++b) {
+   for (int r = 0; r < R; ++r) {
+    const uint8_t* w = w_base + r * row_bytes;
+    for (int line = 0; line < 144; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + R * row_bytes + b * 144 + line), _MM_HINT_T0);
+    }
+    const uint8_t* blk = w + b * 144;
+    // The 12 bytes of 6-bit scales and mins as four words each (ggml's packing).
+    uint32_t u[3];
+    std::memcpy(u, blk + 4, 12);
+    const uint32_t sw[2] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4)};
+    const uint32_t mw[2] = {u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
+    uint8_t s[8];
+    std::memcpy(s, sw, 8);
+    const int8_t* qx = x.q + 256 * b;
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = Load32(blk + 16 + 32 * c);
+      const __m256i lo = _mm256_and_si256(v, low);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      const __m256i plo = _mm256_maddubs_epi16(lo, Load32(qx + 64 * c));
+      const __m256i phi = _mm256_maddubs_epi16(hi, Load32(qx + 64 * c + 32));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_set1_epi16(static_cast<int16_t>(s[2 * c]))));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(s[2 * c + 1]))));
+    }
+    const int sumi = HsumI32(isum);
+    // summ = sum_g m_g * (bsum[2g] + bsum[2g + 1])
+    const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b));
+    const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b + 8));
+    const __m128i pair = _mm_hadd_epi16(bs_lo, bs_hi);
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mw)));
+    __m128i mm4 = _mm_madd_epi16(mins, pair);
+    mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(1, 0, 3, 2)));
+    mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(2, 3, 0, 1)));
+    const int summ = _mm_cvtsi128_si32(mm4);
+    const float a = (x.d[b] * HalfToFloat(blk)) * static_cast<float>(sumi);
+    const float mm = (x.d[b] * HalfToFloat(blk + 2)) * static_cast<float>(summ);
+    const float term = a - mm;
+    acc[r] = acc[r] + term;
+   }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+template <int R>
+[[gnu::optimize("fp-contract=off")]] void DotQ6_K(const uint8_t* w_base, int64_t row_bytes, ActsView x,
+                                                 int64_t k, float* out) {
+  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+  float acc[R] = {};
+  for (int64_t b = 0; b < k / 256; ++b) {
+   for (int r = 0; r < R; ++r) {
+    const uint8_t* w = w_base + r * row_bytes;
+    for (int line = 0; line < 210; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + R * row_bytes + b * 210 + line), _MM_HINT_T0);
+    }
+    const uint8_t* blk = w + b * 210;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const int8_t* qx = x.q + 256 * b;
+    __m256i isum = _mm256_setzero_si256();
+    for (int n = 0; n < 2; ++n) {
+      const __m256i qh = Load32(blk + 128 + 32 * n);
+      const __m256i ql0 = Load32(blk + 64 * n), ql1 = Load32(blk + 64 * n + 32);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
+      for (int i = 0; i < 4; ++i) {
+        const __m256i p = _mm256_maddubs_epi16(q[i], Load32(qx + 128 * n + 32 * i));
+        const __m256i scales = _mm256_setr_m128i(_mm_set1_epi16(sc[8 * n + 2 * i]),
+                                                 _mm_set1_epi16(sc[8 * n + 2 * i + 1]));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales));
+      }
+    }
+    // bias = sum_j sc_j * bsum_j over the 16 groups
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    const int bias = HsumI32(_mm256_madd_epi16(
+        sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsum + 16 * b))));
+    const int sumi = HsumI32(isum) - 32 * bias;
+    const float scale = x.d[b] * HalfToFloat(blk + 208);
+    const float term = scale * static_cast<float>(sumi);
+    acc[r] = acc[r] + term;
+   }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+// y[t, n] for rows [n_begin, n_end) and every token row t, 4 rows at a time; the weight rows of
+// the range stay in L1/L2 across token rows.
+template <DType T>
+void IntDotRange(const void* w, int64_t k_in, int64_t n_out, int64_t n_begin, int64_t n_end,
+                 const ActsView* acts, int64_t m_rows, float* y) {
+  const int64_t row_bytes = RowBytes<T>(k_in);
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  auto rows = [&]<int R>(int64_t n, int64_t t) {
+    float out[R];
+    const uint8_t* row = base + n * row_bytes;
+    if constexpr (T == DType::kQ8_0) DotQ8_0<R>(row, row_bytes, acts[t], k_in, out);
+    else if constexpr (T == DType::kQ4_K) DotQ4_K<R>(row, row_bytes, acts[t], k_in, out);
+    else DotQ6_K<R>(row, row_bytes, acts[t], k_in, out);
+    for (int r = 0; r < R; ++r) y[t * n_out + n + r] = out[r];
+  };
+  for (int64_t t = 0; t < m_rows; ++t) {
+    int64_t n = n_begin;
+    for (; n + 4 <= n_end; n += 4) rows.template operator()<4>(n, t);
+    for (; n < n_end; ++n) rows.template operator()<1>(n, t);
   }
 }
 
@@ -482,7 +686,8 @@ int64_t RowBytesOf(DType t, int64_t k_in) {
 
 }  // namespace
 
-void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs) {
+void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
+                 bool int8_activations) {
   // Work is cut into chunks of whole units (8 output rows for the streaming kernel, one 16-row
   // panel for the packed one) that threads take from a shared counter: on a machine shared with
   // other work a static split waits for the slowest thread, dynamic chunks do not. A chunk
@@ -490,22 +695,67 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
   // space, so a group of projections costs one thread wake-up. Chunk boundaries are fixed, and
   // every row's result is independent of its tile and thread, so the output bits do not depend
   // on which thread ran what.
-  const bool direct = m_rows <= kDirectMaxRows;
-  const int64_t unit_rows = direct ? 8 : kNr;
+  //
+  // Block-quantized weights with int8 activations (the default) take the integer dot products at
+  // every batch size: each job's x is quantized once, before the parallel region (jobs sharing
+  // an x share its blocks).
   struct JobChunks {
-    int64_t n_units, chunk_units, first_chunk;
+    int64_t n_units, chunk_units, first_chunk, unit_rows;
+    bool direct, int_dot;
   };
   JobChunks plan[kMaxLinearGroup];
   KCHECK(jobs.size() <= static_cast<size_t>(kMaxLinearGroup));
+  thread_local std::vector<int8_t> act_q[kMaxLinearGroup];
+  thread_local std::vector<float> act_d[kMaxLinearGroup];
+  thread_local std::vector<int16_t> act_bsum[kMaxLinearGroup];
+  thread_local std::vector<ActsView> act_rows_of_thread[kMaxLinearGroup];
+  // The worker threads must see this (the calling) thread's buffers: named through a local
+  // reference, since a lambda names a thread_local directly and would get its own thread's.
+  std::vector<ActsView>(&act_rows)[kMaxLinearGroup] = act_rows_of_thread;
   int64_t n_chunks = 0, total_work = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const TensorView& w = *jobs[j].w;
     const int64_t n_out = w.shape[0], k_in = w.shape[1];
+    const bool int_dot = int8_activations && (w.dtype == DType::kQ8_0 || w.dtype == DType::kQ4_K ||
+                                              w.dtype == DType::kQ6_K);
+    const bool direct = int_dot || m_rows <= kDirectMaxRows;
+    const int64_t unit_rows = direct ? 8 : kNr;
     const int64_t n_units = (n_out + unit_rows - 1) / unit_rows;
     const int64_t unit_bytes = unit_rows * RowBytesOf(w.dtype, k_in);
     const int64_t chunk_units =
         direct ? (unit_bytes >= (128 << 10) ? 1 : (128 << 10) / unit_bytes) : kChunkPanels;
-    plan[j] = {n_units, chunk_units, n_chunks};
+    plan[j] = {n_units, chunk_units, n_chunks, unit_rows, direct, int_dot};
+    if (int_dot) {
+      const bool k_quant = w.dtype != DType::kQ8_0;
+      // An earlier job with the same x and activation format shares its blocks.
+      size_t same = j;
+      for (size_t i = 0; i < j; ++i) {
+        if (plan[i].int_dot && jobs[i].x == jobs[j].x && (jobs[i].w->dtype != DType::kQ8_0) == k_quant &&
+            jobs[i].w->shape[1] == k_in) {
+          same = i;
+        }
+      }
+      if (same != j) {
+        act_rows[j] = act_rows[same];
+      } else {
+        const int64_t d_per_row = k_in / (k_quant ? 256 : 32);
+        act_q[j].resize(static_cast<size_t>(m_rows * k_in));
+        act_d[j].resize(static_cast<size_t>(m_rows * d_per_row));
+        act_bsum[j].resize(k_quant ? static_cast<size_t>(m_rows * k_in / 16) : 0);
+        act_rows[j].resize(static_cast<size_t>(m_rows));
+        for (int64_t t = 0; t < m_rows; ++t) {
+          int8_t* q = act_q[j].data() + t * k_in;
+          float* d = act_d[j].data() + t * d_per_row;
+          int16_t* bs = k_quant ? act_bsum[j].data() + t * k_in / 16 : nullptr;
+          if (k_quant) {
+            QuantizeActsQ8_K(jobs[j].x + t * k_in, k_in, q, d, bs);
+          } else {
+            QuantizeActsQ8_0(jobs[j].x + t * k_in, k_in, q, d);
+          }
+          act_rows[j][static_cast<size_t>(t)] = {q, d, bs};
+        }
+      }
+    }
     n_chunks += (n_units + chunk_units - 1) / chunk_units;
     total_work += n_out * k_in * m_rows;
   }
@@ -527,21 +777,29 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
     const LinearJob& job = jobs[j];
     const TensorView& w = *job.w;
     const int64_t n_out = w.shape[0], k_in = w.shape[1];
+    const int64_t unit_rows = plan[j].unit_rows;
     const int64_t n_begin = u_begin * unit_rows;
     const int64_t n_end = u_end * unit_rows < n_out ? u_end * unit_rows : n_out;
     WithDType(w.dtype, [&]<DType T>() {
-      if (direct) {
+      if constexpr (kBlock<T>) {
+        if (plan[j].int_dot) {
+          IntDotRange<T>(w.data, k_in, n_out, n_begin, n_end, act_rows[j].data(), m_rows, job.y);
+          return;
+        }
+      }
+      if (plan[j].direct) {
         PrefetchNext after;
         if (next < n_chunks) {
           size_t nj;
           int64_t nu_begin, nu_end;
           locate(next, &nj, &nu_begin, &nu_end);
           const TensorView& nw = *jobs[nj].w;
+          const int64_t nunit = plan[nj].unit_rows;
           const int64_t row_bytes = RowBytesOf(nw.dtype, nw.shape[1]);
-          const int64_t rows = nw.shape[0] - nu_begin * unit_rows < unit_rows
-                                   ? nw.shape[0] - nu_begin * unit_rows
-                                   : unit_rows;
-          after = {static_cast<const char*>(nw.data) + nu_begin * unit_rows * row_bytes,
+          const int64_t rows = nw.shape[0] - nu_begin * nunit < nunit
+                                   ? nw.shape[0] - nu_begin * nunit
+                                   : nunit;
+          after = {static_cast<const char*>(nw.data) + nu_begin * nunit * row_bytes,
                    rows * row_bytes};
         }
         DirectRange<T>(w.data, k_in, n_out, n_begin, n_end, job.x, m_rows, job.y, after);

@@ -50,12 +50,12 @@ void LinearGroup(const OpContext& ctx, int64_t m_rows, std::span<const LinearJob
     case KernelSet::kReference:
       for (const LinearJob& job : jobs) {
         reference::Linear(job.x, m_rows, *job.w, job.bias != nullptr ? *job.bias : TensorView{},
-                          job.y);
+                          job.y, ctx.int8_activations);
       }
       return;
     case KernelSet::kAvx2:
       KCHECK(CpuHasAvx2Fma());
-      avx2::LinearGroup(ctx.pool, m_rows, jobs);
+      avx2::LinearGroup(ctx.pool, m_rows, jobs, ctx.int8_activations);
       return;
   }
 }

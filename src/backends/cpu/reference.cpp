@@ -12,10 +12,30 @@
 
 namespace kestrel::cpu::reference {
 
-void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorView& bias, float* y) {
+void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorView& bias, float* y,
+            bool int8_activations) {
   const int64_t n_out = w.shape[0];
   const int64_t k_in = w.shape[1];
-  if (IsBlockQuantized(w.dtype)) {
+  if (IsBlockQuantized(w.dtype) && int8_activations) {
+    const bool k_quant = w.dtype != DType::kQ8_0;
+    std::vector<int8_t> q(static_cast<size_t>(k_in));
+    std::vector<float> d(static_cast<size_t>(k_in / 32));
+    std::vector<int16_t> bsum(static_cast<size_t>(k_in / 16));
+    for (int64_t m = 0; m < m_rows; ++m) {
+      if (k_quant) {
+        quant::QuantizeActsQ8_K(x + m * k_in, k_in, q.data(), d.data(), bsum.data());
+      } else {
+        quant::QuantizeActsQ8_0(x + m * k_in, k_in, q.data(), d.data());
+      }
+      for (int64_t n = 0; n < n_out; ++n) {
+        const uint8_t* row = static_cast<const uint8_t*>(w.data) + n * w.row_bytes();
+        y[m * n_out + n] =
+            w.dtype == DType::kQ8_0 ? quant::DotQ8_0(row, {q.data(), d.data()}, k_in)
+            : w.dtype == DType::kQ4_K ? quant::DotQ4_K(row, {q.data(), d.data(), bsum.data()}, k_in)
+                                      : quant::DotQ6_K(row, {q.data(), d.data(), bsum.data()}, k_in);
+      }
+    }
+  } else if (IsBlockQuantized(w.dtype)) {
     // The row's exact dequantized values, then the same sequential sum.
     std::vector<float> row(static_cast<size_t>(k_in));
     for (int64_t n = 0; n < n_out; ++n) {
