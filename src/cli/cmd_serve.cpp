@@ -45,6 +45,7 @@ struct ServeFlags {
   std::string served_model_name;
   int shutdown_grace_s = 10;
   bool reference_kernels = false;
+  bool f32_activations = false;
   std::string tool_call_parser = "auto";  // auto (from the chat template) or a format name
   std::string reasoning_parser = "auto";  // auto, think, none
   int max_stored_responses = 1024;
@@ -178,6 +179,7 @@ int RunServe(ServeFlags f) {
   ModelLoadOptions options;
   options.device = *device;
   options.kernels = f.reference_kernels ? CpuKernels::kReference : CpuKernels::kAuto;
+  options.int8_activations = !f.f32_activations;
   options.block_size_tokens = f.block_size;
   options.n_threads = f.n_threads;
   options.max_num_seqs = f.max_num_seqs;
@@ -335,6 +337,7 @@ void RegisterServe(CLI::App& app, int& exit_code) {
                   "Seconds running requests may take to finish after SIGINT/SIGTERM")
       ->capture_default_str();
   cmd->add_flag("--reference", f.reference_kernels, "Use the scalar reference kernels");
+  cmd->add_flag("--f32-activations", f.f32_activations, kF32ActivationsHelp);
   cmd->callback([&exit_code] { exit_code = RunServe(f); });
 }
 

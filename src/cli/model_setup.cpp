@@ -36,6 +36,7 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags) {
   options.device = device;
   options.show_progress = device == Device::kCuda;
   options.kernels = flags.reference_kernels ? CpuKernels::kReference : CpuKernels::kAuto;
+  options.int8_activations = !flags.f32_activations;
   KASSIGN(ModelConfig cfg, LoadModelConfig(m.dir));
   options.kv_cache_tokens = flags.kv_cache_tokens;
   if (cfg.max_position_embeddings > 0) {

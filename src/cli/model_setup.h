@@ -27,6 +27,7 @@ struct LoadFlags {
   std::string device = "auto";  // auto (cuda when a GPU is present, else cpu), cpu, cuda
   bool need_tokenizer = true;
   bool reference_kernels = false;
+  bool f32_activations = false;  // CPU, quantized weights: ModelLoadOptions::int8_activations off
   int64_t kv_cache_tokens = 8192;  // KV pool capacity (capped at the context length)
   int n_threads = 0;
   int32_t max_num_seqs = 1;          // recurrent-state models: live state slots
@@ -38,6 +39,8 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags);
 // --device: "cpu", "cuda", or "auto" (cuda when this build has CUDA and a GPU is visible). An
 // explicit "cuda" never falls back: without a GPU the load fails with the reason.
 Result<Device> ResolveDevice(const std::string& flag);
+inline constexpr const char* kF32ActivationsHelp =
+    "Quantized (GGUF) weights: multiply f32 activations by the exactly dequantized weights instead of int8 ones (slower; equals the dequantized model bit for bit)";
 inline constexpr const char* kDeviceHelp =
     "cpu, cuda, or auto (cuda when a GPU is present)";
 

@@ -143,27 +143,33 @@ float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
 }
 
 float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
-  float acc = 0.0f;
+  float lane[8] = {};
+  float acc_m = 0.0f;
   for (int64_t b = 0; b < k / kQKBlock; ++b) {
     const uint8_t* blk = w_row + b * kQ4_KBytes;
     const uint8_t* qs = blk + 16;
     const int8_t* qx = x.q + b * kQKBlock;
-    int32_t sumi = 0, summ = 0;
+    int32_t lane_int[8] = {};
+    int32_t summ = 0;
     for (int g = 0; g < 8; ++g) {
       int sc, m;
       Q4KScaleMin(blk + 4, g, &sc, &m);
       const int c = g / 2, shift = (g % 2) * 4;
-      int32_t isum = 0;
-      for (int l = 0; l < 32; ++l) isum += ((qs[32 * c + l] >> shift) & 0xF) * int32_t{qx[32 * g + l]};
-      sumi += sc * isum;
+      for (int j = 0; j < 8; ++j) {
+        int32_t p = 0;
+        for (int l = 4 * j; l < 4 * j + 4; ++l) p += ((qs[32 * c + l] >> shift) & 0xF) * int32_t{qx[32 * g + l]};
+        lane_int[j] += sc * p;
+      }
       summ += m * (x.bsum[b * 16 + 2 * g] + x.bsum[b * 16 + 2 * g + 1]);
     }
-    const float a = (x.d[b] * LoadF16(blk)) * static_cast<float>(sumi);
+    const float scale = x.d[b] * LoadF16(blk);
+    for (int j = 0; j < 8; ++j) lane[j] = std::fma(scale, static_cast<float>(lane_int[j]), lane[j]);
     const float m = (x.d[b] * LoadF16(blk + 2)) * static_cast<float>(summ);
-    const float term = a - m;
-    acc = acc + term;
+    acc_m = acc_m + m;
   }
-  return acc;
+  const float sum =
+      ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  return sum - acc_m;
 }
 
 float DotQ6_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {

@@ -62,11 +62,13 @@ float DequantizeElement(DType t, const void* data, int64_t cols, int64_t i);
 //   for Q8_0 weights, per 32:  d = f32(f16(amax / 127)), q = nearbyint(x * (127 / amax))
 //   for Q4_K / Q6_K, per 256:  d = amax / 127 (f32), same q, and bsums = the sums of each 16 q
 // (`nearbyint`: round half to even; q = 0 where amax = 0). The row's result, block by block in
-// order, each term computed and then added (no fused multiply-add), except Q8_0, whose small
-// blocks keep eight lanes as the AVX2 kernel does:
+// order, each term computed and then added (no fused multiply-add), except where eight lanes are
+// kept as the AVX2 kernel keeps them:
 //   Q8_0:  lane[j] = fma(dw * dx, float(sum of q_w q_x over elements 4j..4j+3), lane[j]);
 //          result ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
-//   Q4_K:  acc += (dx * d) * float(sum_g sc_g * isum_g) - (dx * dmin) * float(sum_g m_g * bsum_g)
+//   Q4_K:  eight lanes too: lane[j] = fma(dx * d, float(sum_g sc_g * (sum of q_w q_x over
+//          elements 4j..4j+3 of group g)), lane[j]); acc_m += (dx * dmin) * float(sum_g m_g *
+//          bsum_g); result = (the lane sum as for Q8_0) - acc_m
 //   Q6_K:  acc += (dx * d) * float(sum_j sc_j * (sum (q6 - 32) * q_x)_j)
 // The AVX2 kernels compute the same integers and the same float operations, so both kernel sets
 // give the same bits.

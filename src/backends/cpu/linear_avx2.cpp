@@ -210,11 +210,20 @@ struct ActsView {  // one row's activation blocks (Q8_0: d per 32; Q8_K: d per 2
 
 inline __m256i Load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
+// How far ahead the integer kernels ask for weights: at least the next tile's rows and at least
+// 16 KB (rows are often 1-4 KB; the data of a range of rows is contiguous, so this is simply the
+// bytes the thread reads a few microseconds later).
+inline int64_t PrefetchAhead(int r, int64_t row_bytes) {
+  const int64_t rows = (16 << 10) / row_bytes + 1;
+  return (rows > r ? rows : r) * row_bytes;
+}
+
 // out[r] = the dot products of rows w + r * row_bytes (r < R) with x: R weight streams at once,
-// each also asking for the same offset R rows further (the next tile's rows).
+// each also asking for the same offset PrefetchAhead bytes further.
 template <int R>
 [[gnu::optimize("fp-contract=off")]] void DotQ8_0(const uint8_t* w, int64_t row_bytes, ActsView x,
                                                  int64_t k, float* out) {
+  const int64_t ahead = PrefetchAhead(R, row_bytes);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -222,7 +231,7 @@ template <int R>
     const __m256i xq = Load32(x.q + 32 * b);
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * row_bytes + b * 34;
-      _mm_prefetch(reinterpret_cast<const char*>(blk + R * row_bytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(blk + ahead), _MM_HINT_T0);
       const __m256i wq = Load32(blk + 2);
       const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
       const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
@@ -235,62 +244,65 @@ template <int R>
 template <int R>
 [[gnu::optimize("fp-contract=off")]] void DotQ4_K(const uint8_t* w_base, int64_t row_bytes, ActsView x,
                                                  int64_t k, float* out) {
+  const int64_t ahead = PrefetchAhead(R, row_bytes);
   const __m256i low = _mm256_set1_epi8(0x0F);
-  float acc[R] = {};
-  for (int64_t b = 0; b < k / 256; ++b) {
-   for (int r = 0; r < R; ++r) {
+  // Byte shuffles that broadcast 16-bit scale g of a register of eight to every lane.
+  __m256i pick[8];
+  for (int g = 0; g < 8; ++g) pick[g] = _mm256_set1_epi16(static_cast<int16_t>((2 * g) | ((2 * g + 1) << 8)));
+  for (int r = 0; r < R; ++r) {
     const uint8_t* w = w_base + r * row_bytes;
-    for (int line = 0; line < 144; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + R * row_bytes + b * 144 + line), _MM_HINT_T0);
+    __m256 acc = _mm256_setzero_ps();
+    float acc_m = 0.0f;
+    for (int64_t b = 0; b < k / 256; ++b) {
+      for (int line = 0; line < 144; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + b * 144 + line), _MM_HINT_T0);
+      }
+      const uint8_t* blk = w + b * 144;
+      // The 12 bytes of 6-bit scales and mins as two words each (ggml's packing).
+      uint32_t u[3];
+      std::memcpy(u, blk + 4, 12);
+      const uint32_t sw[2] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4)};
+      const uint32_t mw[2] = {u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
+      const __m256i scales = _mm256_broadcastsi128_si256(
+          _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sw))));
+      const int8_t* qx = x.q + 256 * b;
+      __m256i isum = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = Load32(blk + 16 + 32 * c);
+        const __m256i lo = _mm256_and_si256(v, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        const __m256i plo = _mm256_maddubs_epi16(lo, Load32(qx + 64 * c));
+        const __m256i phi = _mm256_maddubs_epi16(hi, Load32(qx + 64 * c + 32));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(scales, pick[2 * c])));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(scales, pick[2 * c + 1])));
+      }
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d[b] * HalfToFloat(blk)), _mm256_cvtepi32_ps(isum), acc);
+      // summ = sum_g m_g * (bsum[2g] + bsum[2g + 1])
+      const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b));
+      const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b + 8));
+      const __m128i pair = _mm_hadd_epi16(bs_lo, bs_hi);
+      const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mw)));
+      __m128i mm4 = _mm_madd_epi16(mins, pair);
+      mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(1, 0, 3, 2)));
+      mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(2, 3, 0, 1)));
+      const float mm = (x.d[b] * HalfToFloat(blk + 2)) * static_cast<float>(_mm_cvtsi128_si32(mm4));
+      acc_m = acc_m + mm;
     }
-    const uint8_t* blk = w + b * 144;
-    // The 12 bytes of 6-bit scales and mins as four words each (ggml's packing).
-    uint32_t u[3];
-    std::memcpy(u, blk + 4, 12);
-    const uint32_t sw[2] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4)};
-    const uint32_t mw[2] = {u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
-    uint8_t s[8];
-    std::memcpy(s, sw, 8);
-    const int8_t* qx = x.q + 256 * b;
-    __m256i isum = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = Load32(blk + 16 + 32 * c);
-      const __m256i lo = _mm256_and_si256(v, low);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      const __m256i plo = _mm256_maddubs_epi16(lo, Load32(qx + 64 * c));
-      const __m256i phi = _mm256_maddubs_epi16(hi, Load32(qx + 64 * c + 32));
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_set1_epi16(static_cast<int16_t>(s[2 * c]))));
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(s[2 * c + 1]))));
-    }
-    const int sumi = HsumI32(isum);
-    // summ = sum_g m_g * (bsum[2g] + bsum[2g + 1])
-    const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b));
-    const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b + 8));
-    const __m128i pair = _mm_hadd_epi16(bs_lo, bs_hi);
-    const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mw)));
-    __m128i mm4 = _mm_madd_epi16(mins, pair);
-    mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(1, 0, 3, 2)));
-    mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(2, 3, 0, 1)));
-    const int summ = _mm_cvtsi128_si32(mm4);
-    const float a = (x.d[b] * HalfToFloat(blk)) * static_cast<float>(sumi);
-    const float mm = (x.d[b] * HalfToFloat(blk + 2)) * static_cast<float>(summ);
-    const float term = a - mm;
-    acc[r] = acc[r] + term;
-   }
+    out[r] = HorizontalSum(acc) - acc_m;
   }
-  for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
 template <int R>
 [[gnu::optimize("fp-contract=off")]] void DotQ6_K(const uint8_t* w_base, int64_t row_bytes, ActsView x,
                                                  int64_t k, float* out) {
+  const int64_t ahead = PrefetchAhead(R, row_bytes);
   const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
   float acc[R] = {};
   for (int64_t b = 0; b < k / 256; ++b) {
    for (int r = 0; r < R; ++r) {
     const uint8_t* w = w_base + r * row_bytes;
     for (int line = 0; line < 210; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + R * row_bytes + b * 210 + line), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + ahead + b * 210 + line), _MM_HINT_T0);
     }
     const uint8_t* blk = w + b * 210;
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
@@ -344,7 +356,9 @@ void IntDotRange(const void* w, int64_t k_in, int64_t n_out, int64_t n_begin, in
   };
   for (int64_t t = 0; t < m_rows; ++t) {
     int64_t n = n_begin;
-    for (; n + 4 <= n_end; n += 4) rows.template operator()<4>(n, t);
+    if constexpr (T == DType::kQ8_0) {
+      for (; n + 4 <= n_end; n += 4) rows.template operator()<4>(n, t);
+    }
     for (; n < n_end; ++n) rows.template operator()<1>(n, t);
   }
 }
