@@ -10,7 +10,9 @@ namespace kestrel {
 
 // kQ8_0, kQ4_K, kQ6_K: GGUF/ggml block-quantized matrices (core/quant_blocks.h), row-major, each
 // row a whole number of blocks; a view's shape counts elements, its bytes count blocks.
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8, kQ8_0, kQ4_K, kQ6_K };
+// kF8E4M3: FP8 (e4m3fn) weights of block-quantized checkpoints; the view's block_scale holds
+// the f32 scale of each 128 x 128 block (TensorView::block_scale).
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8, kQ8_0, kQ4_K, kQ6_K, kF8E4M3 };
 
 // Elements per block and bytes per block: (1, element size) for the plain types.
 inline int64_t DTypeBlockElems(DType t) {
@@ -36,6 +38,7 @@ inline size_t DTypeSize(DType t) {
     case DType::kQ8_0: return 34;
     case DType::kQ4_K: return 144;
     case DType::kQ6_K: return 210;
+    case DType::kF8E4M3: return 1;
   }
   return 0;
 }
@@ -56,6 +59,7 @@ inline std::string_view DTypeName(DType t) {
     case DType::kQ8_0: return "Q8_0";
     case DType::kQ4_K: return "Q4_K";
     case DType::kQ6_K: return "Q6_K";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -79,6 +83,25 @@ inline uint16_t F32ToBf16(float f) {
 // x[i] = the nearest bf16 value of x[i] (round to nearest even), in place.
 inline void RoundToBf16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = Bf16ToF32(F32ToBf16(x[i]));
+}
+
+// FP8 e4m3fn (bias 7, no infinities, 0x7f / 0xff NaN) to f32, exactly.
+inline float F8E4M3ToF32(uint8_t v) {
+  const uint32_t sign = static_cast<uint32_t>(v & 0x80u) << 24;
+  const uint32_t exp = (v >> 3) & 0xfu, mant = v & 0x7u;
+  uint32_t u;
+  if ((v & 0x7fu) == 0x7fu) {
+    u = sign | 0x7fc00000u;
+  } else if (exp == 0) {  // subnormal: mant * 2^-9
+    float f = static_cast<float>(mant) * (1.0f / 512.0f);
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  } else {
+    u = sign | ((exp + 127 - 7) << 23) | (mant << 20);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
 inline float F16ToF32(uint16_t h) {

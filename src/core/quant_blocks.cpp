@@ -96,6 +96,19 @@ float DequantizeElement(DType t, const void* data, int64_t cols, int64_t i) {
   return buf[col % be];
 }
 
+void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out) {
+  const int64_t cols = w.shape[1];
+  const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * w.row_bytes();
+  if (w.dtype != DType::kF8E4M3) {
+    DequantizeRow(w.dtype, p, cols, out);
+    return;
+  }
+  KCHECK(w.block_scale != nullptr && w.block_rows > 0 && w.block_cols > 0);
+  const int64_t scale_cols = (cols + w.block_cols - 1) / w.block_cols;
+  const float* scales = w.block_scale + row / w.block_rows * scale_cols;
+  for (int64_t j = 0; j < cols; ++j) out[j] = F8E4M3ToF32(p[j]) * scales[j / w.block_cols];
+}
+
 namespace {
 
 // q[i] = nearbyint(x[i] * id) over n elements; the scale d and id from the block's amax.

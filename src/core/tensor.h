@@ -19,6 +19,10 @@ struct TensorView {
   DType dtype = DType::kF32;
   int n_dims = 0;
   std::array<int64_t, kMaxDims> shape{};  // outermost first
+  // kF8E4M3 matrices: f32 scales [ceil(rows / block_rows), ceil(cols / block_cols)], row-major;
+  // element (i, j) is f32(fp8) * block_scale[i / block_rows][j / block_cols].
+  const float* block_scale = nullptr;
+  int64_t block_rows = 0, block_cols = 0;
 
   int64_t numel() const {
     int64_t n = 1;

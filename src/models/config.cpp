@@ -522,6 +522,35 @@ Status ParseMoe(const Fields& f, ModelConfig* c) {
   return Status::Ok();
 }
 
+// quantization_config: FP8 block quantization is read; other methods are refused by name
+// instead of failing later on tensors the loader does not know.
+Status ParseQuantization(const Fields& f, ModelConfig* c) {
+  const json* q = f.Find("quantization_config");
+  if (q == nullptr || q->is_null()) return Status::Ok();
+  if (!q->is_object()) return f.TypeError("quantization_config", "an object", *q);
+  const auto method = q->find("quant_method");
+  const std::string name = method != q->end() && method->is_string() ? method->get<std::string>() : "";
+  if (name != "fp8") {
+    return Unsupported(f.where() + "quantization method '" + name +
+                       "' is not supported (FP8 block quantization is; GGUF files load too)");
+  }
+  if (auto fmt = q->find("fmt"); fmt != q->end() && !(fmt->is_string() && *fmt == "e4m3")) {
+    return Unsupported(f.where() + "FP8 format " + fmt->dump() + " (e4m3 is supported)");
+  }
+  if (auto act = q->find("activation_scheme"); act != q->end() && !(act->is_string() && *act == "dynamic")) {
+    return Unsupported(f.where() + "FP8 activation_scheme " + act->dump() + " (dynamic is supported)");
+  }
+  const auto block = q->find("weight_block_size");
+  if (block == q->end() || !block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
+      !(*block)[1].is_number_integer() || (*block)[0].get<int64_t>() <= 0 || (*block)[1].get<int64_t>() <= 0) {
+    return Unsupported(f.where() + "FP8 quantization without a weight_block_size [rows, cols] "
+                       "(per-tensor FP8 is not supported)");
+  }
+  c->fp8_block_rows = (*block)[0].get<int64_t>();
+  c->fp8_block_cols = (*block)[1].get<int64_t>();
+  return Status::Ok();
+}
+
 Result<DType> ParseTorchDtype(const Fields& f) {
   // transformers >= 5 writes "dtype"; older files "torch_dtype".
   const char* key = f.HasValue("dtype") ? "dtype" : "torch_dtype";
@@ -696,6 +725,7 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
   KTRY(ParseLayerTypes(f, &c));
   KTRY(ParseMoe(f, &c));
   KTRY(ParseRope(f, &c));
+  KTRY(ParseQuantization(f, &c));
   return c;
 }
 

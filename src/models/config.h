@@ -131,6 +131,9 @@ struct ModelConfig {
   // "model.language_model." (lm_head.weight stays at the top level).
   std::string weight_prefix = "model.";
   int64_t n_mtp_layers = 0;  // multi-token-prediction layers declared (mtp_num_hidden_layers)
+  // quantization_config of block-quantized FP8 checkpoints (quant_method "fp8", e4m3 weights with
+  // a weight_scale_inv per weight_block_size block); 0 when the checkpoint is not FP8.
+  int64_t fp8_block_rows = 0, fp8_block_cols = 0;
 
   int64_t n_layers_of(LayerType t) const;
   bool has_moe() const;

@@ -57,7 +57,7 @@ size_t AppendF32(const TensorView& t, std::vector<float>* out) {
 Status RequireBf16(const TensorView& t, const std::string& what) {
   if (t.empty() || t.dtype == DType::kBF16) return Status::Ok();
   return Unsupported("--device cuda runs BF16 weights; " + what + " is " +
-                     std::string(DTypeName(t.dtype)) + " (use --device cpu for F32/F16 files and GGUF-quantized ones)");
+                     std::string(DTypeName(t.dtype)) + " (use --device cpu for F32/F16 files and quantized ones: GGUF, FP8)");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "models/weights.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "models/model.h"
 #include "models/rope.h"
@@ -11,13 +12,51 @@ Status WeightBinder::Get(const std::string& name, std::vector<int64_t> shape, Te
   Result<TensorView> t = store_.Get(name, std::move(shape));
   if (!t.ok()) return t.status();
   const bool plain = t->dtype == DType::kF32 || t->dtype == DType::kF16 || t->dtype == DType::kBF16;
-  // Block-quantized tensors (GGUF) are read as matrices: linear layers and the embedding.
-  if (!plain && !(IsBlockQuantized(t->dtype) && t->n_dims == 2)) {
+  const bool fp8 = t->dtype == DType::kF8E4M3 && t->n_dims == 2 && fp8_block_rows_ > 0;
+  // Block-quantized tensors (GGUF, FP8) are read as matrices: linear layers and the embedding.
+  if (!plain && !fp8 && !(IsBlockQuantized(t->dtype) && t->n_dims == 2)) {
     return Unsupported(store_.file_of(name) + ": tensor '" + name + "' has dtype " +
                        std::string(DTypeName(t->dtype)) +
-                       " (supported: F32, F16, BF16; Q8_0, Q4_K, Q6_K for matrices)");
+                       " (supported: F32, F16, BF16; Q8_0, Q4_K, Q6_K, and F8_E4M3 with block "
+                       "scales, for matrices)");
   }
   *out = *t;
+  if (fp8 && (t->shape[1] % 32 != 0 || fp8_block_cols_ % 32 != 0)) {
+    return Unsupported(store_.file_of(name) + ": FP8 weight '" + name + "' has " +
+                       std::to_string(t->shape[1]) + " columns in blocks of " +
+                       std::to_string(fp8_block_cols_) + "; both must be multiples of 32");
+  }
+  if (fp8) {
+    const std::string scale_name = name + "_scale_inv";
+    const int64_t sr = (t->shape[0] + fp8_block_rows_ - 1) / fp8_block_rows_;
+    const int64_t sc = (t->shape[1] + fp8_block_cols_ - 1) / fp8_block_cols_;
+    Result<TensorView> s = store_.Get(scale_name, {sr, sc});
+    if (!s.ok()) return s.status().With("FP8 weight '" + name + "': ");
+    if (s->dtype == DType::kF32) {
+      out->block_scale = s->as<float>();
+    } else if (s->dtype == DType::kBF16 || s->dtype == DType::kF16) {
+      std::vector<float> f(static_cast<size_t>(sr * sc));
+      for (size_t i = 0; i < f.size(); ++i) {
+        uint16_t h;
+        std::memcpy(&h, static_cast<const uint8_t*>(s->data) + 2 * i, 2);
+        f[i] = s->dtype == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
+      }
+      owned_scales_.push_back(std::move(f));
+      out->block_scale = owned_scales_.back().data();
+    } else {
+      return Unsupported(store_.file_of(scale_name) + ": '" + scale_name + "' must be F32 or BF16");
+    }
+    if (reinterpret_cast<uintptr_t>(out->block_scale) % alignof(float) != 0) {
+      // safetensors offsets need not be aligned: copy rather than read floats unaligned.
+      std::vector<float> f(static_cast<size_t>(sr * sc));
+      std::memcpy(f.data(), out->block_scale, f.size() * sizeof(float));
+      owned_scales_.push_back(std::move(f));
+      out->block_scale = owned_scales_.back().data();
+    }
+    out->block_rows = fp8_block_rows_;
+    out->block_cols = fp8_block_cols_;
+    if (used_.insert(scale_name).second) n_bytes_ += static_cast<int64_t>(s->size_bytes());
+  }
   if (used_.insert(name).second) {
     n_parameters_ += t->numel();
     n_bytes_ += static_cast<int64_t>(t->size_bytes());
@@ -168,6 +207,7 @@ Status BindMoe(const ModelConfig& c, WeightBinder& b, const std::string& p, MoeW
 
 Result<DecoderWeights> BindDecoderWeights(const ModelConfig& c, const WeightStore& store) {
   WeightBinder b(store);
+  b.set_fp8_blocks(c.fp8_block_rows, c.fp8_block_cols);
   DecoderWeights w;
   switch (c.arch) {
     case Architecture::kLlama:
@@ -188,6 +228,7 @@ Result<DecoderWeights> BindDecoderWeights(const ModelConfig& c, const WeightStor
   w.n_parameters = b.n_parameters() - (w.mtp ? w.mtp->n_parameters : 0);
   w.n_bytes = b.n_bytes();
   w.notes = b.notes();
+  w.owned_scales = b.TakeOwnedScales();
   return w;
 }
 

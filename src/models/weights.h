@@ -95,6 +95,7 @@ struct DecoderWeights {
   std::optional<MtpWeights> mtp;
   int64_t n_parameters = 0;  // of the decoder (tied embeddings once; MTP and skipped parts not)
   int64_t n_bytes = 0;
+  std::vector<std::vector<float>> owned_scales;  // FP8 block scales converted to f32 at bind time
   // What the checkpoint holds that the decoder does not run, one line each (the vision tower of
   // a multimodal checkpoint, MTP heads), for `info` and the load log.
   std::vector<std::string> notes;
@@ -106,6 +107,14 @@ struct DecoderWeights {
 class WeightBinder {
  public:
   explicit WeightBinder(const WeightStore& store) : store_(store) {}
+  // FP8 block-quantized checkpoints: an F8_E4M3 "<x>.weight" takes its scales from
+  // "<x>.weight_scale_inv" ([ceil(rows / block_rows), ceil(cols / block_cols)], F32 or BF16).
+  void set_fp8_blocks(int64_t rows, int64_t cols) {
+    fp8_block_rows_ = rows;
+    fp8_block_cols_ = cols;
+  }
+  // Scales converted to f32 at bind time (BF16 files); the views point into them.
+  std::vector<std::vector<float>> TakeOwnedScales() { return std::move(owned_scales_); }
 
   bool Has(const std::string& name) const { return store_.Has(name); }
   // The tensor with exactly this shape.
@@ -142,6 +151,8 @@ class WeightBinder {
   std::vector<std::string> notes_;
   int64_t n_parameters_ = 0;
   int64_t n_bytes_ = 0;
+  int64_t fp8_block_rows_ = 0, fp8_block_cols_ = 0;
+  std::vector<std::vector<float>> owned_scales_;
 };
 
 // Rows [row_begin, row_begin + n_rows) of matrix `index` of a 3-D tensor [n, rows, cols], as a

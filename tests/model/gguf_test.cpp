@@ -59,6 +59,16 @@ class Gguf : public ::testing::Test {
         {"qwen3_q8_0", fx + "qwen3", "q8_0", kSource + "/tests/data/npm/qwen3", "qwen2"},
         {"qwen3_moe_q8_0", fx + "qwen3_moe", "q8_0", "", "qwen2"},
     };
+    // FP8 block-quantized checkpoints (tools/make_fp8.py), beside the GGUF files.
+    for (const auto& [name, model] : std::vector<std::pair<std::string, std::string>>{
+             {"fp8_tiny", tiny}, {"fp8_qwen3", fx + "qwen3"}, {"fp8_qwen3_moe", fx + "qwen3_moe"},
+             {"fp8_llama3", fx + "llama3"}}) {
+      Converted c{*dir_ + "/" + name, *dir_ + "/" + name + "_ref"};
+      const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_fp8.py --model " + model +
+                              " --out " + c.gguf + " --dequantized-out " + c.reference;
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+      (*models_)[name] = c;
+    }
     for (const Job& j : jobs) {
       Converted c{*dir_ + "/" + j.name + ".gguf", *dir_ + "/" + j.name + "_ref"};
       std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_gguf.py --model " + j.model +
@@ -124,6 +134,42 @@ const char* const kBitExactModels[] = {"tiny_q8_0",    "tiny_q4_k",  "tiny_q6_k"
                                        "tiny_q4_k_m",  "tiny_f16",   "tiny_bf16",
                                        "mistral_q8_0", "qwen2_q8_0", "qwen3_q8_0",
                                        "qwen3_moe_q8_0"};
+
+// FP8 block-quantized safetensors checkpoints (e4m3 weights, f32 scale per 128 x 128 block, the
+// layout of Qwen's *-FP8 releases): the CPU dequantizes in the kernels, so the model is the
+// dequantized model bit for bit, in both kernel sets; partial blocks (64-wide fixtures), MoE
+// experts and Llama's rotary layout included.
+TEST_F(Gguf, Fp8CheckpointsEqualTheDequantizedWeightsBitForBit) {
+  for (const char* name : {"fp8_tiny", "fp8_qwen3", "fp8_qwen3_moe", "fp8_llama3"}) {
+    for (CpuKernels k : KernelSets()) {
+      const auto fp8 = AllLogits(Get(name).gguf, k);
+      const auto ref = AllLogits(Get(name).reference, k);
+      ASSERT_FALSE(fp8.empty()) << name;
+      EXPECT_TRUE(SameBits(fp8, ref)) << name << (k == CpuKernels::kReference ? " reference" : " avx2");
+    }
+  }
+  // What FP8 costs against the bf16 checkpoint of the trained tiny model (printed).
+  const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
+  const auto fp8 = AllLogits(Get("fp8_tiny").gguf, CpuKernels::kAuto);
+  double worst = 0;
+  for (size_t t = 0; t < fp8.size(); ++t) {
+    worst = std::max(worst, testing::MaxAbsDiff(fp8[t], bf16[t]) / testing::Range(bf16[t]));
+  }
+  std::printf("[ info     ] fp8 (e4m3, 128x128 blocks): max |logit - bf16| / range = %.4f\n", worst);
+  EXPECT_LE(worst, 0.1);
+}
+
+TEST_F(Gguf, OtherQuantizationMethodsAreRefusedByName) {
+  const std::string dir = testing::MakeTempDir("awq");
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kSource + "/models/kestrel-tiny/config.json"));
+  cfg["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}};
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  fs::copy_file(kSource + "/models/kestrel-tiny/model.safetensors", dir + "/model.safetensors");
+  Result<std::unique_ptr<Model>> m = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("'awq'"), std::string::npos) << m.status().message();
+  fs::remove_all(dir);
+}
 
 // f32 activations: the GGUF model is the dequantized model, bit for bit.
 TEST_F(Gguf, F32ActivationsEqualTheDequantizedWeightsBitForBit) {
@@ -309,7 +355,8 @@ TEST_F(Gguf, BrokenFilesAreRefusedWithAReason) {
   EXPECT_NE(m.status().message().find(name), std::string::npos) << m.status().message();
 
   // Cut inside the tensor data: the header's extents no longer fit.
-  bad.assign(good.begin(), good.end() - 100);
+  bad = good;
+  bad.resize(good.size() - 100);
   WriteBytes(path, bad);
   m = Model::Load(path, ModelLoadOptions{});
   ASSERT_FALSE(m.ok());

@@ -68,7 +68,12 @@ inline float Load1(const void* base, int64_t i) {
 // ---- block-quantized weights (core/quant_blocks.h defines the formats; local copies here) ----
 
 template <DType T>
-constexpr bool kBlock = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ6_K;
+constexpr bool kBlock =
+    T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ6_K || T == DType::kF8E4M3;
+
+// The FP8 weight the calling thread is reading (its block scales), set by LinearGroup's chunk
+// runner before the kernels run on it.
+thread_local const TensorView* tl_fp8 = nullptr;
 
 // Bytes of one row of k_in elements.
 template <DType T>
@@ -77,6 +82,7 @@ constexpr int64_t RowBytes(int64_t k_in) {
   else if constexpr (T == DType::kF16 || T == DType::kBF16) return 2 * k_in;
   else if constexpr (T == DType::kQ8_0) return k_in / 32 * 34;
   else if constexpr (T == DType::kQ4_K) return k_in / 256 * 144;
+  else if constexpr (T == DType::kF8E4M3) return k_in;
   else return k_in / 256 * 210;
 }
 
@@ -124,6 +130,20 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
       // d1 * q is exact (an f16 times 6 bits times 4 bits), so the fused form rounds as the
       // definition's d1 * q - m1 does.
       out[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), d1, m1);
+    }
+  } else if constexpr (T == DType::kF8E4M3) {
+    // e4m3 -> f16 bits (exponent rebias by 2^8 done in f32, exactly), times the block's scale.
+    const TensorView& v = *tl_fp8;
+    const int64_t n = (row - static_cast<const uint8_t*>(v.data)) / v.shape[1];
+    const int64_t scale_cols = (v.shape[1] + v.block_cols - 1) / v.block_cols;
+    const __m256 s = _mm256_set1_ps(v.block_scale[n / v.block_rows * scale_cols + k / v.block_cols]);
+    const __m256 rebias = _mm256_set1_ps(256.0f);
+    const __m128i mag = _mm_set1_epi16(0x7f), sign = _mm_set1_epi16(0x80);
+    for (int j = 0; j < 4; ++j) {
+      const __m128i b8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k + 8 * j)));
+      const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b8, mag), 7),
+                                     _mm_slli_epi16(_mm_and_si128(b8, sign), 8));
+      out[j] = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(h), rebias), s);
     }
   } else {  // Q6_K
     const uint8_t* b = row + k / 256 * 210;
@@ -687,6 +707,7 @@ inline void WithDType(DType t, Fn&& fn) {
     case DType::kQ8_0: fn.template operator()<DType::kQ8_0>(); return;
     case DType::kQ4_K: fn.template operator()<DType::kQ4_K>(); return;
     case DType::kQ6_K: fn.template operator()<DType::kQ6_K>(); return;
+    case DType::kF8E4M3: fn.template operator()<DType::kF8E4M3>(); return;
     default: fn.template operator()<DType::kBF16>(); return;
   }
 }
@@ -792,6 +813,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
     const TensorView& w = *job.w;
     const int64_t n_out = w.shape[0], k_in = w.shape[1];
     const int64_t unit_rows = plan[j].unit_rows;
+    tl_fp8 = w.dtype == DType::kF8E4M3 ? &w : nullptr;
     const int64_t n_begin = u_begin * unit_rows;
     const int64_t n_end = u_end * unit_rows < n_out ? u_end * unit_rows : n_out;
     WithDType(w.dtype, [&]<DType T>() {

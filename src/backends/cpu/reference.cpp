@@ -35,12 +35,11 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
                                       : quant::DotQ6_K(row, {q.data(), d.data(), bsum.data()}, k_in);
       }
     }
-  } else if (IsBlockQuantized(w.dtype)) {
+  } else if (IsBlockQuantized(w.dtype) || w.dtype == DType::kF8E4M3) {
     // The row's exact dequantized values, then the same sequential sum.
     std::vector<float> row(static_cast<size_t>(k_in));
     for (int64_t n = 0; n < n_out; ++n) {
-      quant::DequantizeRow(w.dtype, static_cast<const uint8_t*>(w.data) + n * w.row_bytes(), k_in,
-                           row.data());
+      quant::DequantizeMatrixRow(w, n, row.data());
       for (int64_t m = 0; m < m_rows; ++m) {
         const float* xm = x + m * k_in;
         float acc = 0.0f;
