@@ -99,11 +99,23 @@ float DequantizeElement(DType t, const void* data, int64_t cols, int64_t i) {
 void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out) {
   const int64_t cols = w.shape[1];
   const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * w.row_bytes();
-  if (w.dtype != DType::kF8E4M3) {
+  if (!HasSideScales(w.dtype)) {
     DequantizeRow(w.dtype, p, cols, out);
     return;
   }
   KCHECK(w.block_scale != nullptr && w.block_rows > 0 && w.block_cols > 0);
+  if (w.dtype == DType::kMlxQ4 || w.dtype == DType::kMlxQ8) {
+    const int bits = w.dtype == DType::kMlxQ4 ? 4 : 8;
+    const int64_t groups = cols / w.block_cols;
+    const float* scales = w.block_scale + row * groups;
+    const float* biases = w.group_bias + row * groups;
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint32_t q = (p[j * bits / 8] >> ((j * bits) % 8)) & ((1u << bits) - 1);
+      const float sq = scales[j / w.block_cols] * static_cast<float>(q);
+      out[j] = sq + biases[j / w.block_cols];
+    }
+    return;
+  }
   const int64_t scale_cols = (cols + w.block_cols - 1) / w.block_cols;
   const float* scales = w.block_scale + row / w.block_rows * scale_cols;
   for (int64_t j = 0; j < cols; ++j) out[j] = F8E4M3ToF32(p[j]) * scales[j / w.block_cols];

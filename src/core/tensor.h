@@ -21,7 +21,10 @@ struct TensorView {
   std::array<int64_t, kMaxDims> shape{};  // outermost first
   // kF8E4M3 matrices: f32 scales [ceil(rows / block_rows), ceil(cols / block_cols)], row-major;
   // element (i, j) is f32(fp8) * block_scale[i / block_rows][j / block_cols].
+  // kMlxQ4 / kMlxQ8: block_rows 1, block_cols the group size, and group_bias beside the scales:
+  // element (i, j) is block_scale[i][j / g] * q + group_bias[i][j / g].
   const float* block_scale = nullptr;
+  const float* group_bias = nullptr;
   int64_t block_rows = 0, block_cols = 0;
 
   int64_t numel() const {

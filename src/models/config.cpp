@@ -524,8 +524,52 @@ Status ParseMoe(const Fields& f, ModelConfig* c) {
 
 // quantization_config: FP8 block quantization is read; other methods are refused by name
 // instead of failing later on tensors the loader does not know.
+// MLX affine quantization: {"group_size", "bits", "<module>": {...} | false, ...}.
+Status ParseMlxQuantization(const Fields& f, const json& q, ModelConfig* c) {
+  auto read = [&](const json& o, const std::string& what, int64_t* gs, int64_t* bits) -> Status {
+    const auto g = o.find("group_size"), b = o.find("bits");
+    if (g == o.end() || b == o.end() || !g->is_number_integer() || !b->is_number_integer()) {
+      return f.Error(what + " needs integer group_size and bits");
+    }
+    *gs = g->get<int64_t>();
+    *bits = b->get<int64_t>();
+    if (*bits != 4 && *bits != 8) {
+      return Unsupported(f.where() + what + ": MLX " + std::to_string(*bits) +
+                         "-bit weights (4 and 8 are supported)");
+    }
+    if (*gs <= 0 || *gs % 32 != 0) {
+      return Unsupported(f.where() + what + ": group_size " + std::to_string(*gs) +
+                         " (multiples of 32 are supported)");
+    }
+    return Status::Ok();
+  };
+  KTRY(read(q, "quantization", &c->mlx.group_size, &c->mlx.bits));
+  for (const auto& [key, value] : q.items()) {
+    if (key == "group_size" || key == "bits" || key == "mode") continue;
+    if (key == "quant_method") continue;
+    if (value.is_boolean() && !value.get<bool>()) {
+      c->mlx.overrides.push_back({key, {0, 0}});
+    } else if (value.is_object()) {
+      int64_t gs = 0, bits = 0;
+      KTRY(read(value, "quantization." + key, &gs, &bits));
+      c->mlx.overrides.push_back({key, {gs, bits}});
+    }
+  }
+  if (auto mode = q.find("mode"); mode != q.end() && !(mode->is_string() && *mode == "affine")) {
+    return Unsupported(f.where() + "MLX quantization mode " + mode->dump() + " (affine is supported)");
+  }
+  return Status::Ok();
+}
+
 Status ParseQuantization(const Fields& f, ModelConfig* c) {
+  if (const json* mlx = f.Find("quantization"); mlx != nullptr && mlx->is_object()) {
+    return ParseMlxQuantization(f, *mlx, c);
+  }
   const json* q = f.Find("quantization_config");
+  if (q != nullptr && q->is_object() && !q->contains("quant_method") && q->contains("bits") &&
+      q->contains("group_size")) {
+    return ParseMlxQuantization(f, *q, c);  // MLX writes both spellings
+  }
   if (q == nullptr || q->is_null()) return Status::Ok();
   if (!q->is_object()) return f.TypeError("quantization_config", "an object", *q);
   const auto method = q->find("quant_method");

@@ -134,6 +134,13 @@ struct ModelConfig {
   // quantization_config of block-quantized FP8 checkpoints (quant_method "fp8", e4m3 weights with
   // a weight_scale_inv per weight_block_size block); 0 when the checkpoint is not FP8.
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
+  // MLX affine quantization ("quantization": {"group_size", "bits"} plus per-module overrides
+  // {"<module path>": {"group_size", "bits"} or false for a module left unquantized}).
+  struct MlxQuant {
+    int64_t group_size = 0;  // 0: not an MLX-quantized checkpoint
+    int64_t bits = 0;
+    std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> overrides;  // path -> (gs, bits)
+  } mlx;
 
   int64_t n_layers_of(LayerType t) const;
   bool has_moe() const;

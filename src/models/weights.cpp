@@ -2,13 +2,78 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "models/model.h"
 #include "models/rope.h"
 
 namespace kestrel {
 
+Result<const float*> WeightBinder::OwnedF32(const std::string& name, std::vector<int64_t> shape) {
+  KASSIGN(TensorView t, store_.Get(name, std::move(shape)));
+  if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
+    return Unsupported(store_.file_of(name) + ": '" + name + "' must be F32, F16 or BF16");
+  }
+  std::vector<float> f(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (t.dtype == DType::kF32) {
+      std::memcpy(&f[i], static_cast<const uint8_t*>(t.data) + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, static_cast<const uint8_t*>(t.data) + 2 * i, 2);
+      f[i] = t.dtype == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
+    }
+  }
+  if (used_.insert(name).second) n_bytes_ += static_cast<int64_t>(t.size_bytes());
+  owned_scales_.push_back(std::move(f));
+  return static_cast<const float*>(owned_scales_.back().data());
+}
+
+Status WeightBinder::GetMlx(const std::string& name, const std::vector<int64_t>& shape,
+                            const TensorView& packed, TensorView* out) {
+  const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+  int64_t gs = mlx_->group_size, bits = mlx_->bits;
+  for (const auto& [path, q] : mlx_->overrides) {
+    if (path == base) std::tie(gs, bits) = q;
+  }
+  if (bits == 0) {
+    return InvalidArgument(store_.file_of(name) + ": '" + name +
+                           "' is packed but the config leaves that module unquantized");
+  }
+  const int64_t rows = shape[0], cols = shape[1];
+  if (cols % gs != 0 || cols % 32 != 0) {
+    return Unsupported(store_.file_of(name) + ": '" + name + "' has " + std::to_string(cols) +
+                       " columns, not whole groups of " + std::to_string(gs));
+  }
+  if (packed.n_dims != 2 || packed.shape[0] != rows || packed.shape[1] != cols * bits / 32) {
+    return InvalidArgument(store_.file_of(name) + ": tensor '" + name + "' has shape " +
+                           ShapeString(packed) + ", expected [" + std::to_string(rows) + ", " +
+                           std::to_string(cols * bits / 32) + "] (" + std::to_string(bits) +
+                           "-bit words of " + std::to_string(cols) + " columns)");
+  }
+  KASSIGN(const float* scales, OwnedF32(base + ".scales", {rows, cols / gs}));
+  KASSIGN(const float* biases, OwnedF32(base + ".biases", {rows, cols / gs}));
+  *out = packed;
+  out->dtype = bits == 4 ? DType::kMlxQ4 : DType::kMlxQ8;
+  out->shape[1] = cols;
+  out->block_scale = scales;
+  out->group_bias = biases;
+  out->block_rows = 1;
+  out->block_cols = gs;
+  if (used_.insert(name).second) {
+    n_parameters_ += rows * cols;
+    n_bytes_ += static_cast<int64_t>(packed.size_bytes());
+  }
+  return Status::Ok();
+}
+
 Status WeightBinder::Get(const std::string& name, std::vector<int64_t> shape, TensorView* out) {
+  if (mlx_ != nullptr && mlx_->group_size > 0 && name.ends_with(".weight") && shape.size() == 2) {
+    auto it = store_.tensors().find(name);
+    if (it != store_.tensors().end() && it->second.dtype == DType::kU32) {
+      return GetMlx(name, shape, it->second, out);
+    }
+  }
   Result<TensorView> t = store_.Get(name, std::move(shape));
   if (!t.ok()) return t.status();
   const bool plain = t->dtype == DType::kF32 || t->dtype == DType::kF16 || t->dtype == DType::kBF16;
@@ -208,6 +273,7 @@ Status BindMoe(const ModelConfig& c, WeightBinder& b, const std::string& p, MoeW
 Result<DecoderWeights> BindDecoderWeights(const ModelConfig& c, const WeightStore& store) {
   WeightBinder b(store);
   b.set_fp8_blocks(c.fp8_block_rows, c.fp8_block_cols);
+  b.set_mlx(&c.mlx);
   DecoderWeights w;
   switch (c.arch) {
     case Architecture::kLlama:

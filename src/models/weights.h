@@ -113,6 +113,8 @@ class WeightBinder {
     fp8_block_rows_ = rows;
     fp8_block_cols_ = cols;
   }
+  // MLX affine-quantized checkpoints: a U32 "<x>.weight" with "<x>.scales" and "<x>.biases".
+  void set_mlx(const ModelConfig::MlxQuant* mlx) { mlx_ = mlx; }
   // Scales converted to f32 at bind time (BF16 files); the views point into them.
   std::vector<std::vector<float>> TakeOwnedScales() { return std::move(owned_scales_); }
 
@@ -152,6 +154,11 @@ class WeightBinder {
   int64_t n_parameters_ = 0;
   int64_t n_bytes_ = 0;
   int64_t fp8_block_rows_ = 0, fp8_block_cols_ = 0;
+  const ModelConfig::MlxQuant* mlx_ = nullptr;
+  Status GetMlx(const std::string& name, const std::vector<int64_t>& shape, const TensorView& packed,
+                TensorView* out);
+  // A copy of an F32/F16/BF16 tensor as f32, owned by the binder; its data.
+  Result<const float*> OwnedF32(const std::string& name, std::vector<int64_t> shape);
   std::vector<std::vector<float>> owned_scales_;
 };
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -66,6 +67,20 @@ class Gguf : public ::testing::Test {
       Converted c{*dir_ + "/" + name, *dir_ + "/" + name + "_ref"};
       const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_fp8.py --model " + model +
                               " --out " + c.gguf + " --dequantized-out " + c.reference;
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+      (*models_)[name] = c;
+    }
+    // MLX affine-quantized checkpoints (tools/make_mlx.py): 4-bit with one module at 8 bits,
+    // 8-bit, and the fixtures (whose 96-wide down projections stay bf16).
+    for (const auto& [name, model, flags] : std::vector<std::tuple<std::string, std::string, std::string>>{
+             {"mlx4_tiny", tiny, "--bits 4 --override model.layers.0.mlp.down_proj=8"},
+             {"mlx8_tiny", tiny, "--bits 8"},
+             {"mlx4_qwen3", fx + "qwen3", "--bits 4"},
+             {"mlx4_qwen3_moe", fx + "qwen3_moe", "--bits 4 --group-size 32"},
+             {"mlx4_llama3", fx + "llama3", "--bits 4"}}) {
+      Converted c{*dir_ + "/" + name, *dir_ + "/" + name + "_ref"};
+      const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_mlx.py --model " + model +
+                              " " + flags + " --out " + c.gguf + " --dequantized-out " + c.reference;
       ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
       (*models_)[name] = c;
     }
@@ -157,6 +172,30 @@ TEST_F(Gguf, Fp8CheckpointsEqualTheDequantizedWeightsBitForBit) {
   }
   std::printf("[ info     ] fp8 (e4m3, 128x128 blocks): max |logit - bf16| / range = %.4f\n", worst);
   EXPECT_LE(worst, 0.1);
+}
+
+// MLX affine quantization (uint32-packed 4- or 8-bit codes, bf16 scale and bias per group,
+// per-module overrides): dequantized in the kernels, so the model is its dequantized copy bit for
+// bit in both kernel sets; the embedding and LM head are quantized too.
+TEST_F(Gguf, MlxCheckpointsEqualTheDequantizedWeightsBitForBit) {
+  for (const char* name : {"mlx4_tiny", "mlx8_tiny", "mlx4_qwen3", "mlx4_qwen3_moe", "mlx4_llama3"}) {
+    for (CpuKernels k : KernelSets()) {
+      const auto q = AllLogits(Get(name).gguf, k);
+      const auto ref = AllLogits(Get(name).reference, k);
+      ASSERT_FALSE(q.empty()) << name;
+      EXPECT_TRUE(SameBits(q, ref)) << name << (k == CpuKernels::kReference ? " reference" : " avx2");
+    }
+  }
+  const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
+  for (const char* name : {"mlx4_tiny", "mlx8_tiny"}) {
+    const auto q = AllLogits(Get(name).gguf, CpuKernels::kAuto);
+    double worst = 0;
+    for (size_t t = 0; t < q.size(); ++t) {
+      worst = std::max(worst, testing::MaxAbsDiff(q[t], bf16[t]) / testing::Range(bf16[t]));
+    }
+    std::printf("[ info     ] %s: max |logit - bf16| / range = %.4f\n", name, worst);
+    EXPECT_LE(worst, std::string(name) == "mlx8_tiny" ? 0.05 : 0.3) << name;
+  }
 }
 
 TEST_F(Gguf, OtherQuantizationMethodsAreRefusedByName) {

@@ -68,12 +68,12 @@ inline float Load1(const void* base, int64_t i) {
 // ---- block-quantized weights (core/quant_blocks.h defines the formats; local copies here) ----
 
 template <DType T>
-constexpr bool kBlock =
-    T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ6_K || T == DType::kF8E4M3;
+constexpr bool kBlock = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ6_K ||
+                        T == DType::kF8E4M3 || T == DType::kMlxQ4 || T == DType::kMlxQ8;
 
-// The FP8 weight the calling thread is reading (its block scales), set by LinearGroup's chunk
-// runner before the kernels run on it.
-thread_local const TensorView* tl_fp8 = nullptr;
+// The FP8 / MLX weight the calling thread is reading (its side scales), set by LinearGroup's
+// chunk runner before the kernels run on it.
+thread_local const TensorView* tl_scaled = nullptr;
 
 // Bytes of one row of k_in elements.
 template <DType T>
@@ -82,7 +82,8 @@ constexpr int64_t RowBytes(int64_t k_in) {
   else if constexpr (T == DType::kF16 || T == DType::kBF16) return 2 * k_in;
   else if constexpr (T == DType::kQ8_0) return k_in / 32 * 34;
   else if constexpr (T == DType::kQ4_K) return k_in / 256 * 144;
-  else if constexpr (T == DType::kF8E4M3) return k_in;
+  else if constexpr (T == DType::kF8E4M3 || T == DType::kMlxQ8) return k_in;
+  else if constexpr (T == DType::kMlxQ4) return k_in / 2;
   else return k_in / 256 * 210;
 }
 
@@ -133,7 +134,7 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
     }
   } else if constexpr (T == DType::kF8E4M3) {
     // e4m3 -> f16 bits (exponent rebias by 2^8 done in f32, exactly), times the block's scale.
-    const TensorView& v = *tl_fp8;
+    const TensorView& v = *tl_scaled;
     const int64_t n = (row - static_cast<const uint8_t*>(v.data)) / v.shape[1];
     const int64_t scale_cols = (v.shape[1] + v.block_cols - 1) / v.block_cols;
     const __m256 s = _mm256_set1_ps(v.block_scale[n / v.block_rows * scale_cols + k / v.block_cols]);
@@ -144,6 +145,30 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
       const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b8, mag), 7),
                                      _mm_slli_epi16(_mm_and_si128(b8, sign), 8));
       out[j] = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(h), rebias), s);
+    }
+  } else if constexpr (T == DType::kMlxQ4 || T == DType::kMlxQ8) {
+    const TensorView& v = *tl_scaled;
+    const int64_t row_bytes = RowBytes<T>(v.shape[1]);
+    const int64_t n = (row - static_cast<const uint8_t*>(v.data)) / row_bytes;
+    const int64_t g = n * (v.shape[1] / v.block_cols) + k / v.block_cols;
+    const __m256 s = _mm256_set1_ps(v.block_scale[g]), bias = _mm256_set1_ps(v.group_bias[g]);
+    __m128i q8[2];  // the 32 elements as bytes
+    if constexpr (T == DType::kMlxQ4) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+      const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+      q8[0] = _mm_unpacklo_epi8(lo, hi);  // element 2i in the low nibble of byte i
+      q8[1] = _mm_unpackhi_epi8(lo, hi);
+    } else {
+      q8[0] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k));
+      q8[1] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16));
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m128i part = (j & 1) ? _mm_srli_si128(q8[j >> 1], 8) : q8[j >> 1];
+      const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part));
+      // scale * q is exact (a bf16/f16 scale times at most 8 bits), so the fused form rounds as
+      // scale * q + bias does.
+      out[j] = _mm256_fmadd_ps(q, s, bias);
     }
   } else {  // Q6_K
     const uint8_t* b = row + k / 256 * 210;
@@ -708,6 +733,8 @@ inline void WithDType(DType t, Fn&& fn) {
     case DType::kQ4_K: fn.template operator()<DType::kQ4_K>(); return;
     case DType::kQ6_K: fn.template operator()<DType::kQ6_K>(); return;
     case DType::kF8E4M3: fn.template operator()<DType::kF8E4M3>(); return;
+    case DType::kMlxQ4: fn.template operator()<DType::kMlxQ4>(); return;
+    case DType::kMlxQ8: fn.template operator()<DType::kMlxQ8>(); return;
     default: fn.template operator()<DType::kBF16>(); return;
   }
 }
@@ -813,7 +840,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
     const TensorView& w = *job.w;
     const int64_t n_out = w.shape[0], k_in = w.shape[1];
     const int64_t unit_rows = plan[j].unit_rows;
-    tl_fp8 = w.dtype == DType::kF8E4M3 ? &w : nullptr;
+    tl_scaled = w.dtype == DType::kF8E4M3 || w.dtype == DType::kMlxQ4 || w.dtype == DType::kMlxQ8 ? &w : nullptr;
     const int64_t n_begin = u_begin * unit_rows;
     const int64_t n_end = u_end * unit_rows < n_out ? u_end * unit_rows : n_out;
     WithDType(w.dtype, [&]<DType T>() {

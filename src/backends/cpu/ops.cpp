@@ -28,10 +28,10 @@ bool CpuHasAvx2Fma() {
 static void CheckWeight2D(const TensorView& w) {
   KCHECK(w.n_dims == 2 && w.data != nullptr);
   KCHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16 ||
-         IsBlockQuantized(w.dtype) || w.dtype == DType::kF8E4M3);
+         IsBlockQuantized(w.dtype) || HasSideScales(w.dtype));
   KCHECK(w.shape[1] % DTypeBlockElems(w.dtype) == 0);
-  // FP8: the AVX2 kernels dequantize 32 columns under one scale.
-  KCHECK(w.dtype != DType::kF8E4M3 ||
+  // FP8 / MLX: the AVX2 kernels dequantize 32 columns under one scale.
+  KCHECK(!HasSideScales(w.dtype) ||
          (w.block_scale != nullptr && w.shape[1] % 32 == 0 && w.block_cols % 32 == 0));
 }
 
@@ -97,7 +97,7 @@ void EmbeddingGather(const TensorView& table, std::span<const int32_t> ids, floa
   CheckWeight2D(table);
   const int64_t vocab = table.shape[0];
   const int64_t d = table.shape[1];
-  if (IsBlockQuantized(table.dtype) || table.dtype == DType::kF8E4M3) {
+  if (IsBlockQuantized(table.dtype) || HasSideScales(table.dtype)) {
     for (size_t i = 0; i < ids.size(); ++i) {
       KCHECK(ids[i] >= 0 && ids[i] < vocab);
       quant::DequantizeMatrixRow(table, ids[i], out + static_cast<int64_t>(i) * d);

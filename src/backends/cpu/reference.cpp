@@ -35,7 +35,7 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
                                       : quant::DotQ6_K(row, {q.data(), d.data(), bsum.data()}, k_in);
       }
     }
-  } else if (IsBlockQuantized(w.dtype) || w.dtype == DType::kF8E4M3) {
+  } else if (IsBlockQuantized(w.dtype) || HasSideScales(w.dtype)) {
     // The row's exact dequantized values, then the same sequential sum.
     std::vector<float> row(static_cast<size_t>(k_in));
     for (int64_t n = 0; n < n_out; ++n) {

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Writes an MLX affine-quantized checkpoint (the layout mlx-lm's convert writes) from a Hugging
+Face model directory: every linear layer and the embedding as a uint32 "weight" of packed
+`bits`-bit codes, with "scales" and "biases" (bf16) per group of `group_size` columns, and
+config.json "quantization": {"group_size", "bits"} (plus, with --override-bits, one module at
+other bits, to exercise per-module overrides). Optionally the same model with the dequantized
+weights (scale * q + bias, in float32) as an f32 directory: the reference the MLX model's logits
+must equal. numpy only; Kestrel's tests call it.
+
+  make_mlx.py --model DIR --out DIR [--bits 4|8] [--group-size 64] [--dequantized-out DIR]
+              [--override MODULE=BITS]
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_fp8 import write_mixed_safetensors  # noqa: E402
+from make_gguf import load_model, write_safetensors  # noqa: E402
+
+
+def bf16(x):
+    u = np.asarray(x, dtype=np.float32).view(np.uint32)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return r, (r.astype(np.uint32) << 16).view(np.float32)
+
+
+def quantize(w, bits, gs):
+    rows, cols = w.shape
+    g = w.reshape(rows, cols // gs, gs).astype(np.float32)
+    lo, hi = g.min(axis=2), g.max(axis=2)
+    levels = (1 << bits) - 1
+    scale_bits, scale = bf16((hi - lo) / levels)
+    bias_bits, bias = bf16(lo)
+    safe = np.where(scale == 0, 1, scale)
+    q = np.clip(np.floor((g - bias[..., None]) / safe[..., None] + 0.5), 0, levels).astype(np.uint32)
+    deq = (scale[..., None] * q.astype(np.float32)).astype(np.float32) + bias[..., None]
+    q = q.reshape(rows, cols)
+    per = 32 // bits
+    words = np.zeros((rows, cols // per), np.uint32)
+    for i in range(per):
+        words |= q[:, i::per] << np.uint32(bits * i)
+    return words, scale_bits, bias_bits, deq.astype(np.float32).reshape(rows, cols)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--bits", type=int, default=4, choices=[4, 8])
+    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--override", action="append", default=[], help="MODULE=BITS")
+    ap.add_argument("--dequantized-out")
+    args = ap.parse_args()
+    overrides = {m: int(b) for m, b in (o.split("=") for o in args.override)}
+    cfg = json.load(open(os.path.join(args.model, "config.json")))
+    tensors = load_model(args.model)
+    out, deq = {}, {}
+    for name in sorted(tensors):
+        w = tensors[name]()
+        module = name[:-len(".weight")] if name.endswith(".weight") else None
+        quantizable = (module is not None and w.ndim == 2 and w.shape[1] % args.group_size == 0
+                       and (name.endswith("_proj.weight") or name.endswith("embed_tokens.weight")
+                            or name == "lm_head.weight"))
+        if quantizable:
+            bits = overrides.get(module, args.bits)
+            words, s, b, d = quantize(w, bits, args.group_size)
+            out[name] = ("U32", words.shape, words.tobytes())
+            out[module + ".scales"] = ("BF16", s.shape, s.tobytes())
+            out[module + ".biases"] = ("BF16", b.shape, b.tobytes())
+            deq[name] = d
+        else:
+            r, v = bf16(w)
+            out[name] = ("BF16", w.shape, r.tobytes())
+            deq[name] = v.reshape(w.shape)
+    os.makedirs(args.out, exist_ok=True)
+    write_mixed_safetensors(os.path.join(args.out, "model.safetensors"), out)
+    q = {"group_size": args.group_size, "bits": args.bits}
+    for m, b in overrides.items():
+        q[m] = {"group_size": args.group_size, "bits": b}
+    cfg_q = dict(cfg, quantization=q, quantization_config=q)
+    json.dump(cfg_q, open(os.path.join(args.out, "config.json"), "w"), indent=2)
+    extras = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
+    for extra in extras:
+        if os.path.exists(os.path.join(args.model, extra)):
+            shutil.copy(os.path.join(args.model, extra), args.out)
+    if args.dequantized_out:
+        os.makedirs(args.dequantized_out, exist_ok=True)
+        json.dump(dict(cfg, dtype="float32"), open(os.path.join(args.dequantized_out, "config.json"), "w"), indent=2)
+        write_safetensors(os.path.join(args.dequantized_out, "model.safetensors"), deq)
+        for extra in extras:
+            if os.path.exists(os.path.join(args.model, extra)):
+                shutil.copy(os.path.join(args.model, extra), args.dequantized_out)
+
+
+if __name__ == "__main__":
+    main()
