@@ -574,9 +574,38 @@ Status ParseQuantization(const Fields& f, ModelConfig* c) {
   if (!q->is_object()) return f.TypeError("quantization_config", "an object", *q);
   const auto method = q->find("quant_method");
   const std::string name = method != q->end() && method->is_string() ? method->get<std::string>() : "";
+  if (name == "awq" || name == "gptq") {
+    auto num = [&](const char* key, int64_t dflt) {
+      const auto it = q->find(key);
+      return it != q->end() && it->is_number_integer() ? it->get<int64_t>() : dflt;
+    };
+    if (num("bits", 4) != 4 || (name == "awq" && num("w_bit", 4) != 4)) {
+      return Unsupported(f.where() + name + " with other than 4 bits");
+    }
+    const int64_t gs = name == "awq" ? num("group_size", num("q_group_size", 128)) : num("group_size", 128);
+    if (gs <= 0 || gs % 32 != 0) {
+      return Unsupported(f.where() + name + " group_size " + std::to_string(gs) +
+                         " (positive multiples of 32 are supported)");
+    }
+    if (name == "awq") {
+      const auto version = q->find("version");
+      if (version != q->end() && !(version->is_string() && (*version == "gemm" || *version == "GEMM"))) {
+        return Unsupported(f.where() + "AWQ version " + version->dump() + " (GEMM packing is supported)");
+      }
+      if (auto zp = q->find("zero_point"); zp != q->end() && zp->is_boolean() && !zp->get<bool>()) {
+        return Unsupported(f.where() + "AWQ without zero points");
+      }
+    } else if (auto fmt = q->find("checkpoint_format"); fmt != q->end() && !(fmt->is_string() && *fmt == "gptq")) {
+      return Unsupported(f.where() + "GPTQ checkpoint_format " + fmt->dump() + " (gptq is supported)");
+    }
+    c->int4_method = name;
+    c->int4_group_size = gs;
+    return Status::Ok();
+  }
   if (name != "fp8") {
     return Unsupported(f.where() + "quantization method '" + name +
-                       "' is not supported (FP8 block quantization is; GGUF files load too)");
+                       "' is not supported (FP8 block, AWQ, GPTQ and MLX quantization are; GGUF "
+                       "files load too)");
   }
   if (auto fmt = q->find("fmt"); fmt != q->end() && !(fmt->is_string() && *fmt == "e4m3")) {
     return Unsupported(f.where() + "FP8 format " + fmt->dump() + " (e4m3 is supported)");

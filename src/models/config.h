@@ -141,6 +141,10 @@ struct ModelConfig {
     int64_t bits = 0;
     std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> overrides;  // path -> (gs, bits)
   } mlx;
+  // AWQ (GEMM packing) and GPTQ int4 checkpoints: "awq" or "gptq" with their group size; both
+  // are repacked at load into the MLX 4-bit layout (w = scale * q + bias, bias = -scale * zero).
+  std::string int4_method;
+  int64_t int4_group_size = 0;
 
   int64_t n_layers_of(LayerType t) const;
   bool has_moe() const;

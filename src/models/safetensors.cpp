@@ -45,10 +45,11 @@ Result<DType> ParseDType(const std::string& name, const std::string& dtype,
   if (dtype == "BF16") return DType::kBF16;
   if (dtype == "F8_E4M3") return DType::kF8E4M3;  // block-quantized FP8 checkpoints
   if (dtype == "U32") return DType::kU32;          // packed MLX quantized weights
+  if (dtype == "I32") return DType::kI32;          // packed AWQ / GPTQ weights, GPTQ g_idx
   for (std::string_view known : kKnownDTypes) {
     if (dtype == known) {
       return Unsupported(where + "tensor '" + name + "' has dtype " + dtype +
-                         "; only F32, F16, BF16, F8_E4M3 and U32 (packed) weights are supported");
+                         "; only F32, F16, BF16, F8_E4M3 and U32 / I32 (packed) weights are supported");
     }
   }
   return InvalidArgument(where + "tensor '" + name + "' has unknown dtype '" + dtype + "'");

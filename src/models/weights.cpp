@@ -67,7 +67,103 @@ Status WeightBinder::GetMlx(const std::string& name, const std::vector<int64_t>&
   return Status::Ok();
 }
 
+Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>& shape,
+                             TensorView* out) {
+  const int64_t rows = shape[0], cols = shape[1], gs = int4_group_size_;
+  const bool awq = int4_method_ == "awq";
+  const std::string where = store_.file_of(base + ".qweight") + ": '" + base + "': ";
+  if (cols % gs != 0 || rows % 8 != 0 || cols % 8 != 0) {
+    return Unsupported(where + "shape [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                       "] is not whole groups of " + std::to_string(gs) + " and words of 8");
+  }
+  const int64_t groups = cols / gs;
+  // AWQ packs along the outputs ([in, out / 8], nibble i holding output 8c + kAwqOrder[i]);
+  // GPTQ packs the inputs ([in / 8, out], nibble i holding input 8r + i). Zeros pack along the
+  // outputs in both, GPTQ's stored as zero - 1.
+  static constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  KASSIGN(TensorView qw, store_.Get(base + ".qweight", awq ? std::vector<int64_t>{cols, rows / 8}
+                                                          : std::vector<int64_t>{cols / 8, rows}));
+  KASSIGN(TensorView qz, store_.Get(base + ".qzeros", {groups, rows / 8}));
+  KASSIGN(const float* s_in, OwnedF32(base + ".scales", {groups, rows}));
+  if (qw.dtype != DType::kI32 || qz.dtype != DType::kI32) {
+    return InvalidArgument(where + "qweight and qzeros must be I32");
+  }
+  if (!awq && store_.Has(base + ".g_idx")) {
+    KASSIGN(TensorView gi, store_.Get(base + ".g_idx", {cols}));
+    if (gi.dtype != DType::kI32) return InvalidArgument(where + "g_idx must be I32");
+    for (int64_t i = 0; i < cols; ++i) {
+      int32_t g;
+      std::memcpy(&g, static_cast<const uint8_t*>(gi.data) + 4 * i, 4);
+      if (g != i / gs) {
+        return Unsupported(where + "GPTQ act-order (g_idx not i / group_size) is not supported yet");
+      }
+    }
+    used_.insert(base + ".g_idx");
+  }
+  auto word = [](const TensorView& t, int64_t i) {
+    uint32_t v;
+    std::memcpy(&v, static_cast<const uint8_t*>(t.data) + 4 * i, 4);
+    return v;
+  };
+  auto code = [&](int64_t o, int64_t i) -> uint32_t {  // output o, input i
+    if (awq) {
+      const uint32_t w = word(qw, i * (rows / 8) + o / 8);
+      for (int n = 0; n < 8; ++n) {
+        if (kAwqOrder[n] == o % 8) return (w >> (4 * n)) & 0xF;
+      }
+      return 0;
+    }
+    return (word(qw, (i / 8) * rows + o) >> (4 * (i % 8))) & 0xF;
+  };
+  auto zero = [&](int64_t o, int64_t g) -> uint32_t {
+    const uint32_t w = word(qz, g * (rows / 8) + o / 8);
+    if (awq) {
+      for (int n = 0; n < 8; ++n) {
+        if (kAwqOrder[n] == o % 8) return (w >> (4 * n)) & 0xF;
+      }
+      return 0;
+    }
+    return ((w >> (4 * (o % 8))) & 0xF) + 1;
+  };
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols / 2));
+  std::vector<float> scales(static_cast<size_t>(rows * groups)), biases(scales.size());
+  for (int64_t o = 0; o < rows; ++o) {
+    for (int64_t i = 0; i < cols; i += 2) {
+      codes[static_cast<size_t>(o * cols / 2 + i / 2)] =
+          static_cast<uint8_t>(code(o, i) | (code(o, i + 1) << 4));
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const float s = s_in[g * rows + o];
+      scales[static_cast<size_t>(o * groups + g)] = s;
+      // (q - z) * s == s * q + (-(s * z)): both products are exact (an f16 times 4-5 bits).
+      biases[static_cast<size_t>(o * groups + g)] = -(s * static_cast<float>(zero(o, g)));
+    }
+  }
+  used_.insert(base + ".qweight");
+  used_.insert(base + ".qzeros");
+  n_parameters_ += rows * cols;
+  n_bytes_ += static_cast<int64_t>(qw.size_bytes() + qz.size_bytes());
+  owned_bytes_.push_back(std::move(codes));
+  owned_scales_.push_back(std::move(scales));
+  owned_scales_.push_back(std::move(biases));
+  *out = TensorView{};
+  out->data = owned_bytes_.back().data();
+  out->dtype = DType::kMlxQ4;
+  out->n_dims = 2;
+  out->shape[0] = rows;
+  out->shape[1] = cols;
+  out->block_scale = owned_scales_[owned_scales_.size() - 2].data();
+  out->group_bias = owned_scales_.back().data();
+  out->block_rows = 1;
+  out->block_cols = gs;
+  return Status::Ok();
+}
+
 Status WeightBinder::Get(const std::string& name, std::vector<int64_t> shape, TensorView* out) {
+  if (!int4_method_.empty() && name.ends_with(".weight") && shape.size() == 2 && !store_.Has(name)) {
+    const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+    if (store_.Has(base + ".qweight")) return GetInt4(base, shape, out);
+  }
   if (mlx_ != nullptr && mlx_->group_size > 0 && name.ends_with(".weight") && shape.size() == 2) {
     auto it = store_.tensors().find(name);
     if (it != store_.tensors().end() && it->second.dtype == DType::kU32) {
@@ -131,7 +227,7 @@ Status WeightBinder::Get(const std::string& name, std::vector<int64_t> shape, Te
 
 Status WeightBinder::GetOptional(const std::string& name, std::vector<int64_t> shape,
                                  TensorView* out) {
-  if (!store_.Has(name)) {
+  if (!Has(name)) {
     *out = TensorView{};
     return Status::Ok();
   }
@@ -274,6 +370,7 @@ Result<DecoderWeights> BindDecoderWeights(const ModelConfig& c, const WeightStor
   WeightBinder b(store);
   b.set_fp8_blocks(c.fp8_block_rows, c.fp8_block_cols);
   b.set_mlx(&c.mlx);
+  b.set_int4(c.int4_method, c.int4_group_size);
   DecoderWeights w;
   switch (c.arch) {
     case Architecture::kLlama:
@@ -295,6 +392,7 @@ Result<DecoderWeights> BindDecoderWeights(const ModelConfig& c, const WeightStor
   w.n_bytes = b.n_bytes();
   w.notes = b.notes();
   w.owned_scales = b.TakeOwnedScales();
+  w.owned_bytes = b.TakeOwnedBytes();
   return w;
 }
 

@@ -95,7 +95,8 @@ struct DecoderWeights {
   std::optional<MtpWeights> mtp;
   int64_t n_parameters = 0;  // of the decoder (tied embeddings once; MTP and skipped parts not)
   int64_t n_bytes = 0;
-  std::vector<std::vector<float>> owned_scales;  // FP8 block scales converted to f32 at bind time
+  std::vector<std::vector<float>> owned_scales;  // FP8 / MLX / int4 scales converted at bind time
+  std::vector<std::vector<uint8_t>> owned_bytes;  // AWQ / GPTQ codes repacked at bind time
   // What the checkpoint holds that the decoder does not run, one line each (the vision tower of
   // a multimodal checkpoint, MTP heads), for `info` and the load log.
   std::vector<std::string> notes;
@@ -115,10 +116,20 @@ class WeightBinder {
   }
   // MLX affine-quantized checkpoints: a U32 "<x>.weight" with "<x>.scales" and "<x>.biases".
   void set_mlx(const ModelConfig::MlxQuant* mlx) { mlx_ = mlx; }
+  // AWQ / GPTQ int4: "<x>.qweight" + "<x>.qzeros" + "<x>.scales" (+ "<x>.g_idx") instead of
+  // "<x>.weight", repacked at bind time into a kMlxQ4 view.
+  void set_int4(const std::string& method, int64_t group_size) {
+    int4_method_ = method;
+    int4_group_size_ = group_size;
+  }
+  std::vector<std::vector<uint8_t>> TakeOwnedBytes() { return std::move(owned_bytes_); }
   // Scales converted to f32 at bind time (BF16 files); the views point into them.
   std::vector<std::vector<float>> TakeOwnedScales() { return std::move(owned_scales_); }
 
-  bool Has(const std::string& name) const { return store_.Has(name); }
+  bool Has(const std::string& name) const {
+    return store_.Has(name) || (!int4_method_.empty() && name.ends_with(".weight") &&
+                                store_.Has(name.substr(0, name.size() - 7) + ".qweight"));
+  }
   // The tensor with exactly this shape.
   Status Get(const std::string& name, std::vector<int64_t> shape, TensorView* out);
   // Like Get when present; an empty view when absent.
@@ -155,6 +166,10 @@ class WeightBinder {
   int64_t n_bytes_ = 0;
   int64_t fp8_block_rows_ = 0, fp8_block_cols_ = 0;
   const ModelConfig::MlxQuant* mlx_ = nullptr;
+  std::string int4_method_;
+  int64_t int4_group_size_ = 0;
+  std::vector<std::vector<uint8_t>> owned_bytes_;
+  Status GetInt4(const std::string& base, const std::vector<int64_t>& shape, TensorView* out);
   Status GetMlx(const std::string& name, const std::vector<int64_t>& shape, const TensorView& packed,
                 TensorView* out);
   // A copy of an F32/F16/BF16 tensor as f32, owned by the binder; its data.

@@ -176,7 +176,7 @@ TEST(SafetensorsHeader, Overlap) {
 
 TEST(SafetensorsHeader, UnsupportedAndUnknownDtypes) {
   EXPECT_ERROR(Parse(R"({"ids": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", 8),
-               StatusCode::kUnsupported, "'ids'", "I64", "F32, F16, BF16, F8_E4M3 and U32");
+               StatusCode::kUnsupported, "'ids'", "I64", "F32, F16, BF16, F8_E4M3 and U32 / I32");
   EXPECT_ERROR(Parse(R"({"q": {"dtype": "F8_E5M2", "shape": [1], "data_offsets": [0, 1]}})", 1),
                StatusCode::kUnsupported, "'q'", "F8_E5M2");
   EXPECT_ERROR(Parse(R"({"w": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 1]}})", 1),

@@ -1,9 +1,11 @@
-// GGUF files as models: written by tools/make_gguf.py (numpy: the ggml block formats, the
-// llama.cpp naming and q/k permutation, the tokenizer metadata) from the committed fixtures, with
-// the same model's dequantized weights beside them as an f32 safetensors directory. The GGUF
-// model must give exactly the logits of that directory (itself the ordinary load path, checked
-// against transformers by the fixture tests), tokenize exactly like the tokenizer.json it came
-// from, render the same chat template, and refuse broken files with a message.
+// Quantized checkpoints as models: GGUF files (tools/make_gguf.py: the ggml block formats, the
+// llama.cpp naming and q/k permutation, the tokenizer metadata), FP8 block (make_fp8.py), MLX
+// affine (make_mlx.py) and AWQ / GPTQ int4 (make_int4.py) checkpoints, all written at test time
+// in numpy from the committed fixtures, each with the same model's dequantized weights beside it
+// as an f32 safetensors directory. The quantized model must give exactly the logits of that
+// directory (itself the ordinary load path, checked against transformers by the fixture tests),
+// a GGUF file must tokenize exactly like the tokenizer.json it came from and render the same chat
+// template, and broken files are refused with a message.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,7 +39,7 @@ struct Converted {
   std::string gguf, reference;
 };
 
-class Gguf : public ::testing::Test {
+class QuantizedCheckpoints : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(testing::MakeTempDir("gguf"));
@@ -84,6 +86,19 @@ class Gguf : public ::testing::Test {
       ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
       (*models_)[name] = c;
     }
+    // AWQ (GEMM packing) and GPTQ int4 checkpoints (tools/make_int4.py).
+    for (const auto& [name, model, flags] : std::vector<std::tuple<std::string, std::string, std::string>>{
+             {"awq_tiny", tiny, "--format awq"},
+             {"gptq_tiny", tiny, "--format gptq"},
+             {"awq_qwen3", fx + "qwen3", "--format awq --group-size 32"},
+             {"gptq_qwen3_moe", fx + "qwen3_moe", "--format gptq --group-size 32"},
+             {"gptq_act_order", tiny, "--format gptq --act-order-g-idx"}}) {
+      Converted c{*dir_ + "/" + name, *dir_ + "/" + name + "_ref"};
+      const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_int4.py --model " + model +
+                              " " + flags + " --out " + c.gguf + " --dequantized-out " + c.reference;
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+      (*models_)[name] = c;
+    }
     for (const Job& j : jobs) {
       Converted c{*dir_ + "/" + j.name + ".gguf", *dir_ + "/" + j.name + "_ref"};
       std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_gguf.py --model " + j.model +
@@ -104,8 +119,8 @@ class Gguf : public ::testing::Test {
   static std::string* dir_;
   static std::map<std::string, Converted>* models_;
 };
-std::string* Gguf::dir_ = nullptr;
-std::map<std::string, Converted>* Gguf::models_ = nullptr;
+std::string* QuantizedCheckpoints::dir_ = nullptr;
+std::map<std::string, Converted>* QuantizedCheckpoints::models_ = nullptr;
 
 const std::vector<int32_t> kPrompt = {1, 7, 42, 300, 5, 77, 12, 250, 3, 400, 9, 64, 128, 255, 31, 2, 100};
 
@@ -154,7 +169,7 @@ const char* const kBitExactModels[] = {"tiny_q8_0",    "tiny_q4_k",  "tiny_q6_k"
 // layout of Qwen's *-FP8 releases): the CPU dequantizes in the kernels, so the model is the
 // dequantized model bit for bit, in both kernel sets; partial blocks (64-wide fixtures), MoE
 // experts and Llama's rotary layout included.
-TEST_F(Gguf, Fp8CheckpointsEqualTheDequantizedWeightsBitForBit) {
+TEST_F(QuantizedCheckpoints, Fp8CheckpointsEqualTheDequantizedWeightsBitForBit) {
   for (const char* name : {"fp8_tiny", "fp8_qwen3", "fp8_qwen3_moe", "fp8_llama3"}) {
     for (CpuKernels k : KernelSets()) {
       const auto fp8 = AllLogits(Get(name).gguf, k);
@@ -177,7 +192,7 @@ TEST_F(Gguf, Fp8CheckpointsEqualTheDequantizedWeightsBitForBit) {
 // MLX affine quantization (uint32-packed 4- or 8-bit codes, bf16 scale and bias per group,
 // per-module overrides): dequantized in the kernels, so the model is its dequantized copy bit for
 // bit in both kernel sets; the embedding and LM head are quantized too.
-TEST_F(Gguf, MlxCheckpointsEqualTheDequantizedWeightsBitForBit) {
+TEST_F(QuantizedCheckpoints, MlxCheckpointsEqualTheDequantizedWeightsBitForBit) {
   for (const char* name : {"mlx4_tiny", "mlx8_tiny", "mlx4_qwen3", "mlx4_qwen3_moe", "mlx4_llama3"}) {
     for (CpuKernels k : KernelSets()) {
       const auto q = AllLogits(Get(name).gguf, k);
@@ -198,20 +213,45 @@ TEST_F(Gguf, MlxCheckpointsEqualTheDequantizedWeightsBitForBit) {
   }
 }
 
-TEST_F(Gguf, OtherQuantizationMethodsAreRefusedByName) {
+// AWQ and GPTQ int4: repacked at load into the affine 4-bit layout with bias = -(scale * zero),
+// which equals (q - zero) * scale exactly (both products are exact), so the model is its
+// dequantized copy bit for bit in both kernel sets. GPTQ act-order (a permuted g_idx) is refused.
+TEST_F(QuantizedCheckpoints, AwqAndGptqCheckpointsEqualTheDequantizedWeightsBitForBit) {
+  for (const char* name : {"awq_tiny", "gptq_tiny", "awq_qwen3", "gptq_qwen3_moe"}) {
+    for (CpuKernels k : KernelSets()) {
+      const auto q = AllLogits(Get(name).gguf, k);
+      const auto ref = AllLogits(Get(name).reference, k);
+      ASSERT_FALSE(q.empty()) << name;
+      EXPECT_TRUE(SameBits(q, ref)) << name << (k == CpuKernels::kReference ? " reference" : " avx2");
+    }
+  }
+  const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
+  const auto q = AllLogits(Get("awq_tiny").gguf, CpuKernels::kAuto);
+  double worst = 0;
+  for (size_t t = 0; t < q.size(); ++t) {
+    worst = std::max(worst, testing::MaxAbsDiff(q[t], bf16[t]) / testing::Range(bf16[t]));
+  }
+  std::printf("[ info     ] int4 (AWQ/GPTQ layout, group 128): max |logit - bf16| / range = %.4f\n", worst);
+  EXPECT_LE(worst, 0.3);
+  Result<std::unique_ptr<Model>> m = Model::Load(Get("gptq_act_order").gguf, ModelLoadOptions{});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("act-order"), std::string::npos) << m.status().message();
+}
+
+TEST_F(QuantizedCheckpoints, OtherQuantizationMethodsAreRefusedByName) {
   const std::string dir = testing::MakeTempDir("awq");
   nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kSource + "/models/kestrel-tiny/config.json"));
-  cfg["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}};
+  cfg["quantization_config"] = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}};
   std::ofstream(dir + "/config.json") << cfg.dump();
   fs::copy_file(kSource + "/models/kestrel-tiny/model.safetensors", dir + "/model.safetensors");
   Result<std::unique_ptr<Model>> m = Model::Load(dir, ModelLoadOptions{});
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("'awq'"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("'bitsandbytes'"), std::string::npos) << m.status().message();
   fs::remove_all(dir);
 }
 
 // f32 activations: the GGUF model is the dequantized model, bit for bit.
-TEST_F(Gguf, F32ActivationsEqualTheDequantizedWeightsBitForBit) {
+TEST_F(QuantizedCheckpoints, F32ActivationsEqualTheDequantizedWeightsBitForBit) {
   for (const char* name : kBitExactModels) {
     for (CpuKernels k : KernelSets()) {
       const auto gguf = AllLogits(Get(name).gguf, k, /*int8_activations=*/false);
@@ -227,7 +267,7 @@ TEST_F(Gguf, F32ActivationsEqualTheDequantizedWeightsBitForBit) {
 // error of the dequantized model's, with the same argmax wherever the dequantized model's top two
 // are further apart than that error. Measured worst (max |delta| / range): 0.018 Q8_0, 0.055
 // Q4_K, 0.055 Q6_K, 0.045 Q4_K_M on the trained tiny model; 0.01 on the random fixtures.
-TEST_F(Gguf, Int8ActivationsStayCloseToTheDequantizedWeights) {
+TEST_F(QuantizedCheckpoints, Int8ActivationsStayCloseToTheDequantizedWeights) {
   for (const char* name : kBitExactModels) {
     const auto ref = AllLogits(Get(name).reference, CpuKernels::kReference);
     const auto gguf = AllLogits(Get(name).gguf, CpuKernels::kReference);
@@ -250,7 +290,7 @@ TEST_F(Gguf, Int8ActivationsStayCloseToTheDequantizedWeights) {
 
 // Llama 3's RoPE scaling arrives as llama.cpp's per-frequency divisors (rope_freqs): the
 // frequencies differ from transformers' llama3 formula by float rounding only.
-TEST_F(Gguf, Llama3WithRopeFreqsMatchesWithinRounding) {
+TEST_F(QuantizedCheckpoints, Llama3WithRopeFreqsMatchesWithinRounding) {
   for (CpuKernels k : KernelSets()) {
     const auto gguf = AllLogits(Get("llama3_q8_0").gguf, k, /*int8_activations=*/false);
     const auto ref = AllLogits(Get("llama3_q8_0").reference, k);
@@ -267,7 +307,7 @@ TEST_F(Gguf, Llama3WithRopeFreqsMatchesWithinRounding) {
 // bounded at about 1.5x what was measured, so a broken quantizer or kernel fails it, not the
 // formats' own error). Measured (f32 / int8 activations): Q8_0 0.013 / 0.025, Q6_K 0.035 / 0.066,
 // Q4_K_M 0.085 / 0.085, Q4_K 0.139 / 0.138.
-TEST_F(Gguf, QuantizationErrorAgainstBf16IsTheFormatsOwn) {
+TEST_F(QuantizedCheckpoints, QuantizationErrorAgainstBf16IsTheFormatsOwn) {
   const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
   const std::map<std::string, double> bound = {
       {"tiny_q8_0", 0.04}, {"tiny_q6_k", 0.1}, {"tiny_q4_k_m", 0.13}, {"tiny_q4_k", 0.21}};
@@ -305,7 +345,7 @@ std::string TokenizerDir(const std::string& src, const std::string& tag) {
   return dir;
 }
 
-TEST_F(Gguf, TokenizerAndChatTemplateEqualTheTokenizerJsons) {
+TEST_F(QuantizedCheckpoints, TokenizerAndChatTemplateEqualTheTokenizerJsons) {
   const std::vector<std::string> corpus = CorpusLines();
   ASSERT_GT(corpus.size(), 1000u);
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -357,7 +397,7 @@ void WriteBytes(const std::string& path, const std::vector<uint8_t>& b) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
-TEST_F(Gguf, BrokenFilesAreRefusedWithAReason) {
+TEST_F(QuantizedCheckpoints, BrokenFilesAreRefusedWithAReason) {
   const std::vector<uint8_t> good = ReadBytes(Get("qwen2_q8_0").gguf);  // no tokenizer: short header
   Result<GgufHeader> parsed = ParseGgufHeader(good.data(), good.size(), "x.gguf");
   ASSERT_TRUE(parsed.ok()) << parsed.status().message();
