@@ -11,14 +11,12 @@ reference the FP8 model's logits must equal. numpy only; Kestrel's tests call it
 import argparse
 import json
 import os
-import shutil
-import struct
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_gguf import load_model, write_safetensors  # noqa: E402
+from checkpoint_io import keep_bf16, load_model, write_checkpoints  # noqa: E402
 
 
 def e4m3_table():
@@ -67,23 +65,6 @@ def quantize(w, block):
     return q, scale, deq.astype(np.float32)
 
 
-def write_mixed_safetensors(path, tensors):
-    """tensors: name -> (dtype string, shape, raw bytes)."""
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        dtype, shape, raw = tensors[name]
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        blobs.append(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -103,29 +84,10 @@ def main():
             out[name + "_scale_inv"] = ("F32", scale.shape, scale.tobytes())
             deq[name] = d
         else:
-            u = w.astype(np.float32).view(np.uint32)
-            bf = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-            out[name] = ("BF16", w.shape, bf.tobytes())
-            deq[name] = (bf.astype(np.uint32) << 16).view(np.float32).reshape(w.shape)
-    os.makedirs(args.out, exist_ok=True)
-    write_mixed_safetensors(os.path.join(args.out, "model.safetensors"), out)
-    cfg_q = dict(cfg)
-    cfg_q["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                    "weight_block_size": [args.block, args.block]}
-    json.dump(cfg_q, open(os.path.join(args.out, "config.json"), "w"), indent=2)
-    extras = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
-    for extra in extras:
-        if os.path.exists(os.path.join(args.model, extra)):
-            shutil.copy(os.path.join(args.model, extra), args.out)
-    if args.dequantized_out:
-        os.makedirs(args.dequantized_out, exist_ok=True)
-        cfg_d = dict(cfg)
-        cfg_d["dtype"] = "float32"
-        json.dump(cfg_d, open(os.path.join(args.dequantized_out, "config.json"), "w"), indent=2)
-        write_safetensors(os.path.join(args.dequantized_out, "model.safetensors"), deq)
-        for extra in extras:
-            if os.path.exists(os.path.join(args.model, extra)):
-                shutil.copy(os.path.join(args.model, extra), args.dequantized_out)
+            keep_bf16(name, w, out, deq)
+    qc = {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [args.block, args.block]}}
+    write_checkpoints(args.model, cfg, qc, args.out, out, args.dequantized_out, deq)
 
 
 if __name__ == "__main__":

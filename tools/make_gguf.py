@@ -21,62 +21,11 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoint_io import bf16, load_model, write_f32_safetensors  # noqa: E402
+
 GGML = {"f32": 0, "f16": 1, "q8_0": 8, "q4_k": 12, "q6_k": 14, "bf16": 30}
 BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_k": 256, "q6_k": 256}
-ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": "bf16"}
-
-
-# ---- safetensors -----------------------------------------------------------------------------
-
-def read_safetensors(path):
-    """name -> zero-argument function giving the tensor as float32 (memory-mapped: a model is
-    converted one tensor at a time, whatever its size)."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-
-        def load(e=e):
-            raw = data[e["data_offsets"][0]:e["data_offsets"][1]]
-            if e["dtype"] == "BF16":
-                a = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-            else:
-                a = raw.view(ST_DTYPES[e["dtype"]]).astype(np.float32)
-            return a.reshape(e["shape"])
-        load.shape = tuple(e["shape"])
-        out[name] = load
-    return out
-
-
-def write_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name], dtype=np.float32)
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-        blobs.append(a.tobytes())
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
-def load_model(model_dir):
-    tensors = {}
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        for shard in sorted(set(json.load(open(index))["weight_map"].values())):
-            tensors.update(read_safetensors(os.path.join(model_dir, shard)))
-    else:
-        tensors.update(read_safetensors(os.path.join(model_dir, "model.safetensors")))
-    return tensors
 
 
 # ---- block formats ---------------------------------------------------------------------------
@@ -234,9 +183,8 @@ def encode(w, kind):
         h = w.astype(np.float16)
         return h.tobytes(), h.astype(np.float32)
     if kind == "bf16":
-        u = w.view(np.uint32)
-        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-        return r.tobytes(), (r.astype(np.uint32) << 16).view(np.float32)
+        r, v = bf16(w)
+        return r.tobytes(), v
     q, dq = QUANT[kind]
     b = q(w)
     return b.tobytes(), dq(b, w.shape[1])
@@ -496,7 +444,7 @@ def convert(args):
         cfg_out["dtype"] = "float32"
         cfg_out.pop("torch_dtype", None)
         json.dump(cfg_out, open(os.path.join(args.dequantized_out, "config.json"), "w"), indent=2)
-        write_safetensors(os.path.join(args.dequantized_out, "model.safetensors"), dequantized)
+        write_f32_safetensors(os.path.join(args.dequantized_out, "model.safetensors"), dequantized)
         for extra in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
             if os.path.exists(os.path.join(args.model, extra)):
                 shutil.copy(os.path.join(args.model, extra), args.dequantized_out)

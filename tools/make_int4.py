@@ -15,14 +15,12 @@ reference the int4 model's logits must equal. numpy only; Kestrel's tests call i
 import argparse
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fp8 import write_mixed_safetensors  # noqa: E402
-from make_gguf import load_model, write_safetensors  # noqa: E402
+from checkpoint_io import keep_bf16, load_model, write_checkpoints  # noqa: E402
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
@@ -84,29 +82,13 @@ def main():
             out[base + ".scales"] = ("F16", st.shape, st.tobytes())
             deq[name] = d
         else:
-            u = w.astype(np.float32).view(np.uint32)
-            r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-            out[name] = ("BF16", w.shape, r.tobytes())
-            deq[name] = (r.astype(np.uint32) << 16).view(np.float32).reshape(w.shape)
-    os.makedirs(args.out, exist_ok=True)
-    write_mixed_safetensors(os.path.join(args.out, "model.safetensors"), out)
+            keep_bf16(name, w, out, deq)
     if args.format == "awq":
         qc = {"quant_method": "awq", "bits": 4, "group_size": gs, "version": "gemm", "zero_point": True}
     else:
         qc = {"quant_method": "gptq", "bits": 4, "group_size": gs, "desc_act": False, "sym": False,
               "checkpoint_format": "gptq"}
-    json.dump(dict(cfg, quantization_config=qc), open(os.path.join(args.out, "config.json"), "w"), indent=2)
-    extras = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
-    for extra in extras:
-        if os.path.exists(os.path.join(args.model, extra)):
-            shutil.copy(os.path.join(args.model, extra), args.out)
-    if args.dequantized_out:
-        os.makedirs(args.dequantized_out, exist_ok=True)
-        json.dump(dict(cfg, dtype="float32"), open(os.path.join(args.dequantized_out, "config.json"), "w"), indent=2)
-        write_safetensors(os.path.join(args.dequantized_out, "model.safetensors"), deq)
-        for extra in extras:
-            if os.path.exists(os.path.join(args.model, extra)):
-                shutil.copy(os.path.join(args.model, extra), args.dequantized_out)
+    write_checkpoints(args.model, cfg, {"quantization_config": qc}, args.out, out, args.dequantized_out, deq)
 
 
 if __name__ == "__main__":

@@ -13,21 +13,12 @@ must equal. numpy only; Kestrel's tests call it.
 import argparse
 import json
 import os
-import shutil
-import struct
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fp8 import write_mixed_safetensors  # noqa: E402
-from make_gguf import load_model, write_safetensors  # noqa: E402
-
-
-def bf16(x):
-    u = np.asarray(x, dtype=np.float32).view(np.uint32)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return r, (r.astype(np.uint32) << 16).view(np.float32)
+from checkpoint_io import bf16, keep_bf16, load_model, write_checkpoints  # noqa: E402
 
 
 def quantize(w, bits, gs):
@@ -75,27 +66,12 @@ def main():
             out[module + ".biases"] = ("BF16", b.shape, b.tobytes())
             deq[name] = d
         else:
-            r, v = bf16(w)
-            out[name] = ("BF16", w.shape, r.tobytes())
-            deq[name] = v.reshape(w.shape)
-    os.makedirs(args.out, exist_ok=True)
-    write_mixed_safetensors(os.path.join(args.out, "model.safetensors"), out)
+            keep_bf16(name, w, out, deq)
     q = {"group_size": args.group_size, "bits": args.bits}
     for m, b in overrides.items():
         q[m] = {"group_size": args.group_size, "bits": b}
-    cfg_q = dict(cfg, quantization=q, quantization_config=q)
-    json.dump(cfg_q, open(os.path.join(args.out, "config.json"), "w"), indent=2)
-    extras = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
-    for extra in extras:
-        if os.path.exists(os.path.join(args.model, extra)):
-            shutil.copy(os.path.join(args.model, extra), args.out)
-    if args.dequantized_out:
-        os.makedirs(args.dequantized_out, exist_ok=True)
-        json.dump(dict(cfg, dtype="float32"), open(os.path.join(args.dequantized_out, "config.json"), "w"), indent=2)
-        write_safetensors(os.path.join(args.dequantized_out, "model.safetensors"), deq)
-        for extra in extras:
-            if os.path.exists(os.path.join(args.model, extra)):
-                shutil.copy(os.path.join(args.model, extra), args.dequantized_out)
+    write_checkpoints(args.model, cfg, {"quantization": q, "quantization_config": q}, args.out, out,
+                      args.dequantized_out, deq)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@
 #include <fstream>
 #include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +39,9 @@ struct Converted {
 };
 
 class QuantizedCheckpoints : public ::testing::Test {
+ public:
+  static const Converted& Get(const std::string& name) { return models_->at(name); }
+
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(testing::MakeTempDir("gguf"));
@@ -62,42 +64,35 @@ class QuantizedCheckpoints : public ::testing::Test {
         {"qwen3_q8_0", fx + "qwen3", "q8_0", kSource + "/tests/data/npm/qwen3", "qwen2"},
         {"qwen3_moe_q8_0", fx + "qwen3_moe", "q8_0", "", "qwen2"},
     };
-    // FP8 block-quantized checkpoints (tools/make_fp8.py), beside the GGUF files.
-    for (const auto& [name, model] : std::vector<std::pair<std::string, std::string>>{
-             {"fp8_tiny", tiny}, {"fp8_qwen3", fx + "qwen3"}, {"fp8_qwen3_moe", fx + "qwen3_moe"},
-             {"fp8_llama3", fx + "llama3"}}) {
-      Converted c{*dir_ + "/" + name, *dir_ + "/" + name + "_ref"};
-      const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_fp8.py --model " + model +
-                              " --out " + c.gguf + " --dequantized-out " + c.reference;
+    // Safetensors checkpoints beside the GGUF files: FP8 blocks (make_fp8.py); MLX affine
+    // (make_mlx.py: 4-bit with one module overridden to 8, 8-bit, and fixtures whose 96-wide down
+    // projections stay bf16); AWQ and GPTQ int4 (make_int4.py, one GPTQ with an act-order g_idx).
+    struct Writer {
+      std::string name, tool, model, flags;
+    };
+    const std::vector<Writer> writers = {
+        {"fp8_tiny", "make_fp8.py", tiny, ""},
+        {"fp8_qwen3", "make_fp8.py", fx + "qwen3", ""},
+        {"fp8_qwen3_moe", "make_fp8.py", fx + "qwen3_moe", ""},
+        {"fp8_llama3", "make_fp8.py", fx + "llama3", ""},
+        {"mlx4_tiny", "make_mlx.py", tiny, "--bits 4 --override model.layers.0.mlp.down_proj=8"},
+        {"mlx8_tiny", "make_mlx.py", tiny, "--bits 8"},
+        {"mlx4_qwen3", "make_mlx.py", fx + "qwen3", "--bits 4"},
+        {"mlx4_qwen3_moe", "make_mlx.py", fx + "qwen3_moe", "--bits 4 --group-size 32"},
+        {"mlx4_llama3", "make_mlx.py", fx + "llama3", "--bits 4"},
+        {"awq_tiny", "make_int4.py", tiny, "--format awq"},
+        {"gptq_tiny", "make_int4.py", tiny, "--format gptq"},
+        {"awq_qwen3", "make_int4.py", fx + "qwen3", "--format awq --group-size 32"},
+        {"gptq_qwen3_moe", "make_int4.py", fx + "qwen3_moe", "--format gptq --group-size 32"},
+        {"gptq_act_order", "make_int4.py", tiny, "--format gptq --act-order-g-idx"},
+    };
+    for (const Writer& w : writers) {
+      Converted c{*dir_ + "/" + w.name, *dir_ + "/" + w.name + "_ref"};
+      const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/" + w.tool + " --model " +
+                              w.model + " " + w.flags + " --out " + c.gguf + " --dequantized-out " +
+                              c.reference;
       ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-      (*models_)[name] = c;
-    }
-    // MLX affine-quantized checkpoints (tools/make_mlx.py): 4-bit with one module at 8 bits,
-    // 8-bit, and the fixtures (whose 96-wide down projections stay bf16).
-    for (const auto& [name, model, flags] : std::vector<std::tuple<std::string, std::string, std::string>>{
-             {"mlx4_tiny", tiny, "--bits 4 --override model.layers.0.mlp.down_proj=8"},
-             {"mlx8_tiny", tiny, "--bits 8"},
-             {"mlx4_qwen3", fx + "qwen3", "--bits 4"},
-             {"mlx4_qwen3_moe", fx + "qwen3_moe", "--bits 4 --group-size 32"},
-             {"mlx4_llama3", fx + "llama3", "--bits 4"}}) {
-      Converted c{*dir_ + "/" + name, *dir_ + "/" + name + "_ref"};
-      const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_mlx.py --model " + model +
-                              " " + flags + " --out " + c.gguf + " --dequantized-out " + c.reference;
-      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-      (*models_)[name] = c;
-    }
-    // AWQ (GEMM packing) and GPTQ int4 checkpoints (tools/make_int4.py).
-    for (const auto& [name, model, flags] : std::vector<std::tuple<std::string, std::string, std::string>>{
-             {"awq_tiny", tiny, "--format awq"},
-             {"gptq_tiny", tiny, "--format gptq"},
-             {"awq_qwen3", fx + "qwen3", "--format awq --group-size 32"},
-             {"gptq_qwen3_moe", fx + "qwen3_moe", "--format gptq --group-size 32"},
-             {"gptq_act_order", tiny, "--format gptq --act-order-g-idx"}}) {
-      Converted c{*dir_ + "/" + name, *dir_ + "/" + name + "_ref"};
-      const std::string cmd = "/usr/bin/python3 " + kSource + "/tools/make_int4.py --model " + model +
-                              " " + flags + " --out " + c.gguf + " --dequantized-out " + c.reference;
-      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-      (*models_)[name] = c;
+      (*models_)[w.name] = c;
     }
     for (const Job& j : jobs) {
       Converted c{*dir_ + "/" + j.name + ".gguf", *dir_ + "/" + j.name + "_ref"};
@@ -114,7 +109,6 @@ class QuantizedCheckpoints : public ::testing::Test {
     delete dir_;
     delete models_;
   }
-  static const Converted& Get(const std::string& name) { return models_->at(name); }
 
   static std::string* dir_;
   static std::map<std::string, Converted>* models_;
@@ -160,6 +154,34 @@ std::vector<CpuKernels> KernelSets() {
   return k;
 }
 
+// Each converted model gives its dequantized directory's logits bit for bit in every kernel set.
+void ExpectEqualsDequantized(std::initializer_list<const char*> names, bool int8_activations = true) {
+  for (const char* name : names) {
+    for (CpuKernels k : KernelSets()) {
+      const auto q = AllLogits(QuantizedCheckpoints::Get(name).gguf, k, int8_activations);
+      const auto ref = AllLogits(QuantizedCheckpoints::Get(name).reference, k);
+      ASSERT_FALSE(q.empty()) << name;
+      EXPECT_TRUE(SameBits(q, ref)) << name << (k == CpuKernels::kReference ? " reference" : " avx2");
+    }
+  }
+}
+
+// max |logit - bf16| / range over kPrompt against the bf16 embedded model, printed, then
+// returned.
+double ErrorAgainstBf16(const std::string& path, const std::string& label, bool int8_activations = true) {
+  const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
+  const auto q = AllLogits(path, CpuKernels::kAuto, int8_activations);
+  double worst = 0;
+  int same_argmax = 0;
+  for (size_t t = 0; t < q.size(); ++t) {
+    worst = std::max(worst, testing::MaxAbsDiff(q[t], bf16[t]) / testing::Range(bf16[t]));
+    same_argmax += testing::Argmax(q[t]) == testing::Argmax(bf16[t]);
+  }
+  std::printf("[ info     ] %-28s max |logit - bf16| / range = %.4f, argmax equal at %d of %zu\n",
+              label.c_str(), worst, same_argmax, q.size());
+  return worst;
+}
+
 const char* const kBitExactModels[] = {"tiny_q8_0",    "tiny_q4_k",  "tiny_q6_k",
                                        "tiny_q4_k_m",  "tiny_f16",   "tiny_bf16",
                                        "mistral_q8_0", "qwen2_q8_0", "qwen3_q8_0",
@@ -170,69 +192,25 @@ const char* const kBitExactModels[] = {"tiny_q8_0",    "tiny_q4_k",  "tiny_q6_k"
 // dequantized model bit for bit, in both kernel sets; partial blocks (64-wide fixtures), MoE
 // experts and Llama's rotary layout included.
 TEST_F(QuantizedCheckpoints, Fp8CheckpointsEqualTheDequantizedWeightsBitForBit) {
-  for (const char* name : {"fp8_tiny", "fp8_qwen3", "fp8_qwen3_moe", "fp8_llama3"}) {
-    for (CpuKernels k : KernelSets()) {
-      const auto fp8 = AllLogits(Get(name).gguf, k);
-      const auto ref = AllLogits(Get(name).reference, k);
-      ASSERT_FALSE(fp8.empty()) << name;
-      EXPECT_TRUE(SameBits(fp8, ref)) << name << (k == CpuKernels::kReference ? " reference" : " avx2");
-    }
-  }
-  // What FP8 costs against the bf16 checkpoint of the trained tiny model (printed).
-  const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
-  const auto fp8 = AllLogits(Get("fp8_tiny").gguf, CpuKernels::kAuto);
-  double worst = 0;
-  for (size_t t = 0; t < fp8.size(); ++t) {
-    worst = std::max(worst, testing::MaxAbsDiff(fp8[t], bf16[t]) / testing::Range(bf16[t]));
-  }
-  std::printf("[ info     ] fp8 (e4m3, 128x128 blocks): max |logit - bf16| / range = %.4f\n", worst);
-  EXPECT_LE(worst, 0.1);
+  ExpectEqualsDequantized({"fp8_tiny", "fp8_qwen3", "fp8_qwen3_moe", "fp8_llama3"});
+  EXPECT_LE(ErrorAgainstBf16(Get("fp8_tiny").gguf, "fp8 (e4m3, 128x128 blocks)"), 0.1);
 }
 
 // MLX affine quantization (uint32-packed 4- or 8-bit codes, bf16 scale and bias per group,
 // per-module overrides): dequantized in the kernels, so the model is its dequantized copy bit for
 // bit in both kernel sets; the embedding and LM head are quantized too.
 TEST_F(QuantizedCheckpoints, MlxCheckpointsEqualTheDequantizedWeightsBitForBit) {
-  for (const char* name : {"mlx4_tiny", "mlx8_tiny", "mlx4_qwen3", "mlx4_qwen3_moe", "mlx4_llama3"}) {
-    for (CpuKernels k : KernelSets()) {
-      const auto q = AllLogits(Get(name).gguf, k);
-      const auto ref = AllLogits(Get(name).reference, k);
-      ASSERT_FALSE(q.empty()) << name;
-      EXPECT_TRUE(SameBits(q, ref)) << name << (k == CpuKernels::kReference ? " reference" : " avx2");
-    }
-  }
-  const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
-  for (const char* name : {"mlx4_tiny", "mlx8_tiny"}) {
-    const auto q = AllLogits(Get(name).gguf, CpuKernels::kAuto);
-    double worst = 0;
-    for (size_t t = 0; t < q.size(); ++t) {
-      worst = std::max(worst, testing::MaxAbsDiff(q[t], bf16[t]) / testing::Range(bf16[t]));
-    }
-    std::printf("[ info     ] %s: max |logit - bf16| / range = %.4f\n", name, worst);
-    EXPECT_LE(worst, std::string(name) == "mlx8_tiny" ? 0.05 : 0.3) << name;
-  }
+  ExpectEqualsDequantized({"mlx4_tiny", "mlx8_tiny", "mlx4_qwen3", "mlx4_qwen3_moe", "mlx4_llama3"});
+  EXPECT_LE(ErrorAgainstBf16(Get("mlx4_tiny").gguf, "mlx 4-bit, group 64"), 0.3);
+  EXPECT_LE(ErrorAgainstBf16(Get("mlx8_tiny").gguf, "mlx 8-bit, group 64"), 0.05);
 }
 
 // AWQ and GPTQ int4: repacked at load into the affine 4-bit layout with bias = -(scale * zero),
 // which equals (q - zero) * scale exactly (both products are exact), so the model is its
 // dequantized copy bit for bit in both kernel sets. GPTQ act-order (a permuted g_idx) is refused.
 TEST_F(QuantizedCheckpoints, AwqAndGptqCheckpointsEqualTheDequantizedWeightsBitForBit) {
-  for (const char* name : {"awq_tiny", "gptq_tiny", "awq_qwen3", "gptq_qwen3_moe"}) {
-    for (CpuKernels k : KernelSets()) {
-      const auto q = AllLogits(Get(name).gguf, k);
-      const auto ref = AllLogits(Get(name).reference, k);
-      ASSERT_FALSE(q.empty()) << name;
-      EXPECT_TRUE(SameBits(q, ref)) << name << (k == CpuKernels::kReference ? " reference" : " avx2");
-    }
-  }
-  const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
-  const auto q = AllLogits(Get("awq_tiny").gguf, CpuKernels::kAuto);
-  double worst = 0;
-  for (size_t t = 0; t < q.size(); ++t) {
-    worst = std::max(worst, testing::MaxAbsDiff(q[t], bf16[t]) / testing::Range(bf16[t]));
-  }
-  std::printf("[ info     ] int4 (AWQ/GPTQ layout, group 128): max |logit - bf16| / range = %.4f\n", worst);
-  EXPECT_LE(worst, 0.3);
+  ExpectEqualsDequantized({"awq_tiny", "gptq_tiny", "awq_qwen3", "gptq_qwen3_moe"});
+  EXPECT_LE(ErrorAgainstBf16(Get("awq_tiny").gguf, "int4 (AWQ/GPTQ), group 128"), 0.3);
   Result<std::unique_ptr<Model>> m = Model::Load(Get("gptq_act_order").gguf, ModelLoadOptions{});
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("act-order"), std::string::npos) << m.status().message();
@@ -252,14 +230,10 @@ TEST_F(QuantizedCheckpoints, OtherQuantizationMethodsAreRefusedByName) {
 
 // f32 activations: the GGUF model is the dequantized model, bit for bit.
 TEST_F(QuantizedCheckpoints, F32ActivationsEqualTheDequantizedWeightsBitForBit) {
-  for (const char* name : kBitExactModels) {
-    for (CpuKernels k : KernelSets()) {
-      const auto gguf = AllLogits(Get(name).gguf, k, /*int8_activations=*/false);
-      const auto ref = AllLogits(Get(name).reference, k);
-      ASSERT_FALSE(gguf.empty());
-      EXPECT_TRUE(SameBits(gguf, ref)) << name << (k == CpuKernels::kReference ? " reference" : " avx2");
-    }
-  }
+  ExpectEqualsDequantized({"tiny_q8_0", "tiny_q4_k", "tiny_q6_k", "tiny_q4_k_m", "tiny_f16",
+                           "tiny_bf16", "mistral_q8_0", "qwen2_q8_0", "qwen3_q8_0",
+                           "qwen3_moe_q8_0"},
+                          /*int8_activations=*/false);
 }
 
 // int8 activations (the default; the kernels themselves agree bit for bit across kernel sets,
@@ -308,22 +282,13 @@ TEST_F(QuantizedCheckpoints, Llama3WithRopeFreqsMatchesWithinRounding) {
 // formats' own error). Measured (f32 / int8 activations): Q8_0 0.013 / 0.025, Q6_K 0.035 / 0.066,
 // Q4_K_M 0.085 / 0.085, Q4_K 0.139 / 0.138.
 TEST_F(QuantizedCheckpoints, QuantizationErrorAgainstBf16IsTheFormatsOwn) {
-  const auto bf16 = AllLogits(kSource + "/models/kestrel-tiny", CpuKernels::kAuto);
   const std::map<std::string, double> bound = {
       {"tiny_q8_0", 0.04}, {"tiny_q6_k", 0.1}, {"tiny_q4_k_m", 0.13}, {"tiny_q4_k", 0.21}};
   for (const auto& [name, limit] : bound) {
     for (bool int8 : {false, true}) {
-      const auto q = AllLogits(Get(name).gguf, CpuKernels::kAuto, int8);
-      double worst = 0;
-      int same_argmax = 0;
-      for (size_t t = 0; t < q.size(); ++t) {
-        worst = std::max(worst, testing::MaxAbsDiff(q[t], bf16[t]) / testing::Range(bf16[t]));
-        same_argmax += testing::Argmax(q[t]) == testing::Argmax(bf16[t]);
-      }
-      std::printf("[ info     ] %-12s %s activations: max |logit - bf16| / range = %.4f, argmax "
-                  "equal at %d of %zu\n",
-                  name.c_str(), int8 ? "int8" : "f32 ", worst, same_argmax, q.size());
-      EXPECT_LE(worst, limit) << name;
+      EXPECT_LE(ErrorAgainstBf16(Get(name).gguf, name + (int8 ? " int8 activations" : " f32 activations"), int8),
+                limit)
+          << name;
     }
   }
 }
