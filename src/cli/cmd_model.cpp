@@ -124,6 +124,16 @@ int RunInfo(const std::string& model_flag) {
   out["parameters"] = n_params;
   out["decoder_parameters"] = bound->n_parameters;
   out["format"] = IsGgufFile(dir) ? "gguf" : "safetensors";
+  // Checkpoint-level quantization (GGUF files show theirs per tensor in dtypes).
+  if (cfg->fp8_block_rows > 0) {
+    out["quantization"] = {{"method", "fp8"}, {"block", {cfg->fp8_block_rows, cfg->fp8_block_cols}}};
+  } else if (cfg->mlx.group_size > 0) {
+    out["quantization"] = {{"method", "mlx"}, {"bits", cfg->mlx.bits}, {"group_size", cfg->mlx.group_size}};
+  } else if (!cfg->int4_method.empty()) {
+    out["quantization"] = {{"method", cfg->int4_method}, {"bits", 4}, {"group_size", cfg->int4_group_size}};
+  }
+  // Packed words count several parameters each: the binder's count is the logical one.
+  if (cfg->mlx.group_size > 0 || !cfg->int4_method.empty()) out["parameters"] = bound->n_parameters;
   out["dtypes"] = dtypes;  // parameters per dtype
   out["dtype_bytes"] = dtype_bytes;
   out["weight_bytes"] = weights->total_bytes();
