@@ -198,6 +198,7 @@ void RegisterLogits(CLI::App& app, int& exit_code) {
   cmd->add_option("--greedy", f.greedy, "Also continue greedily for N tokens");
   cmd->add_flag("--reference", f.load.reference_kernels, "Use the scalar reference kernels");
   cmd->add_flag("--f32-activations", f.load.f32_activations, kF32ActivationsHelp);
+  cmd->add_flag("--deterministic", f.load.deterministic, kDeterministicHelp);
   cmd->callback([&exit_code] { exit_code = RunLogits(f); });
 }
 

@@ -28,6 +28,7 @@ struct LoadFlags {
   bool need_tokenizer = true;
   bool reference_kernels = false;
   bool f32_activations = false;  // CPU, quantized weights: ModelLoadOptions::int8_activations off
+  bool deterministic = false;    // ModelLoadOptions::deterministic
   int64_t kv_cache_tokens = 8192;  // KV pool capacity (capped at the context length)
   int n_threads = 0;
   int32_t max_num_seqs = 1;          // recurrent-state models: live state slots
@@ -41,6 +42,8 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags);
 Result<Device> ResolveDevice(const std::string& flag);
 inline constexpr const char* kF32ActivationsHelp =
     "Quantized (GGUF) weights: multiply f32 activations by the exactly dequantized weights instead of int8 ones (slower; equals the dequantized model bit for bit)";
+inline constexpr const char* kDeterministicHelp =
+    "Batch-invariant kernels: a request's logits do not depend on what else is batched with it (CPU; slower prefill)";
 inline constexpr const char* kDeviceHelp =
     "cpu, cuda, or auto (cuda when a GPU is present)";
 

@@ -100,6 +100,7 @@ Result<std::unique_ptr<Model>> LoadCpuModel(ModelConfig config, WeightStore stor
   m->pool_ = std::make_unique<ThreadPool>(options.n_threads);
   m->ops_.pool = m->pool_.get();
   m->ops_.int8_activations = options.int8_activations;
+  m->ops_.batch_invariant = options.deterministic;
   KTRY(m->AllocateCaches(options));
   m->decoder_ =
       std::make_unique<CpuDecoder>(m->config_, m->weights_, m->ops_, &m->caches_, &m->stats_);

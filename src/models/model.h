@@ -74,6 +74,9 @@ struct ModelLoadOptions {
   // activations against the exactly dequantized weights (slower; equal bit for bit to the model
   // with those weights stored in f32).
   bool int8_activations = true;
+  // Batch-invariant mode: a sequence's logits are the same bits whatever else is in the batch
+  // (CPU: cpu::OpContext::batch_invariant; the reference kernels always are; CUDA: not yet).
+  bool deterministic = false;
 };
 
 inline constexpr int64_t kDefaultStateSnapshotBytes = int64_t{1} << 30;

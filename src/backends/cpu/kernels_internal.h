@@ -56,7 +56,7 @@ void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, co
 
 namespace avx2 {
 void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
-                 bool int8_activations);
+                 bool int8_activations, bool batch_invariant = false);
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const float* k_cache, const float* v_cache, float* out,
                     std::span<float> scratch);

@@ -749,7 +749,7 @@ int64_t RowBytesOf(DType t, int64_t k_in) {
 }  // namespace
 
 void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
-                 bool int8_activations) {
+                 bool int8_activations, bool batch_invariant) {
   // Work is cut into chunks of whole units (8 output rows for the streaming kernel, one 16-row
   // panel for the packed one) that threads take from a shared counter: on a machine shared with
   // other work a static split waits for the slowest thread, dynamic chunks do not. A chunk
@@ -780,7 +780,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
     const int64_t n_out = w.shape[0], k_in = w.shape[1];
     const bool int_dot = int8_activations && (w.dtype == DType::kQ8_0 || w.dtype == DType::kQ4_K ||
                                               w.dtype == DType::kQ6_K);
-    const bool direct = int_dot || m_rows <= kDirectMaxRows;
+    const bool direct = int_dot || batch_invariant || m_rows <= kDirectMaxRows;
     const int64_t unit_rows = direct ? 8 : kNr;
     const int64_t n_units = (n_out + unit_rows - 1) / unit_rows;
     const int64_t unit_bytes = unit_rows * RowBytesOf(w.dtype, k_in);

@@ -58,7 +58,7 @@ void LinearGroup(const OpContext& ctx, int64_t m_rows, std::span<const LinearJob
       return;
     case KernelSet::kAvx2:
       KCHECK(CpuHasAvx2Fma());
-      avx2::LinearGroup(ctx.pool, m_rows, jobs, ctx.int8_activations);
+      avx2::LinearGroup(ctx.pool, m_rows, jobs, ctx.int8_activations, ctx.batch_invariant);
       return;
   }
 }

@@ -37,6 +37,11 @@ struct OpContext {
   // the same bits). false: f32 activations against the exactly dequantized weights, equal bit
   // for bit to the same model with f32 weights (slower).
   bool int8_activations = true;
+  // Batch-invariant mode (`--deterministic`): every Linear takes the streaming kernel, whose
+  // result for a token row does not depend on how many rows share the call (the packed kernel
+  // of larger batches sums k in another order), so a request's logits are the same bits whatever
+  // else is batched with it. Costs prefill speed.
+  bool batch_invariant = false;
 };
 
 // ---- Linear layers --------------------------------------------------------------------------
