@@ -81,21 +81,6 @@ void DequantizeRow(DType t, const void* row, int64_t n, float* out) {
   }
 }
 
-float DequantizeElement(DType t, const void* data, int64_t cols, int64_t i) {
-  const int64_t be = DTypeBlockElems(t);
-  const int64_t row = i / cols, col = i % cols;
-  const auto* block = static_cast<const uint8_t*>(data) + row * DTypeRowBytes(t, cols) +
-                      col / be * static_cast<int64_t>(DTypeSize(t));
-  if (be == 1) {
-    float v;
-    DequantizeRow(t, block, 1, &v);
-    return v;
-  }
-  float buf[kQKBlock];
-  DequantizeRow(t, block, be, buf);
-  return buf[col % be];
-}
-
 void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out) {
   const int64_t cols = w.shape[1];
   const uint8_t* p = static_cast<const uint8_t*>(w.data) + row * w.row_bytes();

@@ -51,10 +51,6 @@ void DequantizeQ6_KBlock(const uint8_t* block, float* out);
 // size for block types; any F32/F16/BF16 row too).
 void DequantizeRow(DType t, const void* row, int64_t n, float* out);
 
-// Element i of a row-major tensor of type t whose rows are `cols` long (the scalar path of the
-// reference kernels).
-float DequantizeElement(DType t, const void* data, int64_t cols, int64_t i);
-
 // out[0..cols) = row `row` of a 2-D weight of any dtype Kestrel reads: plain, GGUF blocks, or FP8
 // with block scales (f32(fp8) * scale, one rounding).
 void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "core/quant_blocks.h"
 #include "models/model.h"
 #include "models/rope.h"
 
@@ -15,15 +16,7 @@ Result<const float*> WeightBinder::OwnedF32(const std::string& name, std::vector
     return Unsupported(store_.file_of(name) + ": '" + name + "' must be F32, F16 or BF16");
   }
   std::vector<float> f(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < f.size(); ++i) {
-    if (t.dtype == DType::kF32) {
-      std::memcpy(&f[i], static_cast<const uint8_t*>(t.data) + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, static_cast<const uint8_t*>(t.data) + 2 * i, 2);
-      f[i] = t.dtype == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
-    }
-  }
+  quant::DequantizeRow(t.dtype, t.data, t.numel(), f.data());  // aligned f32, whatever the file had
   if (used_.insert(name).second) n_bytes_ += static_cast<int64_t>(t.size_bytes());
   owned_scales_.push_back(std::move(f));
   return static_cast<const float*>(owned_scales_.back().data());
@@ -77,10 +70,11 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
                        "] is not whole groups of " + std::to_string(gs) + " and words of 8");
   }
   const int64_t groups = cols / gs;
-  // AWQ packs along the outputs ([in, out / 8], nibble i holding output 8c + kAwqOrder[i]);
+  // AWQ packs along the outputs ([in, out / 8], nibble i holding output 8c + [0, 2, 4, 6, 1, 3, 5, 7][i]);
   // GPTQ packs the inputs ([in / 8, out], nibble i holding input 8r + i). Zeros pack along the
   // outputs in both, GPTQ's stored as zero - 1.
-  static constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  // Nibble of output 8c + j in an AWQ word (the inverse of AutoAWQ's order [0, 2, 4, 6, 1, 3, 5, 7]).
+  static constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
   KASSIGN(TensorView qw, store_.Get(base + ".qweight", awq ? std::vector<int64_t>{cols, rows / 8}
                                                           : std::vector<int64_t>{cols / 8, rows}));
   KASSIGN(TensorView qz, store_.Get(base + ".qzeros", {groups, rows / 8}));
@@ -105,25 +99,14 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
     std::memcpy(&v, static_cast<const uint8_t*>(t.data) + 4 * i, 4);
     return v;
   };
+  // Output o's nibble in words packed along the outputs.
+  auto out_nibble = [&](uint32_t w, int64_t o) { return (w >> (4 * (awq ? kAwqNibble[o % 8] : o % 8))) & 0xF; };
   auto code = [&](int64_t o, int64_t i) -> uint32_t {  // output o, input i
-    if (awq) {
-      const uint32_t w = word(qw, i * (rows / 8) + o / 8);
-      for (int n = 0; n < 8; ++n) {
-        if (kAwqOrder[n] == o % 8) return (w >> (4 * n)) & 0xF;
-      }
-      return 0;
-    }
+    if (awq) return out_nibble(word(qw, i * (rows / 8) + o / 8), o);
     return (word(qw, (i / 8) * rows + o) >> (4 * (i % 8))) & 0xF;
   };
   auto zero = [&](int64_t o, int64_t g) -> uint32_t {
-    const uint32_t w = word(qz, g * (rows / 8) + o / 8);
-    if (awq) {
-      for (int n = 0; n < 8; ++n) {
-        if (kAwqOrder[n] == o % 8) return (w >> (4 * n)) & 0xF;
-      }
-      return 0;
-    }
-    return ((w >> (4 * (o % 8))) & 0xF) + 1;
+    return out_nibble(word(qz, g * (rows / 8) + o / 8), o) + (awq ? 0 : 1);
   };
   std::vector<uint8_t> codes(static_cast<size_t>(rows * cols / 2));
   std::vector<float> scales(static_cast<size_t>(rows * groups)), biases(scales.size());
@@ -188,35 +171,13 @@ Status WeightBinder::Get(const std::string& name, std::vector<int64_t> shape, Te
                        std::to_string(fp8_block_cols_) + "; both must be multiples of 32");
   }
   if (fp8) {
-    const std::string scale_name = name + "_scale_inv";
     const int64_t sr = (t->shape[0] + fp8_block_rows_ - 1) / fp8_block_rows_;
     const int64_t sc = (t->shape[1] + fp8_block_cols_ - 1) / fp8_block_cols_;
-    Result<TensorView> s = store_.Get(scale_name, {sr, sc});
-    if (!s.ok()) return s.status().With("FP8 weight '" + name + "': ");
-    if (s->dtype == DType::kF32) {
-      out->block_scale = s->as<float>();
-    } else if (s->dtype == DType::kBF16 || s->dtype == DType::kF16) {
-      std::vector<float> f(static_cast<size_t>(sr * sc));
-      for (size_t i = 0; i < f.size(); ++i) {
-        uint16_t h;
-        std::memcpy(&h, static_cast<const uint8_t*>(s->data) + 2 * i, 2);
-        f[i] = s->dtype == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
-      }
-      owned_scales_.push_back(std::move(f));
-      out->block_scale = owned_scales_.back().data();
-    } else {
-      return Unsupported(store_.file_of(scale_name) + ": '" + scale_name + "' must be F32 or BF16");
-    }
-    if (reinterpret_cast<uintptr_t>(out->block_scale) % alignof(float) != 0) {
-      // safetensors offsets need not be aligned: copy rather than read floats unaligned.
-      std::vector<float> f(static_cast<size_t>(sr * sc));
-      std::memcpy(f.data(), out->block_scale, f.size() * sizeof(float));
-      owned_scales_.push_back(std::move(f));
-      out->block_scale = owned_scales_.back().data();
-    }
+    Result<const float*> scales = OwnedF32(name + "_scale_inv", {sr, sc});
+    if (!scales.ok()) return scales.status().With("FP8 weight '" + name + "': ");
+    out->block_scale = *scales;
     out->block_rows = fp8_block_rows_;
     out->block_cols = fp8_block_cols_;
-    if (used_.insert(scale_name).second) n_bytes_ += static_cast<int64_t>(s->size_bytes());
   }
   if (used_.insert(name).second) {
     n_parameters_ += t->numel();

@@ -97,21 +97,10 @@ void EmbeddingGather(const TensorView& table, std::span<const int32_t> ids, floa
   CheckWeight2D(table);
   const int64_t vocab = table.shape[0];
   const int64_t d = table.shape[1];
-  if (IsBlockQuantized(table.dtype) || HasSideScales(table.dtype)) {
-    for (size_t i = 0; i < ids.size(); ++i) {
-      KCHECK(ids[i] >= 0 && ids[i] < vocab);
-      quant::DequantizeMatrixRow(table, ids[i], out + static_cast<int64_t>(i) * d);
-    }
-    return;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    KCHECK(ids[i] >= 0 && ids[i] < vocab);
+    quant::DequantizeMatrixRow(table, ids[i], out + static_cast<int64_t>(i) * d);
   }
-  DispatchWeightDType(table.dtype, [&]<DType T>() {
-    for (size_t i = 0; i < ids.size(); ++i) {
-      KCHECK(ids[i] >= 0 && ids[i] < vocab);
-      const int64_t base = static_cast<int64_t>(ids[i]) * d;
-      float* row = out + static_cast<int64_t>(i) * d;
-      for (int64_t j = 0; j < d; ++j) row[j] = LoadWeight<T>(table.data, base + j);
-    }
-  });
 }
 
 void RmsNorm(const float* x, int64_t n_rows, int64_t d, const TensorView& w, float eps, float* y,

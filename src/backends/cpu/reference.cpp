@@ -35,8 +35,8 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
                                       : quant::DotQ6_K(row, {q.data(), d.data(), bsum.data()}, k_in);
       }
     }
-  } else if (IsBlockQuantized(w.dtype) || HasSideScales(w.dtype)) {
-    // The row's exact dequantized values, then the same sequential sum.
+  } else {
+    // Each row's exact f32 values (any dtype), then a sequential sum per output.
     std::vector<float> row(static_cast<size_t>(k_in));
     for (int64_t n = 0; n < n_out; ++n) {
       quant::DequantizeMatrixRow(w, n, row.data());
@@ -47,18 +47,6 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
         y[m * n_out + n] = acc;
       }
     }
-  } else {
-  DispatchWeightDType(w.dtype, [&]<DType T>() {
-    for (int64_t m = 0; m < m_rows; ++m) {
-      const float* xm = x + m * k_in;
-      for (int64_t n = 0; n < n_out; ++n) {
-        const int64_t row = n * k_in;
-        float acc = 0.0f;
-        for (int64_t k = 0; k < k_in; ++k) acc += xm[k] * LoadWeight<T>(w.data, row + k);
-        y[m * n_out + n] = acc;
-      }
-    }
-  });
   }
   if (bias.empty()) return;
   DispatchWeightDType(bias.dtype, [&]<DType T>() {
