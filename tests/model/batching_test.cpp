@@ -83,9 +83,10 @@ std::vector<Trace> RunSchedule(Model* model, const std::vector<std::vector<int32
 }
 
 std::unique_ptr<Model> LoadTiny(const std::string& dir, CpuKernels kernels, int32_t block_size,
-                                int n_threads = 2) {
+                                int n_threads = 2, bool deterministic = false) {
   ModelLoadOptions opts;
   opts.kernels = kernels;
+  opts.deterministic = deterministic;
   opts.block_size_tokens = block_size;
   opts.kv_cache_tokens = 160;
   opts.n_threads = n_threads;
@@ -233,11 +234,6 @@ INSTANTIATE_TEST_SUITE_P(Kernels, Batching,
                            return info.param == CpuKernels::kReference ? "Reference" : "Auto";
                          });
 
-}  // namespace
-}  // namespace kestrel
-
-namespace kestrel {
-namespace {
 
 // --deterministic on the CPU: the decode row of a sequence gives the same logits bits alone and
 // batched with a 40-token prefill chunk of another sequence (which, without the flag, sends the
@@ -256,20 +252,15 @@ TEST(DeterministicMode, DecodeLogitsDoNotDependOnTheBatch) {
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int32_t>((i * 17 + 3) % spec.vocab);
   int differ_without = 0;
   for (bool deterministic : {true, false}) {
-    ModelLoadOptions opts;
-    opts.kv_cache_tokens = 256;
-    opts.deterministic = deterministic;
-    Result<std::unique_ptr<Model>> m = Model::Load(dir, opts);
-    ASSERT_TRUE(m.ok()) << m.status().message();
-    std::vector<int32_t> blocks((*m)->n_kv_blocks());
-    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+    std::unique_ptr<Model> m = LoadTiny(dir, CpuKernels::kAuto, 16, 2, deterministic);
+    const std::vector<int32_t> blocks = Identity(m->n_kv_blocks());
     // Alone: prefill 8 tokens of a, then decode its 9th.
-    testing::SeqRunner alone(m->get(), blocks);
+    testing::SeqRunner alone(m.get(), blocks);
     const int sa = alone.AddSequence(a);
     alone.Step({{sa, 8}});
     const std::vector<float> solo = alone.Step({{sa, 1}})[0][0];
     // Batched: the same decode row beside b's 40-token prefill, in one forward.
-    testing::SeqRunner mixed(m->get(), blocks);
+    testing::SeqRunner mixed(m.get(), blocks);
     const int ma = mixed.AddSequence(a);
     const int mb = mixed.AddSequence(b);
     mixed.Step({{ma, 8}});
