@@ -154,13 +154,10 @@ ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 Result<ChatTemplate> ChatTemplate::FromDirectory(const std::string& dir) {
   if (IsGgufFile(dir)) {
     KASSIGN(GgufFile g, GgufFile::Open(dir));
-    KASSIGN(tok::GgufTokenizerFiles files, tok::TokenizerFilesFromGguf(g));
-    auto it = files.tokenizer_config.find("chat_template");
-    if (it == files.tokenizer_config.end()) {
-      return NotFound(dir + ": the GGUF file has no tokenizer.chat_template");
-    }
-    Result<ChatTemplate> t = FromSource(it->get<std::string>(),
-                                        SpecialTokens(files.tokenizer_config, json::object()));
+    KASSIGN(json config, tok::TokenizerConfigFromGguf(g));
+    auto it = config.find("chat_template");
+    if (it == config.end()) return NotFound(dir + ": the GGUF file has no tokenizer.chat_template");
+    Result<ChatTemplate> t = FromSource(it->get<std::string>(), SpecialTokens(config, json::object()));
     if (!t.ok()) return t.status().With(dir + ": chat template: ");
     return t;
   }

@@ -35,6 +35,28 @@ Result<PreTokenizer> PreFor(const std::string& pre, const std::string& path) {
 
 }  // namespace
 
+Result<json> TokenizerConfigFromGguf(const GgufFile& g) {
+  const json& m = g.metadata();
+  const auto tokens_it = m.find("tokenizer.ggml.tokens");
+  KASSIGN(std::optional<int64_t> bos, g.Int("tokenizer.ggml.bos_token_id"));
+  KASSIGN(std::optional<int64_t> eos, g.Int("tokenizer.ggml.eos_token_id"));
+  KASSIGN(std::optional<bool> add_bos, g.Bool("tokenizer.ggml.add_bos_token"));
+  auto token = [&](std::optional<int64_t> id) -> json {
+    if (tokens_it == m.end() || !tokens_it->is_array() || !id || *id < 0 ||
+        static_cast<size_t>(*id) >= tokens_it->size()) {
+      return nullptr;
+    }
+    return (*tokens_it)[static_cast<size_t>(*id)];
+  };
+  json cfg = json::object();
+  cfg["bos_token"] = token(bos);
+  cfg["eos_token"] = token(eos);
+  cfg["add_bos_token"] = add_bos.value_or(false) && cfg["bos_token"].is_string();
+  KASSIGN(std::optional<std::string> tmpl, g.String("tokenizer.chat_template"));
+  if (tmpl) cfg["chat_template"] = *tmpl;
+  return cfg;
+}
+
 Result<GgufTokenizerFiles> TokenizerFilesFromGguf(const GgufFile& g) {
   const std::string& path = g.path();
   const json& m = g.metadata();
@@ -78,16 +100,11 @@ Result<GgufTokenizerFiles> TokenizerFilesFromGguf(const GgufFile& g) {
   for (const json& merge : *merges_it) {
     if (!merge.is_string()) return InvalidArgument(path + ": tokenizer.ggml.merges holds a non-string");
   }
-  KASSIGN(std::optional<int64_t> bos, g.Int("tokenizer.ggml.bos_token_id"));
-  KASSIGN(std::optional<int64_t> eos, g.Int("tokenizer.ggml.eos_token_id"));
-  KASSIGN(std::optional<bool> add_bos, g.Bool("tokenizer.ggml.add_bos_token"));
-  auto token = [&](std::optional<int64_t> id) -> json {
-    if (!id || *id < 0 || static_cast<size_t>(*id) >= tokens_it->size()) return nullptr;
-    return (*tokens_it)[static_cast<size_t>(*id)];
-  };
+  GgufTokenizerFiles out;
+  KASSIGN(out.tokenizer_config, TokenizerConfigFromGguf(g));
+  const json& cfg = out.tokenizer_config;
   const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
                            {"trim_offsets", false}, {"use_regex", false}};
-  GgufTokenizerFiles out;
   json& tj = out.tokenizer;
   tj["version"] = "1.0";
   tj["added_tokens"] = std::move(added);
@@ -97,9 +114,9 @@ Result<GgufTokenizerFiles> TokenizerFilesFromGguf(const GgufFile& g) {
       {"pretokenizers", json::array({{{"type", "Split"}, {"pattern", {{"Regex", pre.regex}}},
                                       {"behavior", "Isolated"}, {"invert", false}},
                                      byte_level})}};
-  const bool prepend_bos = add_bos.value_or(false) && !token(bos).is_null();
-  if (prepend_bos) {
-    const std::string b = token(bos).get<std::string>();
+  if (cfg["add_bos_token"].get<bool>()) {
+    const std::string b = cfg["bos_token"].get<std::string>();
+    const int64_t bos = g.metadata().at("tokenizer.ggml.bos_token_id").get<int64_t>();
     tj["post_processor"] = {
         {"type", "TemplateProcessing"},
         {"single", json::array({{{"SpecialToken", {{"id", b}, {"type_id", 0}}}},
@@ -108,7 +125,7 @@ Result<GgufTokenizerFiles> TokenizerFilesFromGguf(const GgufFile& g) {
                               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
                               {{"SpecialToken", {{"id", b}, {"type_id", 1}}}},
                               {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}})},
-        {"special_tokens", {{b, {{"id", b}, {"ids", json::array({*bos})}, {"tokens", json::array({b})}}}}}};
+        {"special_tokens", {{b, {{"id", b}, {"ids", json::array({bos})}, {"tokens", json::array({b})}}}}}};
   } else {
     tj["post_processor"] = byte_level;
   }
@@ -118,12 +135,6 @@ Result<GgufTokenizerFiles> TokenizerFilesFromGguf(const GgufFile& g) {
                  {"fuse_unk", false}, {"byte_fallback", false},
                  {"ignore_merges", pre.ignore_merges}, {"vocab", std::move(vocab)},
                  {"merges", *merges_it}};
-  json& cfg = out.tokenizer_config;
-  cfg["add_bos_token"] = prepend_bos;
-  cfg["bos_token"] = token(bos);
-  cfg["eos_token"] = token(eos);
-  KASSIGN(std::optional<std::string> tmpl, g.String("tokenizer.chat_template"));
-  if (tmpl) cfg["chat_template"] = *tmpl;
   return out;
 }
 

@@ -27,5 +27,8 @@ struct GgufTokenizerFiles {
 };
 
 Result<GgufTokenizerFiles> TokenizerFilesFromGguf(const GgufFile& g);
+// Only the tokenizer_config.json part (bos/eos token strings, add_bos_token, chat_template): what
+// the chat template needs, without rewriting the vocabulary.
+Result<nlohmann::json> TokenizerConfigFromGguf(const GgufFile& g);
 
 }  // namespace kestrel::tok
