@@ -1,0 +1,67 @@
+#include "cli/bench_serve/runner.h"
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace kestrel::bench {
+
+RunRecord RunClosedLoop(const ServerUrl& url, const Workload& workload, WorkloadKind kind,
+                        const RunOptions& options) {
+  RunRecord run;
+  std::mutex mu;
+  std::atomic<int64_t> n_issued{0};
+  std::atomic<uint64_t> n_conversations{0};
+  std::optional<Clock::time_point> measure_start;  // the first measured request's issue (mu)
+  const Clock::time_point epoch = Clock::now();
+  const std::string path = EndpointPath(options.body.endpoint);
+
+  auto worker = [&] {
+    StreamClient client(url, options.api_key, options.timeout_s);
+    std::optional<Workload::Conversation> conversation;
+    while (true) {
+      const int64_t index = n_issued.fetch_add(1);
+      const bool warm = index < options.warmup;
+      if (!warm) {
+        std::lock_guard lock(mu);
+        const Clock::time_point now = Clock::now();
+        if (!measure_start) measure_start = now;
+        if (options.requests > 0
+                ? index >= options.warmup + options.requests
+                : now - *measure_start >= std::chrono::duration<double>(options.duration_s)) {
+          break;
+        }
+      }
+      RequestSpec spec;
+      if (kind == WorkloadKind::kFixed) {
+        spec = workload.FixedRequest(static_cast<uint64_t>(index));
+      } else {
+        if (!conversation || conversation->done()) {
+          conversation = workload.StartConversation(n_conversations.fetch_add(1));
+        }
+        spec = conversation->Next();
+      }
+      RequestRecord record = client.Stream(path, RequestBody(spec, options.body), epoch);
+      record.turn = spec.turn;
+      const bool failed = record.outcome != Outcome::kOk;
+      {
+        std::lock_guard lock(mu);
+        if (!warm) {
+          run.measured.push_back(std::move(record));
+        } else if (failed) {
+          ++run.warmup_failed;
+        }
+      }
+      if (failed) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(options.failure_pause_s));
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int32_t i = 0; i < options.concurrency; ++i) workers.emplace_back(worker);
+  for (std::thread& t : workers) t.join();
+  return run;
+}
+
+}  // namespace kestrel::bench
