@@ -1,5 +1,5 @@
 // kestrel: one binary, one verb per job (serve, generate, tokenize, render-chat, logits, info,
-// bench).
+// bench, bench-serve).
 #include <cstdio>
 #include <exception>
 
@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   kestrel::cli::RegisterInfo(app, exit_code);
   kestrel::cli::RegisterBench(app, exit_code);
   kestrel::cli::RegisterServe(app, exit_code);
+  kestrel::cli::RegisterBenchServe(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -12,5 +12,6 @@ void RegisterLogits(CLI::App& app, int& exit_code);
 void RegisterInfo(CLI::App& app, int& exit_code);
 void RegisterBench(CLI::App& app, int& exit_code);
 void RegisterServe(CLI::App& app, int& exit_code);
+void RegisterBenchServe(CLI::App& app, int& exit_code);
 
 }  // namespace kestrel::cli
