@@ -93,7 +93,8 @@ struct BenchBatch {
   std::vector<int32_t> state_slots;
   int32_t nb = 0;
 
-  Batch View() const {
+  // Models without recurrent layers take no state slots.
+  Batch View(const Model& model) const {
     Batch b;
     b.token_ids = tokens;
     b.positions = positions;
@@ -103,7 +104,7 @@ struct BenchBatch {
     b.block_tables = block_tables;
     b.max_blocks_per_seq = nb;
     b.logits_indices = logits;
-    b.state_slots = state_slots;
+    if (model.cache_spec().state_bytes_per_slot() > 0) b.state_slots = state_slots;
     return b;
   }
 };
@@ -203,7 +204,7 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
     for (int r = 0; r < o.repeats + 1; ++r) {  // the first run warms up (GEMM heuristics)
       const BenchBatch b = PrefillBatch(RandomIds(n, cfg.vocab_size, rng), 0, nb, bs);
       const Clock::time_point t0 = Clock::now();
-      model.Forward(b.View(), logits.data());
+      model.Forward(b.View(model), logits.data());
       if (r > 0) secs.push_back(Seconds(t0));
     }
     const double s = Median(secs);
@@ -219,7 +220,7 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
       model.ResetStats();
       model.set_profiling(true);
       const BenchBatch b = PrefillBatch(RandomIds(n, cfg.vocab_size, rng), 0, nb, bs);
-      model.Forward(b.View(), logits.data());
+      model.Forward(b.View(model), logits.data());
       model.set_profiling(false);
       row["breakdown"] = Breakdown(model.stats());
     }
@@ -254,7 +255,7 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
         for (int32_t start = 0; start < ctx; start += 8192) {
           const int32_t n = std::min(8192, ctx - start);
           const BenchBatch b = PrefillBatch(RandomIds(n, cfg.vocab_size, rng), start, nb, bs);
-          model.Forward(b.View(), logits.data());
+          model.Forward(b.View(model), logits.data());
         }
         prefilled = true;
       }
@@ -272,7 +273,7 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
       b.tokens = RandomIds(rows, cfg.vocab_size, rng);
       auto step = [&](int32_t pos) {
         FillDecodeBatch(b, rows, pos, nb, bs);
-        model.Forward(b.View(), nullptr);
+        model.Forward(b.View(model), nullptr);
         model.SampleLastLogits(sampler_ptrs, results);
         for (int32_t s = 0; s < rows; ++s) b.tokens[s] = results[s].token;
       };
