@@ -46,6 +46,7 @@ struct ServeFlags {
   int shutdown_grace_s = 10;
   bool reference_kernels = false;
   bool f32_activations = false;
+  bool fp8_activations = false;
   bool deterministic = false;
   std::string tool_call_parser = "auto";  // auto (from the chat template) or a format name
   std::string reasoning_parser = "auto";  // auto, think, none
@@ -181,6 +182,7 @@ int RunServe(ServeFlags f) {
   options.device = *device;
   options.kernels = f.reference_kernels ? CpuKernels::kReference : CpuKernels::kAuto;
   options.int8_activations = !f.f32_activations;
+  options.fp8_activations = f.fp8_activations;
   options.deterministic = f.deterministic;
   options.block_size_tokens = f.block_size;
   options.n_threads = f.n_threads;
@@ -340,6 +342,7 @@ void RegisterServe(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--reference", f.reference_kernels, "Use the scalar reference kernels");
   cmd->add_flag("--f32-activations", f.f32_activations, kF32ActivationsHelp);
+  cmd->add_flag("--fp8-activations", f.fp8_activations, kFp8ActivationsHelp);
   cmd->add_flag("--deterministic", f.deterministic, kDeterministicHelp);
   cmd->callback([&exit_code] { exit_code = RunServe(f); });
 }

@@ -37,6 +37,7 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags) {
   options.show_progress = device == Device::kCuda;
   options.kernels = flags.reference_kernels ? CpuKernels::kReference : CpuKernels::kAuto;
   options.int8_activations = !flags.f32_activations;
+  options.fp8_activations = flags.fp8_activations;
   options.deterministic = flags.deterministic;
   KASSIGN(ModelConfig cfg, LoadModelConfig(m.dir));
   options.kv_cache_tokens = flags.kv_cache_tokens;

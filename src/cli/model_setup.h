@@ -28,6 +28,7 @@ struct LoadFlags {
   bool need_tokenizer = true;
   bool reference_kernels = false;
   bool f32_activations = false;  // CPU, quantized weights: ModelLoadOptions::int8_activations off
+  bool fp8_activations = false;  // CUDA, FP8 checkpoints: ModelLoadOptions::fp8_activations
   bool deterministic = false;    // ModelLoadOptions::deterministic
   int64_t kv_cache_tokens = 8192;  // KV pool capacity (capped at the context length)
   int n_threads = 0;
@@ -40,6 +41,9 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags);
 // --device: "cpu", "cuda", or "auto" (cuda when this build has CUDA and a GPU is visible). An
 // explicit "cuda" never falls back: without a GPU the load fails with the reason.
 Result<Device> ResolveDevice(const std::string& flag);
+inline constexpr const char* kFp8ActivationsHelp =
+    "CUDA, FP8 checkpoints: run prefill GEMMs as W8A8 on the FP8 tensor cores (activations "
+    "quantized per token and 128 columns, as the checkpoint's reference code); faster, not exact";
 inline constexpr const char* kF32ActivationsHelp =
     "Quantized (GGUF) weights: multiply f32 activations by the exactly dequantized weights instead of int8 ones (slower; equals the dequantized model bit for bit)";
 inline constexpr const char* kDeterministicHelp =

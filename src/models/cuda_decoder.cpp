@@ -54,35 +54,7 @@ size_t AppendF32(const TensorView& t, std::vector<float>* out) {
   return at;
 }
 
-Status RequireBf16(const TensorView& t, const std::string& what) {
-  if (t.empty() || t.dtype == DType::kBF16) return Status::Ok();
-  return Unsupported("--device cuda runs BF16 weights; " + what + " is " +
-                     std::string(DTypeName(t.dtype)) + " (use --device cpu for F32/F16 files and quantized ones: GGUF, FP8)");
-}
-
 }  // namespace
-
-size_t CudaWeightPlan::Place(std::initializer_list<const TensorView*> parts) {
-  return Place(std::vector<const TensorView*>(parts));
-}
-
-size_t CudaWeightPlan::Place(const std::vector<const TensorView*>& parts) {
-  size_t bytes = 0;
-  for (const TensorView* t : parts) bytes += t->size_bytes();
-  const size_t off = total_;
-  total_ += AlignUp(bytes);
-  size_t at = off;
-  for (const TensorView* t : parts) {
-    pieces_.push_back({t, at});
-    at += t->size_bytes();
-  }
-  return off;
-}
-
-size_t CudaWeightPlan::PlaceOptional(std::initializer_list<const TensorView*> parts) {
-  if (parts.size() == 0 || (*parts.begin())->empty()) return kNone;
-  return Place(parts);
-}
 
 CudaDecoder::CudaDecoder(const ModelConfig& config, const DecoderWeights& weights)
     : c_(config), w_(weights) {}
@@ -121,47 +93,18 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const ModelConfig& c,
           "to 8");
     }
   }
-  KTRY(RequireBf16(w.embed, "the embedding"));
-  KTRY(RequireBf16(w.final_norm, "the final norm"));
-  KTRY(RequireBf16(w.lm_head, "the LM head"));
+  // Weights in any dtype the loader reads: bf16 as is, F32 / F16 rounded to bf16, quantized
+  // linear layers in their device formats (cuda_weight_plan.h).
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const DecoderLayerWeights& l = w.layers[i];
+    if (l.type == LayerType::kLinearAttention) continue;
     const std::string where = "layer " + std::to_string(i);
-    for (const TensorView* t :
-         {&l.input_norm, &l.post_norm, &l.mlp.gate_proj, &l.mlp.gate_bias, &l.mlp.up_proj,
-          &l.mlp.up_bias, &l.mlp.down_proj, &l.mlp.down_bias}) {
-      KTRY(RequireBf16(*t, "a tensor of " + where));
-    }
-    if (l.moe) {
-      const MoeWeights& m = l.moe_w;
-      for (const TensorView* t : {&m.router, &m.shared_expert.gate_proj, &m.shared_expert.up_proj,
-                                  &m.shared_expert.down_proj, &m.shared_expert_gate}) {
-        KTRY(RequireBf16(*t, "a tensor of " + where));
-      }
-      for (const MlpWeights& e : m.experts) {
-        for (const TensorView* t : {&e.gate_proj, &e.up_proj, &e.down_proj}) {
-          KTRY(RequireBf16(*t, "an expert of " + where));
-        }
-      }
-    }
-    if (l.type == LayerType::kLinearAttention) {
-      for (const TensorView* t :
-           {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b, &l.gdn.in_proj_a,
-            &l.gdn.in_proj_qkvz, &l.gdn.in_proj_ba, &l.gdn.out_proj}) {
-        KTRY(RequireBf16(*t, "a tensor of " + where));
-      }
-      continue;
-    }
     const AttentionWeights& a = l.attn;
     if (a.q_bias.empty() != a.k_bias.empty() || a.q_bias.empty() != a.v_bias.empty()) {
       return Unsupported(where + ": q/k/v projections must all have biases or none");
     }
     if (c.attention_output_gate && !a.q_bias.empty()) {
       return Unsupported(where + ": gated attention with q/k/v biases is not supported on CUDA");
-    }
-    for (const TensorView* t : {&a.q_proj, &a.q_bias, &a.k_proj, &a.k_bias, &a.v_proj, &a.v_bias,
-                                &a.q_norm, &a.k_norm, &a.o_proj, &a.o_bias}) {
-      KTRY(RequireBf16(*t, "a tensor of " + where));
     }
   }
   std::unique_ptr<CudaDecoder> d(new CudaDecoder(c, w));
@@ -223,12 +166,12 @@ std::vector<const TensorView*> CudaDecoder::FusedDeltaNetRows(const DeltaNetWeig
 void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
   embed_off_ = plan->Place({&w_.embed});
   norm_off_ = plan->Place({&w_.final_norm});
-  head_off_ = c_.tie_word_embeddings ? embed_off_ : plan->Place({&w_.lm_head});
-  constexpr size_t kNone = CudaWeightPlan::kNone;
-  offsets_.assign(w_.layers.size(),
-                  LayerOffsets{kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
-                               kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
-                               kNone, kNone, kNone, kNone, 0,     0,     0,     0});
+  if (c_.tie_word_embeddings && w_.embed.dtype == DType::kBF16) {
+    head_plan_ = {CudaWeightPlan::Segment{cuda::WeightFormat::kBf16, c_.vocab_size, embed_off_}};
+  } else {
+    head_plan_ = plan->PlaceLinear({c_.tie_word_embeddings ? &w_.embed : &w_.lm_head});
+  }
+  offsets_.assign(w_.layers.size(), LayerOffsets{});
   small_host_.clear();
   slices_.clear();
   for (size_t i = 0; i < w_.layers.size(); ++i) {
@@ -238,9 +181,9 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
     if (l.type == LayerType::kLinearAttention) {
       const DeltaNetWeights& g = l.gdn;
       o.in_proj = c_.linear.fused_projections
-                      ? plan->Place(FusedDeltaNetRows(g))
-                      : plan->Place({&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a});
-      o.out_proj = plan->Place({&g.out_proj});
+                      ? plan->PlaceLinear(FusedDeltaNetRows(g))
+                      : plan->PlaceLinear({&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a});
+      o.out_proj = plan->PlaceLinear({&g.out_proj});
       o.conv_w = AppendF32(g.conv1d, &small_host_);
       const size_t a_log = AppendF32(g.a_log, &small_host_);
       for (int64_t h = 0; h < c_.linear.n_value_heads; ++h) {
@@ -252,19 +195,20 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
       o.gdn_norm = AppendF32(g.norm, &small_host_);
     } else {
       const AttentionWeights& a = l.attn;
-      o.qkv = plan->Place({&a.q_proj, &a.k_proj, &a.v_proj});
+      o.qkv = plan->PlaceLinear({&a.q_proj, &a.k_proj, &a.v_proj});
       o.qkv_bias = plan->PlaceOptional({&a.q_bias, &a.k_bias, &a.v_bias});
       o.q_norm = plan->PlaceOptional({&a.q_norm});
       o.k_norm = plan->PlaceOptional({&a.k_norm});
-      o.o_proj = plan->Place({&a.o_proj});
+      o.o_proj = plan->PlaceLinear({&a.o_proj});
       o.o_bias = plan->PlaceOptional({&a.o_bias});
     }
     o.post_norm = plan->Place({&l.post_norm});
     if (l.moe) {
       const MoeWeights& m = l.moe_w;
       const bool shared = !m.shared_expert.gate_proj.empty();
-      o.router =
-          shared ? plan->Place({&m.router, &m.shared_expert_gate}) : plan->Place({&m.router});
+      o.router = shared ? plan->PlaceLinear({&m.router, &m.shared_expert_gate})
+                        : plan->PlaceLinear({&m.router});
+      // The routed experts run through the bf16 grouped kernels (quantized ones dequantized).
       std::vector<const TensorView*> gate_up, down;
       for (const MlpWeights& e : m.experts) {
         gate_up.push_back(&e.gate_proj);
@@ -274,15 +218,16 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
       o.experts_gate_up = plan->Place(gate_up);
       o.experts_down = plan->Place(down);
       if (shared) {
-        o.shared_gate_up = plan->Place({&m.shared_expert.gate_proj, &m.shared_expert.up_proj});
-        o.shared_down = plan->Place({&m.shared_expert.down_proj});
+        o.shared_gate_up =
+            plan->PlaceLinear({&m.shared_expert.gate_proj, &m.shared_expert.up_proj});
+        o.shared_down = plan->PlaceLinear({&m.shared_expert.down_proj});
       }
       continue;
     }
-    o.gate_up = plan->Place({&l.mlp.gate_proj, &l.mlp.up_proj});
+    o.gate_up = plan->PlaceLinear({&l.mlp.gate_proj, &l.mlp.up_proj});
     o.gate_bias = plan->PlaceOptional({&l.mlp.gate_bias});
     o.up_bias = plan->PlaceOptional({&l.mlp.up_bias});
-    o.down = plan->Place({&l.mlp.down_proj});
+    o.down = plan->PlaceLinear({&l.mlp.down_proj});
     o.down_bias = plan->PlaceOptional({&l.mlp.down_bias});
   }
 }
@@ -292,36 +237,37 @@ void CudaDecoder::BindWeights(const uint8_t* base) {
     return off == CudaWeightPlan::kNone ? nullptr
                                         : reinterpret_cast<const __nv_bfloat16*>(base + off);
   };
+  auto linear = [&](const CudaWeightPlan::Linear& w) { return CudaWeightPlan::Bind(w, base); };
   embed_ = at(embed_off_);
   final_norm_ = at(norm_off_);
-  lm_head_ = at(head_off_);
+  lm_head_ = linear(head_plan_);
   layers_.resize(offsets_.size());
   for (size_t i = 0; i < offsets_.size(); ++i) {
     const LayerOffsets& o = offsets_[i];
     LayerWeights& l = layers_[i];
     l.input_norm = at(o.input_norm);
-    l.qkv = at(o.qkv);
+    l.qkv = linear(o.qkv);
     l.qkv_bias = at(o.qkv_bias);
     l.q_norm = at(o.q_norm);
     l.k_norm = at(o.k_norm);
-    l.o_proj = at(o.o_proj);
+    l.o_proj = linear(o.o_proj);
     l.o_bias = at(o.o_bias);
     l.post_norm = at(o.post_norm);
-    l.gate_up = at(o.gate_up);
+    l.gate_up = linear(o.gate_up);
     l.gate_bias = at(o.gate_bias);
     l.up_bias = at(o.up_bias);
-    l.down = at(o.down);
+    l.down = linear(o.down);
     l.down_bias = at(o.down_bias);
     l.sliding_window = static_cast<int32_t>(w_.layers[i].attn.sliding_window);
     l.recurrent = w_.layers[i].type == LayerType::kLinearAttention;
-    l.in_proj = at(o.in_proj);
-    l.out_proj = at(o.out_proj);
+    l.in_proj = linear(o.in_proj);
+    l.out_proj = linear(o.out_proj);
     l.moe = w_.layers[i].moe;
-    l.router = at(o.router);
+    l.router = linear(o.router);
     l.experts_gate_up = at(o.experts_gate_up);
     l.experts_down = at(o.experts_down);
-    l.shared_gate_up = at(o.shared_gate_up);
-    l.shared_down = at(o.shared_down);
+    l.shared_gate_up = linear(o.shared_gate_up);
+    l.shared_down = linear(o.shared_down);
   }
   int64_t n_attention = 0, n_recurrent = 0, n_moe = 0;
   for (LayerWeights& l : layers_) {
@@ -647,7 +593,7 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
   const int32_t n_e = static_cast<int32_t>(m.n_experts), top_k = static_cast<int32_t>(m.top_k);
   const int32_t inter = static_cast<int32_t>(m.expert_intermediate);
   const int64_t shared_inter = m.shared_expert_intermediate;
-  const bool shared = w.shared_gate_up != nullptr;
+  const bool shared = !w.shared_gate_up.empty();
   // Router logits and, in the last column, the shared expert's gate logit.
   linear->Run(xn_, n, hidden, w.router, router_width_, router_, stream);  // [n, router_width]
   if (shared) {

@@ -3,7 +3,8 @@
 // batch metadata), the stream, graphs, sampling and profiling; this file only lays its tensors
 // out inside them and launches the kernels of one step.
 //
-// Numerics (DESIGN.md): bf16 weights and bf16 GEMM inputs with f32 accumulation; the residual
+// Numerics (DESIGN.md): bf16 weights (or the quantized formats of cuda_weight_plan.h for the
+// linear layers) and bf16 GEMM inputs with f32 accumulation; the residual
 // stream, norms, RoPE and softmax in f32; the KV cache in bf16. One step:
 //   embed -> n_layers x [add+RMSNorm -> fused q|k|v GEMM -> (+bias, QK-norm, RoPE, KV write)
 //   -> paged attention -> o_proj GEMM -> add+RMSNorm -> fused gate|up GEMM -> SiLU*up -> down GEMM]
@@ -48,6 +49,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "models/config.h"
+#include "models/cuda_weight_plan.h"
 #include "models/weights.h"
 
 namespace kestrel {
@@ -67,30 +69,6 @@ struct DeviceBatchView {
   int32_t n_tokens = 0, n_seqs = 0, n_logits = 0;
   int32_t max_blocks_per_seq = 0;
   int32_t max_query_len = 0, max_context_len = 0;
-};
-
-// Where the decoder's weights go inside the runner's one weight allocation: pieces 256-byte
-// aligned, a fused group (q|k|v, gate|up) as consecutive copies of row-major blocks, so each
-// fused matrix is one row-major matrix.
-class CudaWeightPlan {
- public:
-  static constexpr size_t kAlign = 256;
-  static constexpr size_t kNone = std::numeric_limits<size_t>::max();
-  struct Piece {
-    const TensorView* src;
-    size_t offset;
-  };
-  // Offset of the group (its parts one after the other).
-  size_t Place(std::initializer_list<const TensorView*> parts);
-  size_t Place(const std::vector<const TensorView*>& parts);
-  // kNone when the first part is empty (an optional tensor the checkpoint lacks).
-  size_t PlaceOptional(std::initializer_list<const TensorView*> parts);
-  size_t total_bytes() const { return total_; }
-  const std::vector<Piece>& pieces() const { return pieces_; }
-
- private:
-  size_t total_ = 0;
-  std::vector<Piece> pieces_;
 };
 
 // Stage timing the runner collects into ForwardStats (CUDA events; no-op unless profiling).
@@ -178,23 +156,27 @@ class CudaDecoder {
   // number of experts the last Forward routed rows to (device array, [n_moe_layers]).
   int64_t n_moe_layers() const { return n_moe_layers_; }
   int64_t moe_expert_bytes() const;
+  // Whether the LM head is the (bf16) embedding table itself (tied, unquantized).
+  bool head_is_embedding() const {
+    return head_plan_.size() == 1 && head_plan_[0].data == embed_off_;
+  }
   const int32_t* moe_active_log() const { return moe_active_log_; }
 
  private:
   // Device pointers of one layer's weights (bf16, inside the runner's weight allocation).
   struct LayerWeights {
     const __nv_bfloat16* input_norm = nullptr;  // (hidden)
-    const __nv_bfloat16* qkv = nullptr;         // (q_dim + 2*kv_dim, hidden): q|k|v
+    cuda::Weight qkv;         // (q_dim + 2*kv_dim, hidden): q|k|v
     const __nv_bfloat16* qkv_bias = nullptr;    // (q_dim + 2*kv_dim) or null
     const __nv_bfloat16* q_norm = nullptr;      // (head_dim) or null
     const __nv_bfloat16* k_norm = nullptr;      // (head_dim) or null
-    const __nv_bfloat16* o_proj = nullptr;      // (hidden, q_dim)
+    cuda::Weight o_proj;      // (hidden, q_dim)
     const __nv_bfloat16* o_bias = nullptr;      // (hidden) or null
     const __nv_bfloat16* post_norm = nullptr;   // (hidden)
-    const __nv_bfloat16* gate_up = nullptr;     // (2*intermediate, hidden): gate|up
+    cuda::Weight gate_up;     // (2*intermediate, hidden): gate|up
     const __nv_bfloat16* gate_bias = nullptr;   // (intermediate) or null
     const __nv_bfloat16* up_bias = nullptr;     // (intermediate) or null
-    const __nv_bfloat16* down = nullptr;        // (hidden, intermediate)
+    cuda::Weight down;        // (hidden, intermediate)
     const __nv_bfloat16* down_bias = nullptr;   // (hidden) or null
     int32_t sliding_window = 0;
     int64_t attention_index = 0;  // its K/V caches in the pool
@@ -202,8 +184,8 @@ class CudaDecoder {
     // (hidden, value_dim) bf16; f32 constants in small_.
     bool recurrent = false;
     int64_t recurrent_index = 0;
-    const __nv_bfloat16* in_proj = nullptr;
-    const __nv_bfloat16* out_proj = nullptr;
+    cuda::Weight in_proj;
+    cuda::Weight out_proj;
     const float* conv_w = nullptr;     // [conv_dim, K]
     const float* neg_exp_a = nullptr;  // [nv] -exp(A_log)
     const float* dt_bias = nullptr;    // [nv]
@@ -213,17 +195,22 @@ class CudaDecoder {
     // moe_inter); the shared expert's gate|up (2*shared_inter, hidden) and down.
     bool moe = false;
     int64_t moe_index = 0;
-    const __nv_bfloat16* router = nullptr;
+    cuda::Weight router;
     const __nv_bfloat16* experts_gate_up = nullptr;
     const __nv_bfloat16* experts_down = nullptr;
-    const __nv_bfloat16* shared_gate_up = nullptr;
-    const __nv_bfloat16* shared_down = nullptr;
+    cuda::Weight shared_gate_up;
+    cuda::Weight shared_down;
   };
   struct LayerOffsets {
-    size_t input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, gate_bias,
-        up_bias, down, down_bias, in_proj, out_proj, router, experts_gate_up, experts_down,
-        shared_gate_up, shared_down;
-    size_t conv_w, neg_exp_a, dt_bias, gdn_norm;  // float offsets in small_host_
+    static constexpr size_t kNone = CudaWeightPlan::kNone;
+    size_t input_norm = kNone, qkv_bias = kNone, q_norm = kNone, k_norm = kNone, o_bias = kNone,
+           post_norm = kNone, gate_bias = kNone, up_bias = kNone, down_bias = kNone,
+           experts_gate_up = kNone, experts_down = kNone;
+    // Float offsets in small_host_.
+    size_t conv_w = 0, neg_exp_a = 0, dt_bias = 0, gdn_norm = 0;
+    // Linear weights in their device formats.
+    CudaWeightPlan::Linear qkv, o_proj, gate_up, down, in_proj, out_proj, router, shared_gate_up,
+        shared_down;
   };
 
   CudaDecoder(const ModelConfig& config, const DecoderWeights& weights);
@@ -253,11 +240,12 @@ class CudaDecoder {
   std::vector<float> small_host_;  // f32 constants of the recurrent layers, uploaded to small_
   cuda::DeviceBuffer small_;
 
-  size_t embed_off_ = 0, norm_off_ = 0, head_off_ = 0;
+  size_t embed_off_ = 0, norm_off_ = 0;
+  CudaWeightPlan::Linear head_plan_;
   std::vector<LayerOffsets> offsets_;
   const __nv_bfloat16* embed_ = nullptr;       // (vocab, hidden)
   const __nv_bfloat16* final_norm_ = nullptr;  // (hidden)
-  const __nv_bfloat16* lm_head_ = nullptr;     // (vocab, hidden); the embedding when tied
+  cuda::Weight lm_head_;                       // (vocab, hidden); the embedding when tied
   std::vector<LayerWeights> layers_;
   cuda::DeviceBuffer inv_freq_;  // [rotary_dim/2] f32
   float rope_attention_scale_ = 1.0f;

@@ -142,9 +142,11 @@ void CudaRunner::DropGraphs() {
 int64_t CudaRunner::decode_weight_bytes() const {
   // Every weight is read once per step except the embedding table, of which one row is, and
   // the routed experts, of which a one-token step reads top_k per MoE layer.
+  // weight_bytes_ is what the device holds: the embedding table is bf16 there, and it is the
+  // LM head too when tied in bf16 (a quantized tied head is a separate, quantized copy).
   const int64_t row = config_.hidden_size * 2;
   const int64_t embed = config_.vocab_size * row;
-  return (config_.tie_word_embeddings ? weight_bytes_ + row : weight_bytes_ - embed + row) -
+  return (decoder_->head_is_embedding() ? weight_bytes_ + row : weight_bytes_ - embed + row) -
          decoder_->n_moe_layers() * (config_.moe.n_experts - config_.moe.top_k) *
              decoder_->moe_expert_bytes();
 }
@@ -157,12 +159,13 @@ Status CudaRunner::Upload(bool show_progress) {
   KTRY(up.Init());
   auto* base = weights_.as<uint8_t>();
   for (const CudaWeightPlan::Piece& p : plan.pieces()) {
-    up.Copy(p.src->data, p.src->size_bytes(), base + p.offset);
+    up.Copy(p.data, p.bytes, base + p.offset);
   }
   up.Finish();
   decoder_->BindWeights(base);
   n_parameters_ = weights_host_.n_parameters;
-  weight_bytes_ = weights_host_.n_bytes;
+  weight_bytes_ = static_cast<int64_t>(plan.total_bytes());
+  weight_formats_ = plan.formats();
   return decoder_->UploadConstants();
 }
 
@@ -308,7 +311,10 @@ Result<std::unique_ptr<Model>> LoadCudaModel(ModelConfig config, WeightStore sto
                              dev.name);
   }
   KTRY(m->Upload(options.show_progress));
-  KASSIGN(m->linear_, cuda::LinearEngine::Create());
+  // Quantized linear weights at prefill-sized m go through bf16 tiles of 64 MiB.
+  KASSIGN(m->linear_, cuda::LinearEngine::Create(
+                          32 << 20, m->weight_formats_ == "bf16" ? 0 : size_t{64} << 20));
+  m->linear_->set_fp8_activations(options.fp8_activations);
 
   // Activations before the KV pool, so the default KV budget is what is left after them.
   const ModelConfig& c = m->config_;

@@ -15,6 +15,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <span>
 #include <utility>
 #include <vector>
@@ -43,6 +44,8 @@ class CudaRunner final : public Model, private CudaStageMarks {
   const ModelConfig& config() const override { return config_; }
   int64_t n_parameters() const override { return n_parameters_; }
   int64_t weight_bytes() const override { return weight_bytes_; }
+  // The device formats of the linear weights, e.g. "bf16" or "bf16+fp8-block128".
+  std::string weight_formats() const override { return weight_formats_; }
   int32_t block_size_tokens() const override { return block_size_; }
   int32_t n_kv_blocks() const override { return n_blocks_; }
   const CacheSpec& cache_spec() const override { return cache_spec_; }
@@ -101,7 +104,8 @@ class CudaRunner final : public Model, private CudaStageMarks {
   cuda::DeviceBuffer weights_;  // every weight, bf16, laid out by the decoder's plan
   CacheSpec cache_spec_;
   int64_t n_parameters_ = 0;
-  int64_t weight_bytes_ = 0;
+  int64_t weight_bytes_ = 0;            // on the device (quantized formats as placed)
+  std::string weight_formats_ = "bf16";  // CudaWeightPlan::formats()
 
   // Paged KV of the attention layers (cuda_decoder.h: CudaKvPool), plus one reserved block.
   int32_t block_size_ = 16;

@@ -74,6 +74,10 @@ struct ModelLoadOptions {
   // activations against the exactly dequantized weights (slower; equal bit for bit to the model
   // with those weights stored in f32).
   bool int8_activations = true;
+  // CUDA, FP8 block-quantized checkpoints: prefill-sized GEMMs as W8A8 on the FP8 tensor cores
+  // (activations quantized per token and 128 columns, as the checkpoints' reference code does)
+  // instead of bf16 tiles of the dequantized weights. Faster; not the float32 reference's bits.
+  bool fp8_activations = false;
   // Batch-invariant mode: a sequence's logits are the same bits whatever else is in the batch
   // (CPU: cpu::OpContext::batch_invariant; the reference kernels always are; CUDA: not yet).
   bool deterministic = false;
@@ -160,6 +164,9 @@ class Model {
   // Bytes the forward reads per generated token besides the KV cache (weights of every layer,
   // the LM head and one embedding row): the decode roofline's numerator.
   virtual int64_t decode_weight_bytes() const { return weight_bytes(); }
+  // The formats the linear layers run in on this device ("bf16", "bf16+fp8-block128", ...);
+  // empty where the backend keeps the checkpoint's dtypes as they are (CPU).
+  virtual std::string weight_formats() const { return ""; }
 
   // Benchmark switches: per-stage timing (CUDA: events, one sync per Forward) and decode
   // through captured graphs. The CPU model always times its stages and has no graphs.

@@ -8,6 +8,7 @@
 // This "TN" form is also the one cuBLASLt's Hopper kernels prefer (both operands K-major).
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_buffer.h"
 #include "backends/cuda/linear.h"
+#include "backends/cuda/quant_linear.h"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -60,14 +62,26 @@ struct LinearEngine::Impl {
     cublasLtMatrixLayout_t d = nullptr;  // y as column-major n x m (also C; beta = 0)
     cublasLtMatmulAlgo_t algo{};
   };
-  // (m, n, k, alignment of x, of w, of y)
-  using Key = std::tuple<int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
+  // (m, n, k, alignment of x, of w, of y, leading dimension of y)
+  using Key = std::tuple<int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, int64_t>;
 
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;  // bf16 x bf16 -> f32, f32 compute, A transposed
   DeviceBuffer workspace;               // [workspace_bytes] split-K partials, cuBLASLt's own
+  DeviceBuffer dequant;                 // bf16 tiles of quantized weights (prefill-sized m)
   std::mutex mu;                        // guards plans
   std::map<Key, Plan> plans;
+  // W8A8 FP8 (set_fp8_activations): e4m3 x e4m3 -> f32 with 128x128 block scales on W and
+  // 1x128 scales on x; an algorithm per shape, or none (then the bf16 tiles are used).
+  bool fp8_activations = false;
+  cublasLtMatmulDesc_t fp8_desc = nullptr;
+  struct Fp8Plan {
+    Plan plan;
+    bool ok = false;
+    bool bf16_out = false;  // D is bf16 rows in the buffer, converted into y after
+    int64_t m_rows = 0;     // rows the GEMM runs (m, or m padded with zero rows)
+  };
+  std::map<Key, Fp8Plan> fp8_plans;
 
   ~Impl() {
     for (auto& [key, plan] : plans) {
@@ -75,6 +89,12 @@ struct LinearEngine::Impl {
       cublasLtMatrixLayoutDestroy(plan.b);
       cublasLtMatrixLayoutDestroy(plan.d);
     }
+    for (auto& [key, p] : fp8_plans) {
+      cublasLtMatrixLayoutDestroy(p.plan.a);
+      cublasLtMatrixLayoutDestroy(p.plan.b);
+      cublasLtMatrixLayoutDestroy(p.plan.d);
+    }
+    if (fp8_desc != nullptr) cublasLtMatmulDescDestroy(fp8_desc);
     if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
     if (handle != nullptr) cublasLtDestroy(handle);
   }
@@ -82,11 +102,11 @@ struct LinearEngine::Impl {
   const Plan& GetPlan(const Key& key) {
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
-    const auto [m, n, k, align_x, align_w, align_y] = key;
+    const auto [m, n, k, align_x, align_w, align_y, ldy] = key;
     Plan plan;
     KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, n, k));
     KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, m, k));
-    KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, n, m, n));
+    KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, n, m, ldy));
 
     cublasLtMatmulPreference_t pref = nullptr;
     KCUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -116,12 +136,83 @@ struct LinearEngine::Impl {
     plan.algo = result.algo;
     return plans.emplace(key, plan).first->second;
   }
+
+  // The first configuration cuBLASLt has an algorithm for: f32 output straight into y, else
+  // bf16 output into the buffer (converted after), with m as is, then m padded to 16 rows.
+  const Fp8Plan& GetFp8Plan(const Key& key) {
+    auto it = fp8_plans.find(key);
+    if (it != fp8_plans.end()) return it->second;
+    const auto [m, n, k, align_x, align_w, align_y, ldy] = key;
+    if (fp8_desc == nullptr) {
+      KCUBLAS_CHECK(cublasLtMatmulDescCreate(&fp8_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
+      KCUBLAS_CHECK(cublasLtMatmulDescSetAttribute(fp8_desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
+                                                   sizeof(op_a)));
+      KCUBLAS_CHECK(cublasLtMatmulDescSetAttribute(fp8_desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
+                                                   sizeof(op_b)));
+      const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+      const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      KCUBLAS_CHECK(cublasLtMatmulDescSetAttribute(fp8_desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                   &a_mode, sizeof(a_mode)));
+      KCUBLAS_CHECK(cublasLtMatmulDescSetAttribute(fp8_desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                   &b_mode, sizeof(b_mode)));
+    }
+    // The heuristic validates the scale pointers; real ones are set per call (RunFp8).
+    const void* placeholder = workspace.get();
+    KCUBLAS_CHECK(cublasLtMatmulDescSetAttribute(fp8_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                 &placeholder, sizeof(placeholder)));
+    KCUBLAS_CHECK(cublasLtMatmulDescSetAttribute(fp8_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                 &placeholder, sizeof(placeholder)));
+    Fp8Plan p;
+    std::string tried;
+    // (bf16 output, padded m); a padded m needs the bf16 buffer (y has only m rows).
+    constexpr std::pair<bool, bool> kConfigs[] = {{false, false}, {true, false}, {true, true}};
+    for (const auto& [bf16_out, padded] : kConfigs) {
+      if (p.ok) break;
+      p.bf16_out = bf16_out;
+      p.m_rows = padded ? (m + 15) / 16 * 16 : m;
+      KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.plan.a, CUDA_R_8F_E4M3, k, n, k));
+      KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.plan.b, CUDA_R_8F_E4M3, k, p.m_rows, k));
+      KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.plan.d, p.bf16_out ? CUDA_R_16BF : CUDA_R_32F, n,
+                                               p.m_rows, p.bf16_out ? n : ldy));
+      cublasLtMatmulPreference_t pref = nullptr;
+      KCUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t max_workspace = workspace.size_bytes();
+      KCUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
+      cublasLtMatmulHeuristicResult_t result{};
+      int n_results = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+          handle, fp8_desc, p.plan.a, p.plan.b, p.plan.d, p.plan.d, pref, 1, &result, &n_results);
+      cublasLtMatmulPreferenceDestroy(pref);
+      p.ok = st == CUBLAS_STATUS_SUCCESS && n_results > 0;
+      if (p.ok) {
+        p.plan.algo = result.algo;
+      } else {
+        tried += std::string(tried.empty() ? "" : ", ") + (p.bf16_out ? "bf16" : "f32") +
+                 " out, m " + std::to_string(p.m_rows) + ": " + cublasLtGetStatusString(st);
+        cublasLtMatrixLayoutDestroy(p.plan.a);
+        cublasLtMatrixLayoutDestroy(p.plan.b);
+        cublasLtMatrixLayoutDestroy(p.plan.d);
+        p.plan = Plan{};
+      }
+    }
+    if (!p.ok) {
+      std::fprintf(stderr,
+                   "kestrel: cuBLASLt has no block-scaled FP8 algorithm for m=%lld n=%lld k=%lld "
+                   "(%s); that shape dequantizes to bf16\n",
+                   static_cast<long long>(m), static_cast<long long>(n),
+                   static_cast<long long>(k), tried.c_str());
+    }
+    return fp8_plans.emplace(key, p).first->second;
+  }
 };
 
 LinearEngine::LinearEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LinearEngine::~LinearEngine() = default;
 
-Result<std::unique_ptr<LinearEngine>> LinearEngine::Create(size_t workspace_bytes) {
+Result<std::unique_ptr<LinearEngine>> LinearEngine::Create(size_t workspace_bytes,
+                                                           size_t dequant_bytes) {
   auto impl = std::make_unique<Impl>();
   if (const cublasStatus_t s = cublasLtCreate(&impl->handle); s != CUBLAS_STATUS_SUCCESS) {
     impl->handle = nullptr;
@@ -143,15 +234,26 @@ Result<std::unique_ptr<LinearEngine>> LinearEngine::Create(size_t workspace_byte
   if (workspace_bytes > 0) {
     KASSIGN(impl->workspace, DeviceBuffer::Allocate(workspace_bytes, "cuBLASLt workspace"));
   }
+  if (dequant_bytes > 0) {
+    KASSIGN(impl->dequant,
+            DeviceBuffer::Allocate(dequant_bytes, "the dequantized weight tiles"));
+  }
   return std::unique_ptr<LinearEngine>(new LinearEngine(std::move(impl)));
 }
 
 void LinearEngine::RunCublasLt(const __nv_bfloat16* x, int64_t m, int64_t k,
                                const __nv_bfloat16* w, int64_t n, float* y,
                                cudaStream_t stream) {
-  KCHECK(m >= 1 && k >= 1 && n >= 1);
+  RunCublasLtStrided(x, m, k, w, n, y, n, stream);
+}
+
+void LinearEngine::RunCublasLtStrided(const __nv_bfloat16* x, int64_t m, int64_t k,
+                                      const __nv_bfloat16* w, int64_t n, float* y, int64_t ldy,
+                                      cudaStream_t stream) {
+  KCHECK(m >= 1 && k >= 1 && n >= 1 && ldy >= n);
   KCHECK(x != nullptr && w != nullptr && y != nullptr);
-  const Impl::Key key{m, n, k, PointerAlignment(x), PointerAlignment(w), PointerAlignment(y)};
+  const Impl::Key key{m,   n, k, PointerAlignment(x), PointerAlignment(w), PointerAlignment(y),
+                      ldy};
   std::lock_guard<std::mutex> lock(impl_->mu);
   const Impl::Plan& plan = impl_->GetPlan(key);
   const float alpha = 1.0f, beta = 0.0f;
@@ -168,6 +270,97 @@ void LinearEngine::Run(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_
   } else {
     RunCublasLt(x, m, k, w, n, y, stream);
   }
+}
+
+void LinearEngine::Run(const __nv_bfloat16* x, int64_t m, int64_t k, const Weight& w, int64_t n,
+                       float* y, cudaStream_t stream) {
+  KCHECK(m >= 1 && w.n_segments >= 1);
+  if (w.is_bf16()) {
+    Run(x, m, k, w.bf16(), n, y, stream);
+    return;
+  }
+  int64_t row0 = 0;
+  for (int i = 0; i < w.n_segments; ++i) {
+    const WeightSegment& s = w.seg[i];
+    const int64_t rows = s.rows < 0 ? n - row0 : s.rows;
+    KCHECK(rows >= 1 && row0 + rows <= n);
+    if (s.format == WeightFormat::kBf16) {
+      const auto* wb = static_cast<const __nv_bfloat16*>(s.data);
+      if (m <= kSkinnyMaxRows) {
+        SkinnyLinear(x, m, k, wb, rows, y + row0, stream);  // one row: no stride to keep
+      } else {
+        RunCublasLtStrided(x, m, k, wb, rows, y + row0, n, stream);
+      }
+    } else if (m <= kQuantGemvMaxRows) {
+      QuantGemv(x, m, k, s, rows, y + row0, n, stream);
+    } else if (s.format == WeightFormat::kFp8Block && impl_->fp8_activations && k % 128 == 0 &&
+               RunFp8(x, m, k, s, rows, y + row0, n, stream)) {
+      // done: W8A8 on the FP8 tensor cores
+    } else {
+      // Tiles of whole 128-row blocks that fit the dequantization buffer.
+      const int64_t fit = static_cast<int64_t>(impl_->dequant.size_bytes()) / (2 * k);
+      KCHECK_MSG(fit >= 128, "no dequantization buffer for quantized weights at this m");
+      const int64_t tile = fit / 128 * 128;
+      auto* scratch = impl_->dequant.as<__nv_bfloat16>();
+      for (int64_t t0 = 0; t0 < rows; t0 += tile) {
+        const int64_t t_rows = std::min(tile, rows - t0);
+        DequantizeRows(s, t0, t_rows, k, scratch, stream);
+        RunCublasLtStrided(x, m, k, scratch, t_rows, y + row0 + t0, n, stream);
+      }
+    }
+    row0 += rows;
+  }
+  KCHECK(row0 == n);
+}
+
+void LinearEngine::set_fp8_activations(bool on) { impl_->fp8_activations = on; }
+bool LinearEngine::fp8_activations() const { return impl_->fp8_activations; }
+
+bool LinearEngine::RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w,
+                          int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  // Per chunk of rows, in the dequantization buffer: codes [rows, k], scales [k/128, rows], and
+  // (when the algorithm writes bf16) the output [rows, n].
+  auto align = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t per_row = static_cast<size_t>(k) + static_cast<size_t>(k / 128) * 4 +
+                         static_cast<size_t>(n) * 2;
+  const size_t bytes = impl_->dequant.size_bytes();
+  const int64_t fit = bytes > 1024 ? static_cast<int64_t>((bytes - 1024) / per_row) / 16 * 16 : 0;
+  if (fit < 16) return false;
+  auto* base = impl_->dequant.as<uint8_t>();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (int64_t m0 = 0; m0 < m; m0 += fit) {
+    const int64_t mc = std::min(fit, m - m0);
+    float* yc = y + m0 * ldy;
+    const Impl::Key key{mc, n, k, PointerAlignment(base), PointerAlignment(w.data),
+                        PointerAlignment(yc), ldy};
+    const Impl::Fp8Plan& p = impl_->GetFp8Plan(key);
+    if (!p.ok) {
+      KCHECK_MSG(m0 == 0, "a block-scaled FP8 shape lost its algorithm mid-call");
+      return false;
+    }
+    uint8_t* xq = base;
+    auto* xs = reinterpret_cast<float*>(base + align(static_cast<size_t>(p.m_rows * k)));
+    auto* d16 = reinterpret_cast<__nv_bfloat16*>(
+        reinterpret_cast<uint8_t*>(xs) + align(static_cast<size_t>(p.m_rows * (k / 128)) * 4));
+    if (p.m_rows > mc) {  // zero rows past mc: their codes and scales
+      KCUDA_CHECK(cudaMemsetAsync(xq, 0, static_cast<size_t>(p.m_rows * k), stream));
+      KCUDA_CHECK(cudaMemsetAsync(xs, 0, static_cast<size_t>(p.m_rows * (k / 128)) * 4, stream));
+    }
+    QuantizeActivationsFp8(x + m0 * k, mc, p.m_rows, k, xq, xs, stream);
+    const void* a_scale = w.scale;
+    const void* b_scale = xs;
+    KCUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        impl_->fp8_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+    KCUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        impl_->fp8_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+    const float alpha = 1.0f, beta = 0.0f;
+    void* d = p.bf16_out ? static_cast<void*>(d16) : static_cast<void*>(yc);
+    KCUBLAS_CHECK(cublasLtMatmul(impl_->handle, impl_->fp8_desc, &alpha, w.data, p.plan.a, xq,
+                                 p.plan.b, &beta, d, p.plan.d, d, p.plan.d, &p.plan.algo,
+                                 impl_->workspace.get(), impl_->workspace.size_bytes(), stream));
+    if (p.bf16_out) Bf16RowsToF32(d16, mc, n, yc, ldy, stream);
+  }
+  return true;
 }
 
 const char* LinearEngine::PathName(int64_t m) {

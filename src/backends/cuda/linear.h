@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "backends/cuda/quant_linear.h"
 #include "core/status.h"
 
 namespace kestrel::cuda {
@@ -65,8 +66,11 @@ int DefaultSkinnyVariant();
 class LinearEngine {
  public:
   // Creates the cuBLASLt handle and a device workspace of workspace_bytes (cuBLASLt uses it for
-  // split-K partial sums). Errors (no GPU, out of memory) come back as a Status.
-  static Result<std::unique_ptr<LinearEngine>> Create(size_t workspace_bytes = 32 << 20);
+  // split-K partial sums), and dequant_bytes of device memory for the bf16 tiles of quantized
+  // weights at m > kQuantGemvMaxRows (0 when the model has none). Errors (no GPU, out of
+  // memory) come back as a Status.
+  static Result<std::unique_ptr<LinearEngine>> Create(size_t workspace_bytes = 32 << 20,
+                                                      size_t dequant_bytes = 0);
   ~LinearEngine();
   LinearEngine(const LinearEngine&) = delete;
   LinearEngine& operator=(const LinearEngine&) = delete;
@@ -83,9 +87,30 @@ class LinearEngine {
   void Run(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w, int64_t n,
            float* y, cudaStream_t stream);
 
+  // The same with a weight of row segments (quant_linear.h): bf16 segments as above, quantized
+  // ones through QuantGemv for m <= kQuantGemvMaxRows, else dequantized to bf16 tiles (whole
+  // 128-row blocks that fit the engine's dequantization buffer) for cuBLASLt. Segment i writes
+  // columns [row0_i, row0_i + rows_i) of y.
+  void Run(const __nv_bfloat16* x, int64_t m, int64_t k, const Weight& w, int64_t n, float* y,
+           cudaStream_t stream);
+
   // The cuBLASLt path forced, for any m >= 1 (same arguments as Run).
   void RunCublasLt(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
                    int64_t n, float* y, cudaStream_t stream);
+
+  // The same writing y[i * ldy + j] (ldy >= n).
+  void RunCublasLtStrided(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
+                          int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+
+  // FP8 block-quantized weights at m > kQuantGemvMaxRows: W8A8 on the FP8 tensor cores
+  // (QuantizeActivationsFp8, then cuBLASLt with 128x128 / 1x128 block scales) instead of bf16
+  // tiles. Off by default: faster prefill, but the activations lose bits the float32 reference
+  // keeps. A shape cuBLASLt has no algorithm for falls back to the tiles.
+  void set_fp8_activations(bool on);
+  bool fp8_activations() const;
+  // The W8A8 product of one FP8 segment; false (nothing written) when cuBLASLt has no algorithm.
+  bool RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w, int64_t n,
+              float* y, int64_t ldy, cudaStream_t stream);
 
   // "skinny" or "cublaslt": the path Run takes for m rows (labels in the benchmark).
   static const char* PathName(int64_t m);

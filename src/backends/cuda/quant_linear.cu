@@ -1,0 +1,669 @@
+// Quantized weight-only GEMV and the dequantizing copy (see quant_linear.h).
+//
+// QuantGemv design (the bf16 FmaGemvKernel of linear.cu with codes instead of bf16):
+//   - A block has 8 warps in groups of KS; a group owns R consecutive rows of W and its KS warps
+//     split k in chunks of 32 lanes x 16 bytes of codes (512 elements of 8-bit codes, 1024 of
+//     4-bit ones); warp s of a group takes chunks s, s+KS, ... Each lane issues U*R streaming
+//     16-byte loads per trip before using any.
+//   - A lane's 16-byte vector lies in one scale group (group >= elements per vector for the
+//     affine formats; 128-element blocks for FP8), so per (row, token) it computes
+//     s1 = sum(f * x) over the vector, and for the affine formats sx = sum(x), then
+//     acc += scale * s1 (+ bias * sx).
+//   - Codes become floats with integer ops only: affine codes go under the exponent of 1.0
+//     (f = 1 + q/2^bits, exact); an e4m3 byte's sign goes to bit 31 and its exponent|mantissa to
+//     bits 20..26, which is the e4m3 value times 2^-120 exactly (normal and subnormal codes; the
+//     build flushes no denormals), and the 2^120 is folded into the block scale.
+//   - Lanes combine by a warp butterfly, the KS warps of a group through shared memory in slice
+//     order: no atomics, so the result is deterministic; the order per (row, token) does not
+//     depend on m, so row i of an m-row call equals the 1-row call.
+#include "backends/cuda/quant_linear.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/ptx.cuh"
+#include "core/check.h"
+
+namespace kestrel::cuda {
+
+const char* WeightFormatName(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kBf16: return "bf16";
+    case WeightFormat::kFp8Block: return "fp8-block128";
+    case WeightFormat::kAffine4: return "int4-affine";
+    case WeightFormat::kAffine8: return "int8-affine";
+  }
+  return "?";
+}
+
+int64_t WeightSegment::row_bytes(int64_t k) const {
+  switch (format) {
+    case WeightFormat::kBf16: return 2 * k;
+    case WeightFormat::kFp8Block:
+    case WeightFormat::kAffine8: return k;
+    case WeightFormat::kAffine4: return k / 2;
+  }
+  return 0;
+}
+
+int64_t WeightSegment::bytes(int64_t k) const {
+  const int64_t codes = rows * row_bytes(k);
+  switch (format) {
+    case WeightFormat::kBf16: return codes;
+    case WeightFormat::kFp8Block: return codes + (rows + 127) / 128 * ((k + 127) / 128) * 4;
+    case WeightFormat::kAffine4:
+    case WeightFormat::kAffine8: return codes + rows * (k / group) * 8;
+  }
+  return 0;
+}
+
+bool Weight::quantized() const {
+  for (int i = 0; i < n_segments; ++i) {
+    if (seg[i].format != WeightFormat::kBf16) return true;
+  }
+  return false;
+}
+
+int64_t Weight::bytes(int64_t n, int64_t k) const {
+  int64_t total = 0;
+  for (int i = 0; i < n_segments; ++i) {
+    WeightSegment s = seg[i];
+    if (s.rows < 0) s.rows = n;
+    total += s.bytes(k);
+  }
+  return total;
+}
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+__device__ __forceinline__ float Bf16Lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float Bf16Hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Shift left by s (right by -s), s a compile-time constant after unrolling.
+__device__ __forceinline__ uint32_t Shift(uint32_t v, int s) { return s >= 0 ? v << s : v >> -s; }
+
+// Per format: kE elements per 16-byte vector, read as kE/8 pieces of 8; Piece(v, p, f) gives
+// the floats of elements 8p .. 8p+7 of the vector (before the group's scale).
+template <WeightFormat F>
+struct Codes;
+
+template <>
+struct Codes<WeightFormat::kAffine4> {
+  static constexpr int kE = 32;
+  static constexpr bool kBias = true;
+  // Word p holds elements 8p + j at bits 4j..4j+3; f = 1 + q/16 has q at bits 19..22.
+  __device__ static void Piece(const uint4& v, int p, float (&f)[8]) {
+    const uint32_t w = Word(v, p);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      f[j] = __uint_as_float(0x3F800000u | (Shift(w, 19 - 4 * j) & 0x00780000u));
+    }
+  }
+};
+
+template <>
+struct Codes<WeightFormat::kAffine8> {
+  static constexpr int kE = 16;
+  static constexpr bool kBias = true;
+  // Words 2p, 2p+1 hold elements 8p .. 8p+7, byte b of a word at bits 8b; f = 1 + q/256 has q
+  // at bits 15..22.
+  __device__ static void Piece(const uint4& v, int p, float (&f)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t w = Word(v, 2 * p + j / 4);
+      f[j] = __uint_as_float(0x3F800000u | (Shift(w, 15 - 8 * (j % 4)) & 0x007F8000u));
+    }
+  }
+};
+
+template <>
+struct Codes<WeightFormat::kFp8Block> {
+  static constexpr int kE = 16;
+  static constexpr bool kBias = false;
+  // e4m3fn byte s|eeee|mmm -> f32 bits s at 31, eeee|mmm at 20..26: the value times 2^-120.
+  __device__ static void Piece(const uint4& v, int p, float (&f)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t w = Word(v, 2 * p + j / 4);
+      const int b = j % 4;
+      f[j] = __uint_as_float((Shift(w, 24 - 8 * b) & 0x80000000u) |
+                             (Shift(w, 20 - 8 * b) & 0x07F00000u));
+    }
+  }
+};
+
+constexpr float kFp8Unscale = 0x1p120f;
+
+// Scale and bias of the vector starting at element e of row `row`.
+template <WeightFormat F>
+__device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int e, int k,
+                                           float* s, float* b) {
+  if constexpr (F == WeightFormat::kFp8Block) {
+    *s = __ldg(w.scale + static_cast<int64_t>(row / 128) * w.scale_ld + e / 128) * kFp8Unscale;
+    *b = 0.0f;
+  } else {
+    const int64_t at = static_cast<int64_t>(row) * (k / w.group) + e / w.group;
+    *s = __ldg(w.scale + at);
+    *b = __ldg(w.bias + at);
+  }
+}
+
+template <WeightFormat F, int M, int R, int KS, int U>
+__global__ void __launch_bounds__(kThreads)
+    QuantGemvKernel(const __nv_bfloat16* __restrict__ x,  // [M, k]
+                    int k, const WeightSegment w, int n,
+                    float* __restrict__ y, int64_t ldy) {  // [M, ldy]
+  using C = Codes<F>;
+  constexpr int kE = C::kE;
+  constexpr int kPieces = kE / 8;
+  constexpr int kGroups = kWarps / KS;
+  constexpr int kRowsPerBlock = kGroups * R;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int group = warp / KS;
+  const int slice = warp % KS;
+  const int row0 = blockIdx.x * kRowsPerBlock + group * R;
+  const int64_t row_vecs = k / kE;  // 16-byte vectors per row of codes
+  const int64_t x_vecs = k / 8;     // 16-byte vectors per row of x
+  PdlWait();
+
+  const uint4* w_base = reinterpret_cast<const uint4*>(w.data) +
+                        static_cast<int64_t>(row0 < n ? row0 : 0) * row_vecs;
+  bool row_ok[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) row_ok[r] = row0 + r < n;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+  }
+
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const int n_chunks = static_cast<int>((row_vecs + 31) / 32);
+#pragma unroll 1
+  for (int c0 = slice; c0 < n_chunks; c0 += KS * U) {
+    uint4 wr[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = static_cast<int64_t>(c0 + u * KS) * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wr[u][r] = (v < row_vecs && row_ok[r]) ? LoadStreaming(w_base + (r * row_vecs + v)) : zero;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = static_cast<int64_t>(c0 + u * KS) * 32 + lane;
+      if (v >= row_vecs) continue;
+      const int e0 = static_cast<int>(v) * kE;
+      float s[R], b[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (row_ok[r]) {
+          GroupScale<F>(w, row0 + r, e0, k, &s[r], &b[r]);
+        } else {
+          s[r] = 0.0f;
+          b[r] = 0.0f;
+        }
+      }
+      float s1[R][M], sx[M];
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        sx[i] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) s1[r][i] = 0.0f;
+      }
+#pragma unroll
+      for (int p = 0; p < kPieces; ++p) {
+        float f[R][8];
+#pragma unroll
+        for (int r = 0; r < R; ++r) C::Piece(wr[u][r], p, f[r]);
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+          const uint4 xi = __ldg(xv + i * x_vecs + v * kPieces + p);
+          const float xf[8] = {Bf16Lo(xi.x), Bf16Hi(xi.x), Bf16Lo(xi.y), Bf16Hi(xi.y),
+                               Bf16Lo(xi.z), Bf16Hi(xi.z), Bf16Lo(xi.w), Bf16Hi(xi.w)};
+          if constexpr (C::kBias) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sx[i] += xf[j];
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) s1[r][i] = __fmaf_rn(f[r][j], xf[j], s1[r][i]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+          float t = s[r] * s1[r][i];
+          if constexpr (C::kBias) t = __fmaf_rn(b[r], sx[i], t);
+          acc[r][i] += t;
+        }
+      }
+    }
+  }
+  PdlLaunchDependents();
+
+  // Lane butterfly (fixed order), then the KS slices in order.
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+#pragma unroll
+      for (int off = 16; off >= 1; off /= 2) {
+        acc[r][i] += __shfl_xor_sync(0xFFFFFFFFu, acc[r][i], off);
+      }
+    }
+  }
+  __shared__ float partial[KS][kGroups][R * M];
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < M; ++i) partial[slice][group][r * M + i] = acc[r][i];
+    }
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < kGroups * R * M; t += kThreads) {
+    const int g = t / (R * M), j = t % (R * M);
+    const int row = blockIdx.x * kRowsPerBlock + g * R + j / M;
+    if (row < n) {
+      float sum = partial[0][g][j];
+#pragma unroll
+      for (int sl = 1; sl < KS; ++sl) sum += partial[sl][g][j];
+      y[static_cast<int64_t>(j % M) * ldy + row] = sum;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core GEMV for 4-bit affine and FP8 codes (m <= 8): the "swap AB" layout of linear.cu's
+// SkinnyLinearKernel (W as the mma's A operand, 16 rows per block; x^T as B, 8 token columns;
+// 8 warps split k and add their partials in a fixed order), with the codes turned into bf16 A
+// fragments in registers. Per 16-byte vector a thread holds kE consecutive k of rows g and g+8;
+// the 4 threads of a fragment row group hold 4 consecutive vectors (one step of 4 kE k).
+//   - kAffine4: word p of the vector (k 8p .. 8p+7) gives the pairs (k j, k j+4), j < 4, by one
+//     mask: (w >> 4j) & 0x000F000F | 0x43004300 is bf16x2 (128 + q); minus 128 is q exactly, and
+//     one bf16x2 fma gives q * s + b rounded once to bf16 (the value the bf16 tiles hold).
+//   - kFp8Block: bytes 0,2 and 1,3 of word p (k 4p .. 4p+3) as bf16x2 by sign and payload moves
+//     (the e4m3 value times 2^-120, exact); the block's scale (times 2^120) multiplies the f32
+//     accumulator of each 128-k block (a step of 64 k lies in one block; rows g, g+8 in one
+//     128-row block).
+// Both feed two (affine4) or one (fp8) mma per word with a k permutation the B fragment repeats
+// with byte permutes of x, so the sum over k is unchanged (linear.cu explains the freedom).
+template <WeightFormat F>
+__global__ void __launch_bounds__(kThreads)
+    QuantMmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
+                       int m, int k, const WeightSegment w, int n,
+                       float* __restrict__ y, int64_t ldy) {    // [m, ldy]
+  constexpr int kE = Codes<F>::kE;
+  constexpr int kRows = 16;
+  __shared__ float partial[kWarps][8][kRows + 4];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * kRows;
+  const int64_t row_vecs = k / kE;
+  const int64_t x_vecs = k / 8;
+  const int n_steps = static_cast<int>((row_vecs + 3) / 4);
+  PdlWait();
+  const bool lo_ok = n0 + g < n, hi_ok = n0 + g + 8 < n;
+  const int row_lo = lo_ok ? n0 + g : 0, row_hi = hi_ok ? n0 + g + 8 : 0;
+  const uint4* w_lo = reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row_lo) * row_vecs;
+  const uint4* w_hi = reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row_hi) * row_vecs;
+  const bool token_ok = g < m;
+  const uint4* xg = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(token_ok ? g : 0) * x_vecs;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  // Warp w takes kU consecutive steps at a time (steps w*kU .., then + 8*kU), all their loads
+  // issued before any is used, each step with its own accumulators, added in order at the end.
+  // Measured on the H200 (Qwen3-8B shapes, decode batch 1): kU = 4 was no faster than 1 (FP8
+  // 266 vs 282 tok/s, int4 276 vs 280): at these sizes a GEMV is a few microseconds, its time
+  // the launch and one memory round trip more than the bytes.
+  constexpr int kU = 1;
+  float acc[kU][4];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[u][r] = 0.0f;
+  }
+#pragma unroll 1
+  for (int s0 = warp * kU; s0 < n_steps; s0 += kWarps * kU) {
+    uint4 c_lo[kU], c_hi[kU];
+    float sl[kU], bl[kU], sh[kU], bh[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t v = static_cast<int64_t>(s0 + u) * 4 + t;  // this thread's vector
+      const bool in_k = v < row_vecs;
+      c_lo[u] = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
+      c_hi[u] = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
+      sl[u] = bl[u] = sh[u] = bh[u] = 0.0f;
+      if constexpr (F == WeightFormat::kAffine4) {
+        if (in_k) {
+          GroupScale<F>(w, row_lo, static_cast<int>(v) * kE, k, &sl[u], &bl[u]);
+          GroupScale<F>(w, row_hi, static_cast<int>(v) * kE, k, &sh[u], &bh[u]);
+        }
+      } else if (s0 + u < n_steps) {
+        // One scale per 128-k block and 128-row block (rows g and g+8 share it).
+        sl[u] = __ldg(w.scale + static_cast<int64_t>(n0 / 128) * w.scale_ld + (s0 + u) * 4 * kE / 128);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t v = static_cast<int64_t>(s0 + u) * 4 + t;
+      const bool x_ok = v < row_vecs && token_ok;
+      if constexpr (F == WeightFormat::kAffine4) {
+        // (1 + q/16) * s' + b' = q * (s'/16) + (b' + s'); rows past n read as zeros.
+        const __nv_bfloat162 s_lo = __float2bfloat162_rn(lo_ok ? sl[u] * 0.0625f : 0.0f);
+        const __nv_bfloat162 b_lo = __float2bfloat162_rn(lo_ok ? bl[u] + sl[u] : 0.0f);
+        const __nv_bfloat162 s_hi = __float2bfloat162_rn(hi_ok ? sh[u] * 0.0625f : 0.0f);
+        const __nv_bfloat162 b_hi = __float2bfloat162_rn(hi_ok ? bh[u] + sh[u] : 0.0f);
+        const __nv_bfloat162 k128 = __float2bfloat162_rn(128.0f);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const uint32_t wl = Word(c_lo[u], p), wh = Word(c_hi[u], p);
+          // x of k 8p .. 8p+7 (one 16-byte vector), re-paired as (k j, k j+4).
+          const uint4 xv = x_ok ? __ldg(xg + v * 4 + p) : zero;
+          const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
+          const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
+          uint32_t a_lo[4], a_hi[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t ql = ((wl >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+            const uint32_t qh = ((wh >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+            const __nv_bfloat162 vl =
+                __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&ql), k128), s_lo, b_lo);
+            const __nv_bfloat162 vh =
+                __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&qh), k128), s_hi, b_hi);
+            a_lo[j] = *reinterpret_cast<const uint32_t*>(&vl);
+            a_hi[j] = *reinterpret_cast<const uint32_t*>(&vh);
+          }
+          MmaBf16(acc[u], a_lo[0], a_hi[0], a_lo[1], a_hi[1], x04, x15);
+          MmaBf16(acc[u], a_lo[2], a_hi[2], a_lo[3], a_hi[3], x26, x37);
+        }
+      } else {
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this step's block, before its scale
+        auto pair = [](uint32_t word, uint32_t sel) {
+          const uint32_t b = __byte_perm(word, 0, sel);  // bytes at bits 0-7 and 16-23
+          return ((b << 8) & 0x80008000u) | ((b << 4) & 0x07F007F0u);
+        };
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const uint32_t wl = Word(c_lo[u], p), wh = Word(c_hi[u], p);
+          // x of k 4p .. 4p+3 (half a 16-byte vector), re-paired as (k0, k2), (k1, k3).
+          const uint2 xv =
+              x_ok ? __ldg(reinterpret_cast<const uint2*>(xg + v * 2) + p) : make_uint2(0, 0);
+          const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
+          MmaBf16(part, pair(wl, 0x4240), pair(wh, 0x4240), pair(wl, 0x4341), pair(wh, 0x4341), x02,
+                  x13);
+        }
+        const float sc = sl[u] * kFp8Unscale;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[u][r] = __fmaf_rn(sc, part[r], acc[u][r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 1; u < kU; ++u) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[0][r] += acc[u][r];
+  }
+  PdlLaunchDependents();
+#pragma unroll
+  for (int r = 0; r < 4; ++r) partial[warp][2 * t + (r & 1)][g + 8 * (r >> 1)] = acc[0][r];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 8 * kRows; i += kThreads) {
+    const int token = i / kRows, col = n0 + i % kRows;
+    if (token < m && col < n) {
+      float sum = partial[0][token][i % kRows];
+#pragma unroll
+      for (int wi = 1; wi < kWarps; ++wi) sum += partial[wi][token][i % kRows];
+      y[static_cast<int64_t>(token) * ldy + col] = sum;
+    }
+  }
+}
+
+template <WeightFormat F>
+void LaunchMmaGemv(const __nv_bfloat16* x, int m, int k, const WeightSegment& w, int n, float* y,
+                   int64_t ldy, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((n + 15) / 16);
+  LaunchPdl(&QuantMmaGemvKernel<F>, dim3(blocks), dim3(kThreads), 0, stream, x, m, k, w, n, y, ldy);
+}
+
+constexpr int kR = 2, kKS = 4, kU = 2;
+
+template <WeightFormat F, int M, int R = kR, int KS = kKS, int U = kU>
+void LaunchGemvM(const __nv_bfloat16* x, int k, const WeightSegment& w, int n, float* y,
+                 int64_t ldy, cudaStream_t stream) {
+  constexpr int kRowsPerBlock = (kWarps / KS) * R;
+  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  LaunchPdl(&QuantGemvKernel<F, M, R, KS, U>, dim3(blocks), dim3(kThreads), 0, stream, x, k, w,
+            n, y, ldy);
+}
+
+// One-row (decode batch 1) shapes of the kernel, chosen by KESTREL_QUANT_GEMV (a name below;
+// tuning and the benchmark), else the first.
+using GemvLaunch = void (*)(const __nv_bfloat16*, int, const WeightSegment&, int, float*, int64_t,
+                            cudaStream_t);
+template <WeightFormat F>
+struct OneRowVariants {
+  static constexpr GemvLaunch kLaunch[] = {
+      &LaunchGemvM<F, 1, 2, 4, 2>, &LaunchGemvM<F, 1, 1, 4, 4>, &LaunchGemvM<F, 1, 2, 2, 4>,
+      &LaunchGemvM<F, 1, 4, 2, 2>, &LaunchGemvM<F, 1, 1, 8, 4>, &LaunchGemvM<F, 1, 2, 8, 4>};
+};
+constexpr const char* kOneRowNames[] = {"r2_ks4_u2", "r1_ks4_u4", "r2_ks2_u4",
+                                        "r4_ks2_u2", "r1_ks8_u4", "r2_ks8_u4"};
+
+// -1: the default (the tensor-core kernel for 4-bit and FP8 codes, the first shape otherwise).
+int OneRowVariant() {
+  static const int v = [] {
+    const char* env = std::getenv("KESTREL_QUANT_GEMV");
+    if (env == nullptr) return -1;
+    for (int i = 0; i < static_cast<int>(sizeof(kOneRowNames) / sizeof(kOneRowNames[0])); ++i) {
+      if (std::strcmp(env, kOneRowNames[i]) == 0) return i;
+    }
+    return -1;
+  }();
+  return v;
+}
+
+template <WeightFormat F>
+void LaunchGemv(const __nv_bfloat16* x, int m, int k, const WeightSegment& w, int n, float* y,
+                int64_t ldy, cudaStream_t stream) {
+  switch (m) {
+    case 1: OneRowVariants<F>::kLaunch[std::max(OneRowVariant(), 0)](x, k, w, n, y, ldy, stream); break;
+    case 2: LaunchGemvM<F, 2>(x, k, w, n, y, ldy, stream); break;
+    case 3: LaunchGemvM<F, 3>(x, k, w, n, y, ldy, stream); break;
+    case 4: LaunchGemvM<F, 4>(x, k, w, n, y, ldy, stream); break;
+    case 5: LaunchGemvM<F, 5>(x, k, w, n, y, ldy, stream); break;
+    case 6: LaunchGemvM<F, 6>(x, k, w, n, y, ldy, stream); break;
+    case 7: LaunchGemvM<F, 7>(x, k, w, n, y, ldy, stream); break;
+    case 8: LaunchGemvM<F, 8>(x, k, w, n, y, ldy, stream); break;
+    default: KCHECK(false);
+  }
+}
+
+// One thread per 16-byte vector of codes: kE bf16 outputs.
+template <WeightFormat F>
+__global__ void DequantizeKernel(const WeightSegment w, int64_t row0, int64_t rows, int k,
+                                 __nv_bfloat16* __restrict__ out) {
+  using C = Codes<F>;
+  constexpr int kE = C::kE;
+  const int64_t row_vecs = k / kE;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  PdlWait();
+  if (t >= rows * row_vecs) return;
+  const int64_t r = t / row_vecs;
+  const int v = static_cast<int>(t % row_vecs);
+  const int row = static_cast<int>(row0 + r);
+  const uint4 codes =
+      LoadStreaming(reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row) * row_vecs + v);
+  float s, b;
+  GroupScale<F>(w, row, v * kE, k, &s, &b);
+  uint4* dst = reinterpret_cast<uint4*>(out + r * k + static_cast<int64_t>(v) * kE);
+#pragma unroll
+  for (int p = 0; p < kE / 8; ++p) {
+    float f[8];
+    C::Piece(codes, p, f);
+    uint32_t packed[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float lo = C::kBias ? __fmaf_rn(f[2 * j], s, b) : f[2 * j] * s;
+      const float hi = C::kBias ? __fmaf_rn(f[2 * j + 1], s, b) : f[2 * j + 1] * s;
+      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+      packed[j] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    dst[p] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
+int ElementsPerVector(WeightFormat f) { return f == WeightFormat::kAffine4 ? 32 : 16; }
+
+void CheckSegment(const WeightSegment& w, int64_t k) {
+  KCHECK_MSG(w.format != WeightFormat::kBf16, "bf16 weights take the bf16 kernels");
+  KCHECK(w.data != nullptr && w.scale != nullptr);
+  KCHECK_MSG(reinterpret_cast<uintptr_t>(w.data) % 16 == 0, "codes must be 16-byte aligned");
+  KCHECK_MSG(k > 0 && k <= INT_MAX && k % ElementsPerVector(w.format) == 0,
+             "k must be a multiple of the elements per 16-byte vector");
+  if (w.format == WeightFormat::kFp8Block) {
+    KCHECK(w.group == 128 && w.scale_ld >= (k + 127) / 128);
+  } else {
+    KCHECK(w.bias != nullptr);
+    KCHECK_MSG(w.group >= ElementsPerVector(w.format) && w.group <= 128 &&
+                   (w.group & (w.group - 1)) == 0 && k % w.group == 0,
+               "affine group must be a power of two in [elements per vector, 128] dividing k");
+  }
+}
+
+// One warp per (row, 128-column group): 4 values per lane.
+__global__ void QuantizeActivationsFp8Kernel(const __nv_bfloat16* __restrict__ x, int m,
+                                             int ld_xs, int k, uint8_t* __restrict__ xq,
+                                             float* __restrict__ xs) {
+  const int lane = threadIdx.x % 32;
+  const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int groups = k / 128;
+  PdlWait();
+  if (item >= static_cast<int64_t>(m) * groups) return;
+  const int row = static_cast<int>(item / groups), g = static_cast<int>(item % groups);
+  const int64_t at = static_cast<int64_t>(row) * k + g * 128 + lane * 4;
+  const uint2 raw = *reinterpret_cast<const uint2*>(x + at);
+  const float v[4] = {Bf16Lo(raw.x), Bf16Hi(raw.x), Bf16Lo(raw.y), Bf16Hi(raw.y)};
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] / scale, v[1] / scale),
+                                                           __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] / scale, v[3] / scale),
+                                                           __NV_SATFINITE, __NV_E4M3);
+  *reinterpret_cast<uint32_t*>(xq + at) = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  if (lane == 0) xs[static_cast<int64_t>(g) * ld_xs + row] = scale;
+}
+
+__global__ void Bf16RowsToF32Kernel(const __nv_bfloat16* __restrict__ src, int64_t rows, int n,
+                                    float* __restrict__ y, int64_t ldy) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  PdlWait();
+  if (t >= rows * n) return;
+  const int64_t i = t / n, j = t % n;
+  y[i * ldy + j] = __bfloat162float(src[t]);
+}
+
+}  // namespace
+
+void QuantizeActivationsFp8(const __nv_bfloat16* x, int64_t m, int64_t ld_xs, int64_t k,
+                            uint8_t* xq, float* xs, cudaStream_t stream) {
+  KCHECK(m >= 1 && ld_xs >= m && ld_xs <= INT_MAX && k % 128 == 0 && k <= INT_MAX);
+  KCHECK(x != nullptr && xq != nullptr && xs != nullptr);
+  const int64_t warps = m * (k / 128);
+  const unsigned blocks = static_cast<unsigned>((warps * 32 + 255) / 256);
+  LaunchPdl(&QuantizeActivationsFp8Kernel, dim3(blocks), dim3(256), 0, stream, x,
+            static_cast<int>(m), static_cast<int>(ld_xs), static_cast<int>(k), xq, xs);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void Bf16RowsToF32(const __nv_bfloat16* src, int64_t rows, int64_t n, float* y, int64_t ldy,
+                   cudaStream_t stream) {
+  KCHECK(rows >= 1 && n >= 1 && n <= INT_MAX && ldy >= n);
+  const unsigned blocks = static_cast<unsigned>((rows * n + 255) / 256);
+  LaunchPdl(&Bf16RowsToF32Kernel, dim3(blocks), dim3(256), 0, stream, src, rows,
+            static_cast<int>(n), y, ldy);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void QuantGemv(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w, int64_t n,
+               float* y, int64_t ldy, cudaStream_t stream) {
+  CheckSegment(w, k);
+  KCHECK(m >= 1 && m <= kQuantGemvMaxRows && n >= 1 && n <= INT_MAX - 64 && ldy >= n);
+  KCHECK(x != nullptr && y != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0);
+  const int mi = static_cast<int>(m), ki = static_cast<int>(k), ni = static_cast<int>(n);
+  const bool cuda_cores = OneRowVariant() >= 0;  // KESTREL_QUANT_GEMV asks for them
+  switch (w.format) {
+    case WeightFormat::kFp8Block:
+      if (cuda_cores) {
+        LaunchGemv<WeightFormat::kFp8Block>(x, mi, ki, w, ni, y, ldy, stream);
+      } else {
+        LaunchMmaGemv<WeightFormat::kFp8Block>(x, mi, ki, w, ni, y, ldy, stream);
+      }
+      break;
+    case WeightFormat::kAffine4:
+      if (cuda_cores) {
+        LaunchGemv<WeightFormat::kAffine4>(x, mi, ki, w, ni, y, ldy, stream);
+      } else {
+        LaunchMmaGemv<WeightFormat::kAffine4>(x, mi, ki, w, ni, y, ldy, stream);
+      }
+      break;
+    case WeightFormat::kAffine8:
+      LaunchGemv<WeightFormat::kAffine8>(x, mi, ki, w, ni, y, ldy, stream);
+      break;
+    case WeightFormat::kBf16: KCHECK(false);
+  }
+  KCUDA_CHECK_LAUNCH();
+}
+
+void DequantizeRows(const WeightSegment& w, int64_t row0, int64_t rows, int64_t k,
+                    __nv_bfloat16* out, cudaStream_t stream) {
+  CheckSegment(w, k);
+  KCHECK(row0 >= 0 && rows >= 1 && out != nullptr);
+  const int64_t threads = rows * (k / ElementsPerVector(w.format));
+  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+  const int ki = static_cast<int>(k);
+  switch (w.format) {
+    case WeightFormat::kFp8Block:
+      LaunchPdl(&DequantizeKernel<WeightFormat::kFp8Block>, dim3(blocks), dim3(256), 0, stream, w,
+                row0, rows, ki, out);
+      break;
+    case WeightFormat::kAffine4:
+      LaunchPdl(&DequantizeKernel<WeightFormat::kAffine4>, dim3(blocks), dim3(256), 0, stream, w,
+                row0, rows, ki, out);
+      break;
+    case WeightFormat::kAffine8:
+      LaunchPdl(&DequantizeKernel<WeightFormat::kAffine8>, dim3(blocks), dim3(256), 0, stream, w,
+                row0, rows, ki, out);
+      break;
+    case WeightFormat::kBf16: KCHECK(false);
+  }
+  KCUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,104 @@
+// Quantized linear layers on the GPU: the weight formats the loader lays out on the device and
+// the kernels that read them.
+//
+// Formats (rows of W are outputs, k the reduction; element (i, j) of W as a float):
+//   kBf16      data bf16 [n, k].
+//   kFp8Block  data e4m3fn [n, k]; scale f32 [ceil(n/128), scale_ld]:
+//              W(i, j) = fp8(i, j) * scale[i/128][j/128]   (the checkpoints' weight_scale_inv).
+//   kAffine4   data 4-bit codes [n, k/2], element j of a row in byte j/2, low nibble first;
+//   kAffine8   data 8-bit codes [n, k];
+//              scale and bias f32 [n, k/group]:  W(i, j) = (1 + q/2^bits) * scale + bias.
+//              The loader turns a checkpoint's q*s + b (MLX, AWQ/GPTQ repacked, GGUF Q8_0 / Q4_K /
+//              Q6_K) into this form with scale = 2^bits * s, bias = b - 2^bits * s: then 1 + q/2^bits
+//              is a float whose bits are the code shifted under the exponent of 1.0 (one integer
+//              op per element, no conversion instruction), and a group's dot product is
+//              scale * sum(f * x) + bias * sum(x).
+// A layer's weight is a list of row segments, each in one format (a fused q|k|v whose parts were
+// quantized differently, or a GGUF Q4_K_M's Q6_K rows beside Q4_K ones).
+//
+// Paths (LinearEngine::Run, linear.h):
+//   - m <= kQuantGemvMaxRows: QuantGemv, which reads each weight byte once. FP8 and 4-bit codes go
+//     through the tensor cores (bf16 fragments made in registers; FP8 codes are exact in bf16, the
+//     block scale multiplies the f32 sums; a 4-bit weight q * s + b is rounded to bf16 once, as
+//     the tiles below hold it); 8-bit affine codes through a CUDA-core kernel in f32. Weight-only
+//     quantization: activations stay bf16.
+//   - larger m: DequantizeRows into a bf16 tile, then the bf16 cuBLASLt GEMM (LinearEngine).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kestrel::cuda {
+
+enum class WeightFormat : uint8_t { kBf16, kFp8Block, kAffine4, kAffine8 };
+
+const char* WeightFormatName(WeightFormat f);
+
+struct WeightSegment {
+  WeightFormat format = WeightFormat::kBf16;
+  int64_t rows = 0;             // rows of W (output features) in this segment
+  const void* data = nullptr;   // 16-byte aligned
+  const float* scale = nullptr;
+  const float* bias = nullptr;  // affine formats only
+  int32_t group = 0;            // affine: elements per scale (16..128, a power of two; >= 32 for
+                                // kAffine4); kFp8Block: 128
+  int32_t scale_ld = 0;         // kFp8Block: floats per row of scale (>= ceil(k/128))
+
+  // Bytes of one row of codes.
+  int64_t row_bytes(int64_t k) const;
+  // Bytes read for the whole segment (codes + scales + biases), the roofline's count.
+  int64_t bytes(int64_t k) const;
+};
+
+// A linear layer's weight: row segments in order (rows of y = concatenation). A plain bf16
+// pointer converts to a one-segment bf16 weight covering all rows (rows = -1).
+inline constexpr int kMaxWeightSegments = 8;
+struct Weight {
+  Weight() = default;
+  Weight(const __nv_bfloat16* w) {  // NOLINT(google-explicit-constructor): bf16 is the default
+    if (w != nullptr) {
+      n_segments = 1;
+      seg[0].data = w;
+      seg[0].rows = -1;
+    }
+  }
+  int n_segments = 0;
+  WeightSegment seg[kMaxWeightSegments];
+
+  bool empty() const { return n_segments == 0; }
+  bool is_bf16() const { return n_segments == 1 && seg[0].format == WeightFormat::kBf16; }
+  const __nv_bfloat16* bf16() const { return static_cast<const __nv_bfloat16*>(seg[0].data); }
+  bool quantized() const;
+  // Bytes read by one pass over all n rows (codes + scales), for rooflines.
+  int64_t bytes(int64_t n, int64_t k) const;
+};
+
+// The largest m QuantGemv takes.
+inline constexpr int64_t kQuantGemvMaxRows = 8;
+
+// y[i * ldy + j] = x[i, :] . W[j, :] for i < m, j < n, W one quantized segment (not kBf16).
+// x [m, k] bf16 row-major, 16-byte aligned; k a multiple of 32 (and of the group); 1 <= m <= 8.
+// Deterministic (fixed reduction order, no atomics) and batch invariant for m in [1, 8] (with the
+// default one-row shape; KESTREL_QUANT_GEMV picks another for tuning, quant_linear.cu).
+void QuantGemv(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w, int64_t n,
+               float* y, int64_t ldy, cudaStream_t stream);
+
+// out[r, :] = W[row0 + r, :] as bf16 (round to nearest even of the f32 value), r < rows.
+void DequantizeRows(const WeightSegment& w, int64_t row0, int64_t rows, int64_t k,
+                    __nv_bfloat16* out, cudaStream_t stream);
+
+// W8A8 for FP8 checkpoints (opt-in, LinearEngine::set_fp8_activations): the activations
+// quantized per token and 128-column group as the checkpoints' reference implementation does:
+// scale = amax / 448 (1 for an all-zero group), code = e4m3(x / scale) rounded to nearest even,
+// saturating. xq [m, k] e4m3; xs f32 scales M-major with ld_xs >= m rows, xs[g * ld_xs + i]
+// for row i and group g (the layout cuBLASLt's VEC128 scale mode reads). k a multiple of 128.
+void QuantizeActivationsFp8(const __nv_bfloat16* x, int64_t m, int64_t ld_xs, int64_t k,
+                            uint8_t* xq, float* xs, cudaStream_t stream);
+
+// y[i * ldy + j] = f32(src[i * n + j]) for i < rows, j < n.
+void Bf16RowsToF32(const __nv_bfloat16* src, int64_t rows, int64_t n, float* y, int64_t ldy,
+                   cudaStream_t stream);
+
+}  // namespace kestrel::cuda

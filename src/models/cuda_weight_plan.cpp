@@ -1,0 +1,356 @@
+// The CUDA weight plan (see cuda_weight_plan.h): placement and the host-side conversion of
+// checkpoint formats into the device formats of backends/cuda/quant_linear.h.
+#ifdef KESTREL_HAS_CUDA
+
+#include "models/cuda_weight_plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/quant_blocks.h"
+
+namespace kestrel {
+namespace {
+
+using cuda::WeightFormat;
+
+size_t AlignUp(size_t n) {
+  return (n + CudaWeightPlan::kAlign - 1) / CudaWeightPlan::kAlign * CudaWeightPlan::kAlign;
+}
+
+int64_t Rows(const TensorView& t) { return t.n_dims == 1 ? 1 : t.shape[0]; }
+int64_t Cols(const TensorView& t) { return t.shape[t.n_dims - 1]; }
+
+bool PowerOfTwoIn(int64_t g, int64_t lo, int64_t hi) {
+  return g >= lo && g <= hi && (g & (g - 1)) == 0;
+}
+
+// The device format a linear part keeps, and its group; kBf16 for anything the quantized
+// kernels cannot read as is (it is then dequantized to bf16).
+struct Kind {
+  WeightFormat format = WeightFormat::kBf16;
+  int32_t group = 0;
+  bool operator==(const Kind&) const = default;
+};
+
+Kind KindOf(const TensorView& t) {
+  if (t.n_dims != 2) return {};
+  const int64_t k = t.shape[1];
+  switch (t.dtype) {
+    case DType::kF8E4M3:
+      if (t.block_rows == 128 && t.block_cols == 128 && k % 16 == 0) {
+        return {WeightFormat::kFp8Block, 128};
+      }
+      return {};
+    case DType::kMlxQ4:
+      if (PowerOfTwoIn(t.block_cols, 32, 128) && k % t.block_cols == 0) {
+        return {WeightFormat::kAffine4, static_cast<int32_t>(t.block_cols)};
+      }
+      return {};
+    case DType::kMlxQ8:
+      if (PowerOfTwoIn(t.block_cols, 16, 128) && k % t.block_cols == 0) {
+        return {WeightFormat::kAffine8, static_cast<int32_t>(t.block_cols)};
+      }
+      return {};
+    case DType::kQ8_0: return {WeightFormat::kAffine8, 32};
+    case DType::kQ4_K: return {WeightFormat::kAffine4, 32};
+    case DType::kQ6_K: return {WeightFormat::kAffine8, 16};
+    default: return {};
+  }
+}
+
+// The tensor as bf16 bits (a host copy).
+std::vector<uint8_t> ToBf16(const TensorView& t) {
+  const int64_t rows = Rows(t), cols = Cols(t);
+  std::vector<uint8_t> out(static_cast<size_t>(rows * cols) * 2);
+  std::vector<float> row(static_cast<size_t>(cols));
+  auto* dst = reinterpret_cast<uint16_t*>(out.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    if (t.n_dims == 1) {
+      quant::DequantizeRow(t.dtype, t.data, cols, row.data());
+    } else {
+      quant::DequantizeMatrixRow(t, r, row.data());
+    }
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = F32ToBf16(row[static_cast<size_t>(c)]);
+  }
+  return out;
+}
+
+// Affine codes, scales and biases of one part in the device form: (1 + q/2^bits) * scale' + bias'
+// with scale' = 2^bits * s, bias' = b - scale' for the checkpoint's q * s + b.
+struct AffinePart {
+  std::vector<uint8_t> codes;  // empty: the part's own bytes are the codes
+  std::vector<float> scale, bias;
+};
+
+void PushAffine(float s, float b, int bits, AffinePart* p) {
+  const float s2 = s * static_cast<float>(1 << bits);
+  p->scale.push_back(s2);
+  p->bias.push_back(b - s2);
+}
+
+AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
+  const int64_t rows = t.shape[0], k = t.shape[1];
+  const int bits = kind.format == WeightFormat::kAffine4 ? 4 : 8;
+  AffinePart p;
+  const size_t groups = static_cast<size_t>(rows * (k / kind.group));
+  p.scale.reserve(groups);
+  p.bias.reserve(groups);
+  const auto* src = static_cast<const uint8_t*>(t.data);
+  switch (t.dtype) {
+    case DType::kMlxQ4:
+    case DType::kMlxQ8:
+      // Codes as published (uint32 words, element j of a word at bits bits*j: little-endian
+      // bytes in element order).
+      for (int64_t i = 0; i < rows * (k / kind.group); ++i) {
+        PushAffine(t.block_scale[i], t.group_bias[i], bits, &p);
+      }
+      break;
+    case DType::kQ8_0: {
+      // d * q, q int8: code q + 128, s = d, b = -128 d.
+      p.codes.resize(static_cast<size_t>(rows * k));
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = src + r * t.row_bytes();
+        for (int64_t blk = 0; blk < k / quant::kQ8_0Block; ++blk) {
+          const uint8_t* b = row + blk * quant::kQ8_0Bytes;
+          const float d = quant::LoadF16(b);
+          uint8_t* c = p.codes.data() + r * k + blk * quant::kQ8_0Block;
+          for (int i = 0; i < quant::kQ8_0Block; ++i) c[i] = static_cast<uint8_t>(b[2 + i] ^ 0x80);
+          PushAffine(d, -128.0f * d, 8, &p);
+        }
+      }
+      break;
+    }
+    case DType::kQ4_K: {
+      // Per 256-block, sub-block j of 32: d*sc_j * q - dmin*m_j; codes re-packed so element e
+      // is the nibble (e & 1) of byte e/2.
+      p.codes.resize(static_cast<size_t>(rows * k / 2));
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = src + r * t.row_bytes();
+        uint8_t* out = p.codes.data() + r * k / 2;
+        for (int64_t blk = 0; blk < k / quant::kQKBlock; ++blk) {
+          const uint8_t* b = row + blk * quant::kQ4_KBytes;
+          const float d = quant::LoadF16(b), dmin = quant::LoadF16(b + 2);
+          const uint8_t* q = b + 16;
+          uint8_t vals[quant::kQKBlock];
+          for (int c = 0; c < 4; ++c) {
+            for (int l = 0; l < 32; ++l) {
+              vals[64 * c + l] = q[32 * c + l] & 0xF;
+              vals[64 * c + 32 + l] = q[32 * c + l] >> 4;
+            }
+          }
+          for (int j = 0; j < 8; ++j) {
+            int sc, m;
+            quant::Q4KScaleMin(b + 4, j, &sc, &m);
+            const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+            PushAffine(d1, -m1, 4, &p);
+          }
+          uint8_t* o = out + blk * quant::kQKBlock / 2;
+          for (int e = 0; e < quant::kQKBlock; e += 2) {
+            o[e / 2] = static_cast<uint8_t>(vals[e] | (vals[e + 1] << 4));
+          }
+        }
+      }
+      break;
+    }
+    case DType::kQ6_K: {
+      // Per 256-block, group of 16: d*sc * (q - 32), q 6-bit.
+      p.codes.resize(static_cast<size_t>(rows * k));
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = src + r * t.row_bytes();
+        for (int64_t blk = 0; blk < k / quant::kQKBlock; ++blk) {
+          const uint8_t* b = row + blk * quant::kQ6_KBytes;
+          const uint8_t* ql = b;
+          const uint8_t* qh = b + 128;
+          const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+          const float d = quant::LoadF16(b + 208);
+          uint8_t* out = p.codes.data() + r * k + blk * quant::kQKBlock;
+          for (int n = 0; n < 2; ++n) {
+            for (int l = 0; l < 32; ++l) {
+              out[l] = static_cast<uint8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+              out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+              out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+              out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+            out += 128;
+            ql += 64;
+            qh += 32;
+          }
+          // Group g (16 elements) of the block has scale sc[g]: elements 16g .. 16g+15.
+          for (int g = 0; g < 16; ++g) {
+            const float s = d * static_cast<float>(sc[g]);
+            PushAffine(s, -32.0f * s, 8, &p);
+          }
+        }
+      }
+      break;
+    }
+    default: KCHECK(false);
+  }
+  return p;
+}
+
+std::vector<uint8_t> FloatBytes(const std::vector<float>& v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+}  // namespace
+
+size_t CudaWeightPlan::Reserve(size_t bytes) {
+  const size_t off = total_;
+  total_ += AlignUp(bytes);
+  return off;
+}
+
+size_t CudaWeightPlan::Own(std::vector<uint8_t> bytes) {
+  const size_t off = Reserve(bytes.size());
+  owned_.push_back(std::move(bytes));
+  pieces_.push_back({owned_.back().data(), owned_.back().size(), off});
+  return off;
+}
+
+size_t CudaWeightPlan::Place(std::initializer_list<const TensorView*> parts) {
+  return Place(std::vector<const TensorView*>(parts));
+}
+
+size_t CudaWeightPlan::Place(const std::vector<const TensorView*>& parts) {
+  size_t bytes = 0;
+  for (const TensorView* t : parts) bytes += static_cast<size_t>(Rows(*t) * Cols(*t)) * 2;
+  const size_t off = Reserve(bytes);
+  size_t at = off;
+  for (const TensorView* t : parts) {
+    if (t->dtype == DType::kBF16) {
+      pieces_.push_back({t->data, t->size_bytes(), at});
+      at += t->size_bytes();
+    } else {
+      owned_.push_back(ToBf16(*t));
+      pieces_.push_back({owned_.back().data(), owned_.back().size(), at});
+      at += owned_.back().size();
+    }
+  }
+  return off;
+}
+
+size_t CudaWeightPlan::PlaceOptional(std::initializer_list<const TensorView*> parts) {
+  if (parts.size() == 0 || (*parts.begin())->empty()) return kNone;
+  return Place(parts);
+}
+
+void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int64_t rows,
+                                Linear* out) {
+  const Kind kind = KindOf(*parts.front());
+  const int64_t k = parts.front()->shape[1];
+  Segment s;
+  s.format = kind.format;
+  s.rows = rows;
+  s.group = kind.group;
+  formats_used_ |= 1u << static_cast<unsigned>(kind.format);
+  if (kind.format == WeightFormat::kBf16) {
+    s.data = Place(parts);
+    linear_bytes_ += rows * k * 2;
+    out->push_back(s);
+    return;
+  }
+  if (kind.format == WeightFormat::kFp8Block) {
+    // Codes as they are; block scales concatenated, rows padded to scale_ld floats.
+    const int64_t kb = (k + 127) / 128;
+    s.scale_ld = static_cast<int32_t>((kb + 3) / 4 * 4);
+    s.data = Reserve(static_cast<size_t>(rows * k));
+    size_t at = s.data;
+    std::vector<float> scale;
+    for (const TensorView* t : parts) {
+      pieces_.push_back({t->data, t->size_bytes(), at});
+      at += t->size_bytes();
+      const int64_t rb = (t->shape[0] + 127) / 128;
+      for (int64_t i = 0; i < rb; ++i) {
+        for (int64_t j = 0; j < s.scale_ld; ++j) scale.push_back(j < kb ? t->block_scale[i * kb + j] : 0.0f);
+      }
+    }
+    linear_bytes_ += rows * k + static_cast<int64_t>(scale.size()) * 4;
+    s.scale = Own(FloatBytes(scale));
+    out->push_back(s);
+    return;
+  }
+  const int64_t code_bytes = kind.format == WeightFormat::kAffine4 ? k / 2 : k;
+  s.data = Reserve(static_cast<size_t>(rows * code_bytes));
+  size_t at = s.data;
+  std::vector<float> scale, bias;
+  for (const TensorView* t : parts) {
+    AffinePart p = ConvertAffine(*t, kind);
+    if (p.codes.empty()) {
+      pieces_.push_back({t->data, static_cast<size_t>(t->shape[0] * code_bytes), at});
+    } else {
+      owned_.push_back(std::move(p.codes));
+      pieces_.push_back({owned_.back().data(), owned_.back().size(), at});
+    }
+    at += static_cast<size_t>(t->shape[0] * code_bytes);
+    scale.insert(scale.end(), p.scale.begin(), p.scale.end());
+    bias.insert(bias.end(), p.bias.begin(), p.bias.end());
+  }
+  linear_bytes_ += rows * code_bytes + static_cast<int64_t>(scale.size()) * 8;
+  s.scale = Own(FloatBytes(scale));
+  s.bias = Own(FloatBytes(bias));
+  out->push_back(s);
+}
+
+CudaWeightPlan::Linear CudaWeightPlan::PlaceLinear(const std::vector<const TensorView*>& parts) {
+  Linear out;
+  std::vector<const TensorView*> run;
+  int64_t run_rows = 0;
+  Kind run_kind;
+  for (const TensorView* t : parts) {
+    KCHECK(t->n_dims == 2 && t->shape[1] == parts.front()->shape[1]);
+    const Kind kind = KindOf(*t);
+    // FP8 block scales stay whole 128-row blocks only when the segment so far ends on one.
+    const bool joins = !run.empty() && kind == run_kind &&
+                       (kind.format != WeightFormat::kFp8Block || run_rows % 128 == 0);
+    if (!run.empty() && !joins) {
+      AddSegment(run, run_rows, &out);
+      run.clear();
+      run_rows = 0;
+    }
+    run.push_back(t);
+    run_rows += t->shape[0];
+    run_kind = kind;
+  }
+  if (!run.empty()) AddSegment(run, run_rows, &out);
+  KCHECK_MSG(out.size() <= static_cast<size_t>(cuda::kMaxWeightSegments),
+             "a fused linear weight has more format changes than the device descriptor holds");
+  return out;
+}
+
+cuda::Weight CudaWeightPlan::Bind(const Linear& w, const uint8_t* base) {
+  cuda::Weight d;
+  auto at = [&](size_t off) -> const void* { return off == kNone ? nullptr : base + off; };
+  for (const Segment& s : w) {
+    cuda::WeightSegment& o = d.seg[d.n_segments++];
+    o.format = s.format;
+    o.rows = s.rows;
+    o.data = at(s.data);
+    o.scale = static_cast<const float*>(at(s.scale));
+    o.bias = static_cast<const float*>(at(s.bias));
+    o.group = s.group;
+    o.scale_ld = s.scale_ld;
+  }
+  return d;
+}
+
+std::string CudaWeightPlan::formats() const {
+  std::string out;
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kAffine4,
+                         WeightFormat::kAffine8}) {
+    if ((formats_used_ & (1u << static_cast<unsigned>(f))) == 0) continue;
+    if (!out.empty()) out += "+";
+    out += cuda::WeightFormatName(f);
+  }
+  return out.empty() ? "bf16" : out;
+}
+
+}  // namespace kestrel
+
+#endif  // KESTREL_HAS_CUDA

@@ -1,0 +1,81 @@
+// Where the CUDA decoder's weights go inside the runner's one weight allocation, and in which
+// device format (backends/cuda/quant_linear.h).
+//   - Place: bf16 tensors as they are; F32 / F16 ones rounded to bf16 and quantized ones
+//     dequantized to bf16 (norms, biases, the embedding table, MoE experts), in host copies the
+//     plan owns until the upload. A fused group (q|k|v, gate|up) is one row-major matrix.
+//   - PlaceLinear: a linear layer's weight kept in its checkpoint's precision: row segments of
+//     one device format each (consecutive parts of one format merge), FP8 blocks with their
+//     block scales, MLX / AWQ / GPTQ / GGUF integer codes as the affine 4- or 8-bit codes with
+//     f32 scale and bias per group.
+// Pieces are 256-byte aligned.
+#pragma once
+
+#ifdef KESTREL_HAS_CUDA
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/quant_linear.h"
+#include "core/tensor.h"
+
+namespace kestrel {
+
+class CudaWeightPlan {
+ public:
+  static constexpr size_t kAlign = 256;
+  static constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  struct Piece {
+    const void* data;
+    size_t bytes;
+    size_t offset;
+  };
+  struct Segment {
+    cuda::WeightFormat format = cuda::WeightFormat::kBf16;
+    int64_t rows = 0;
+    size_t data = kNone, scale = kNone, bias = kNone;
+    int32_t group = 0, scale_ld = 0;
+  };
+  using Linear = std::vector<Segment>;
+
+  // Offset of the group (its parts one after the other), as bf16.
+  size_t Place(std::initializer_list<const TensorView*> parts);
+  size_t Place(const std::vector<const TensorView*>& parts);
+  // kNone when the first part is empty (an optional tensor the checkpoint lacks).
+  size_t PlaceOptional(std::initializer_list<const TensorView*> parts);
+  // A linear weight [sum of rows, k] from its parts (2-D, same k). A part in a layout the
+  // quantized kernels cannot read (e.g. an MLX group of 256, FP8 blocks other than 128 x 128) is
+  // dequantized to bf16: slower, never wrong.
+  Linear PlaceLinear(const std::vector<const TensorView*>& parts);
+  Linear PlaceLinear(std::initializer_list<const TensorView*> parts) {
+    return PlaceLinear(std::vector<const TensorView*>(parts));
+  }
+  // The device descriptor of a placed linear weight once the plan is uploaded at `base`.
+  static cuda::Weight Bind(const Linear& w, const uint8_t* base);
+
+  size_t total_bytes() const { return total_; }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  // Bytes a decode step reads of the linear weights placed so far (codes + scales).
+  int64_t linear_bytes() const { return linear_bytes_; }
+  // The device formats used, e.g. "fp8-block128" or "int4-affine+int8-affine" ("bf16" if none).
+  std::string formats() const;
+
+ private:
+  size_t Reserve(size_t bytes);
+  size_t Own(std::vector<uint8_t> bytes);  // a host copy uploaded like any piece
+  void AddSegment(const std::vector<const TensorView*>& parts, int64_t rows, Linear* out);
+
+  size_t total_ = 0;
+  std::vector<Piece> pieces_;
+  std::deque<std::vector<uint8_t>> owned_;
+  int64_t linear_bytes_ = 0;
+  uint32_t formats_used_ = 0;  // bit per cuda::WeightFormat
+};
+
+}  // namespace kestrel
+
+#endif  // KESTREL_HAS_CUDA

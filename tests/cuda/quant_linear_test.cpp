@@ -1,0 +1,329 @@
+// Quantized linear layers on the GPU against the CPU definitions of each format.
+//
+// Weights are built on the host in the checkpoints' own layouts (FP8 block-128 with
+// weight_scale_inv, MLX affine 4/8-bit, GGUF Q8_0 / Q4_K / Q6_K), placed through CudaWeightPlan
+// (the loader's conversion into the device formats), uploaded, and run through
+// LinearEngine::Run. The reference is float64 dot products of the bf16 inputs with
+// quant::DequantizeMatrixRow, the CPU backend's dequantization, so a conversion or kernel that
+// misreads a code, a scale or a group fails. Both device paths are covered: QuantGemv (m <= 8,
+// f32 arithmetic on the exact weights) and the bf16 tiles + cuBLASLt (larger m, weights rounded
+// to bf16 once, several tiles per segment).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/linear.h"
+#include "backends/cuda/quant_linear.h"
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/quant_blocks.h"
+#include "cuda_test_util.h"
+#include "models/cuda_weight_plan.h"
+
+namespace kestrel {
+namespace {
+
+namespace kt = ::kestrel::cuda::testing;
+
+// A host tensor in a checkpoint layout and the buffers its view points at.
+struct HostWeight {
+  std::vector<uint8_t> data;
+  std::vector<float> scale, bias;
+  TensorView view;
+};
+
+uint16_t F16Bits(float f) { return F32ToF16(f); }
+
+HostWeight MakeWeight(DType dtype, int64_t rows, int64_t k, int group, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> pos(0.002f, 0.02f), sym(-0.05f, 0.05f);
+  HostWeight w;
+  w.view.dtype = dtype;
+  w.view.n_dims = 2;
+  w.view.shape[0] = rows;
+  w.view.shape[1] = k;
+  const int64_t row_bytes = DTypeRowBytes(dtype, k);
+  w.data.resize(static_cast<size_t>(rows * row_bytes));
+  for (uint8_t& b : w.data) b = static_cast<uint8_t>(byte(rng));
+  auto put_f16 = [&](uint8_t* p, float v) {
+    const uint16_t h = F16Bits(v);
+    std::memcpy(p, &h, 2);
+  };
+  switch (dtype) {
+    case DType::kQ8_0:
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < k / 32; ++b) put_f16(&w.data[r * row_bytes + b * 34], pos(rng));
+      }
+      break;
+    case DType::kQ4_K:
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < k / 256; ++b) {
+          uint8_t* blk = &w.data[r * row_bytes + b * 144];
+          put_f16(blk, pos(rng) / 8);
+          put_f16(blk + 2, pos(rng) / 8);
+        }
+      }
+      break;
+    case DType::kQ6_K:
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < k / 256; ++b) put_f16(&w.data[r * row_bytes + b * 210 + 208], pos(rng) / 64);
+      }
+      break;
+    case DType::kF8E4M3: {
+      for (uint8_t& b : w.data) {
+        if ((b & 0x7F) == 0x7F) b &= 0xFE;  // no NaN codes
+      }
+      const int64_t rb = (rows + 127) / 128, kb = (k + 127) / 128;
+      for (int64_t i = 0; i < rb * kb; ++i) w.scale.push_back(pos(rng) / 16);
+      w.view.block_scale = w.scale.data();
+      w.view.block_rows = 128;
+      w.view.block_cols = 128;
+      break;
+    }
+    case DType::kMlxQ4:
+    case DType::kMlxQ8:
+      for (int64_t i = 0; i < rows * (k / group); ++i) {
+        w.scale.push_back(pos(rng) / 4);
+        w.bias.push_back(sym(rng));
+      }
+      w.view.block_scale = w.scale.data();
+      w.view.group_bias = w.bias.data();
+      w.view.block_rows = 1;
+      w.view.block_cols = group;
+      break;
+    case DType::kBF16: {
+      auto* h = reinterpret_cast<uint16_t*>(w.data.data());
+      for (int64_t i = 0; i < rows * k; ++i) h[i] = F32ToBf16(sym(rng));
+      break;
+    }
+    default: KCHECK(false);
+  }
+  w.view.data = w.data.data();
+  return w;
+}
+
+// The plan uploaded: a device copy of every piece.
+struct Uploaded {
+  cuda::DeviceBuffer buf;
+  cuda::Weight weight;
+};
+
+Uploaded Upload(const CudaWeightPlan& plan, const CudaWeightPlan::Linear& lin) {
+  Uploaded u;
+  auto b = cuda::DeviceBuffer::Allocate(plan.total_bytes(), "test weights");
+  KCHECK(b.ok());
+  u.buf = std::move(b).value();
+  for (const CudaWeightPlan::Piece& p : plan.pieces()) {
+    KCUDA_CHECK(cudaMemcpy(u.buf.as<uint8_t>() + p.offset, p.data, p.bytes, cudaMemcpyHostToDevice));
+  }
+  u.weight = CudaWeightPlan::Bind(lin, u.buf.as<uint8_t>());
+  return u;
+}
+
+// y_ref[i, j] = x[i, :] . W[j, :] in double over the parts' rows, W from the CPU dequantization.
+std::vector<double> Reference(const std::vector<const TensorView*>& parts,
+                              const std::vector<float>& x, int64_t m, int64_t k) {
+  int64_t n = 0;
+  for (const TensorView* t : parts) n += t->shape[0];
+  std::vector<double> y(static_cast<size_t>(m * n));
+  std::vector<float> row(static_cast<size_t>(k));
+  int64_t j = 0;
+  for (const TensorView* t : parts) {
+    for (int64_t r = 0; r < t->shape[0]; ++r, ++j) {
+      quant::DequantizeMatrixRow(*t, r, row.data());
+      for (int64_t i = 0; i < m; ++i) {
+        double acc = 0;
+        for (int64_t c = 0; c < k; ++c) acc += static_cast<double>(row[c]) * x[i * k + c];
+        y[i * n + j] = acc;
+      }
+    }
+  }
+  return y;
+}
+
+double RelError(const std::vector<float>& out, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;
+    num += (out[i] - ref[i]) * (out[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct Case {
+  std::string name;
+  std::vector<std::pair<DType, int64_t>> parts;  // (dtype, rows)
+  int group;                                    // MLX group size
+  int64_t k;
+  std::string formats;  // CudaWeightPlan::formats() expected
+  int segments;
+};
+
+void RunCase(const Case& c) {
+  SCOPED_TRACE(c.name);
+  std::vector<HostWeight> host;
+  host.reserve(c.parts.size());
+  std::vector<const TensorView*> views;
+  int64_t n = 0, n_quantized = 0;  // bf16 parts come last in a case
+  bool four_bit = false;
+  uint64_t seed = 7;
+  for (const auto& [dtype, rows] : c.parts) {
+    host.push_back(MakeWeight(dtype, rows, c.k, c.group, seed++));
+    n += rows;
+    if (dtype != DType::kBF16) n_quantized += rows;
+    four_bit |= dtype == DType::kQ4_K || dtype == DType::kMlxQ4;
+  }
+  for (const HostWeight& h : host) views.push_back(&h.view);
+  CudaWeightPlan plan;
+  const CudaWeightPlan::Linear lin = plan.PlaceLinear(views);
+  EXPECT_EQ(plan.formats(), c.formats);
+  EXPECT_EQ(static_cast<int>(lin.size()), c.segments);
+  Uploaded dev = Upload(plan, lin);
+
+  // A 256 KiB tile buffer: the dequantizing path takes several 128-row tiles per segment.
+  auto engine = cuda::LinearEngine::Create(32 << 20, 256 << 10);
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  const int64_t max_m = 37;
+  std::vector<uint16_t> xb = kt::RandomBf16(static_cast<size_t>(max_m * c.k), 99);
+  const std::vector<float> xf = kt::Bf16ToF32(xb);
+  cuda::DeviceBuffer x = kt::Upload(xb);
+  const std::vector<double> ref = Reference(views, xf, max_m, c.k);
+
+  std::vector<float> one_row;  // m = 1 result, for batch invariance
+  for (int64_t m : {1, 2, 3, 8, 9, 37}) {
+    SCOPED_TRACE("m=" + std::to_string(m));
+    cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
+    (*engine)->Run(x.as<__nv_bfloat16>(), m, c.k, dev.weight, n, y.as<float>(), nullptr);
+    const std::vector<float> out = kt::Download<float>(y, static_cast<size_t>(m * n));
+    const std::vector<double> r(ref.begin(), ref.begin() + m * n);
+    // QuantGemv: f32 sums of the exact weights, except 4-bit codes (the tensor-core kernel's
+    // fragments, like the tiles, hold the weights rounded to bf16, 2^-9).
+    const double tol = m <= cuda::kQuantGemvMaxRows && !four_bit ? 2e-5 : 4e-3;
+    EXPECT_LT(RelError(out, r), tol);
+    if (m == 1) one_row = out;
+    if (m <= cuda::kQuantGemvMaxRows) {
+      // Batch invariance of the quantized segments (a bf16 one switches from the skinny kernel
+      // to cuBLASLt past one row, linear.h).
+      for (int64_t j = 0; j < n_quantized; ++j) {
+        ASSERT_EQ(out[j], one_row[j]) << "row 0 of an m-row call differs from the 1-row call";
+      }
+      // Deterministic: a second run gives the same bits.
+      cuda::DeviceBuffer y2 = kt::Poisoned<float>(static_cast<size_t>(m * n));
+      (*engine)->Run(x.as<__nv_bfloat16>(), m, c.k, dev.weight, n, y2.as<float>(), nullptr);
+      const std::vector<float> out2 = kt::Download<float>(y2, static_cast<size_t>(m * n));
+      EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 4));
+    }
+  }
+}
+
+TEST(CudaQuantLinear, Fp8BlockScales) {
+  KESTREL_REQUIRE_CUDA();
+  RunCase({"fp8 300 rows", {{DType::kF8E4M3, 300}}, 0, 640, "fp8-block128", 1});
+  // Parts on whole 128-row blocks share one segment; after a ragged part a new one starts.
+  RunCase({"fp8 q|k|v", {{DType::kF8E4M3, 256}, {DType::kF8E4M3, 128}, {DType::kF8E4M3, 128}},
+           0, 512, "fp8-block128", 1});
+  RunCase({"fp8 ragged", {{DType::kF8E4M3, 200}, {DType::kF8E4M3, 100}}, 0, 512,
+           "fp8-block128", 2});
+}
+
+TEST(CudaQuantLinear, MlxAffine) {
+  KESTREL_REQUIRE_CUDA();
+  for (int g : {32, 64, 128}) {
+    RunCase({"mlx4 g" + std::to_string(g), {{DType::kMlxQ4, 200}}, g, 512, "int4-affine", 1});
+    RunCase({"mlx8 g" + std::to_string(g), {{DType::kMlxQ8, 200}}, g, 512, "int8-affine", 1});
+  }
+  RunCase({"mlx8 g16", {{DType::kMlxQ8, 70}}, 16, 256, "int8-affine", 1});
+}
+
+TEST(CudaQuantLinear, GgufBlocks) {
+  KESTREL_REQUIRE_CUDA();
+  RunCase({"q8_0", {{DType::kQ8_0, 150}}, 0, 512, "int8-affine", 1});
+  RunCase({"q4_k", {{DType::kQ4_K, 150}}, 0, 512, "int4-affine", 1});
+  RunCase({"q6_k", {{DType::kQ6_K, 150}}, 0, 512, "int8-affine", 1});
+}
+
+TEST(CudaQuantLinear, MixedFormatsInOneFusedWeight) {
+  KESTREL_REQUIRE_CUDA();
+  // A Q4_K_M-style q|k|v (v in Q6_K) and a part left in bf16.
+  RunCase({"q4_k|q4_k|q6_k|bf16",
+           {{DType::kQ4_K, 256}, {DType::kQ4_K, 64}, {DType::kQ6_K, 64}, {DType::kBF16, 40}},
+           0, 512, "bf16+int4-affine+int8-affine", 3});
+}
+
+// e4m3fn code of v (|v| <= 448 after scaling, saturating beyond): nearest, ties to the even code.
+uint8_t ToE4M3(float v) {
+  uint8_t best = 0;
+  float best_err = INFINITY;
+  for (int c = 0; c < 0x7F; ++c) {  // non-negative finite codes, increasing
+    const float err = std::fabs(std::fabs(v) - F8E4M3ToF32(static_cast<uint8_t>(c)));
+    if (err < best_err || (err == best_err && (c & 1) == 0)) {
+      best = static_cast<uint8_t>(c);
+      best_err = err;
+    }
+  }
+  return static_cast<uint8_t>(best | (v < 0 ? 0x80 : 0));
+}
+
+// W8A8: activations quantized per (row, 128 columns) exactly as the host emulation does, then the
+// FP8 tensor cores with both block scales; against the emulation (same products, f32 sums) and,
+// for information, against the exact float32 reference.
+TEST(CudaQuantLinear, Fp8ActivationsOnTheTensorCores) {
+  KESTREL_REQUIRE_CUDA();
+  const int64_t n = 384, k = 512;
+  HostWeight w = MakeWeight(DType::kF8E4M3, n, k, 0, 5);
+  CudaWeightPlan plan;
+  const CudaWeightPlan::Linear lin = plan.PlaceLinear({&w.view});
+  Uploaded dev = Upload(plan, lin);
+  auto engine = cuda::LinearEngine::Create(32 << 20, 1 << 20);  // 1 MiB: several row chunks
+  ASSERT_TRUE(engine.ok());
+  (*engine)->set_fp8_activations(true);
+  for (int64_t m : {37, 300}) {
+    SCOPED_TRACE("m=" + std::to_string(m));
+    std::vector<uint16_t> xb = kt::RandomBf16(static_cast<size_t>(m * k), 3);
+    const std::vector<float> xf = kt::Bf16ToF32(xb);
+    // The host emulation of QuantizeActivationsFp8.
+    std::vector<float> xe(xf.size());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t g = 0; g < k / 128; ++g) {
+        float amax = 0;
+        for (int64_t c = 0; c < 128; ++c) amax = std::max(amax, std::fabs(xf[i * k + g * 128 + c]));
+        const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+        for (int64_t c = 0; c < 128; ++c) {
+          const int64_t at = i * k + g * 128 + c;
+          xe[at] = F8E4M3ToF32(ToE4M3(xf[at] / scale)) * scale;
+        }
+      }
+    }
+    const std::vector<double> emulated = Reference({&w.view}, xe, m, k);
+    const std::vector<double> exact = Reference({&w.view}, xf, m, k);
+    cuda::DeviceBuffer x = kt::Upload(xb);
+    cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
+    ASSERT_TRUE((*engine)->RunFp8(x.as<__nv_bfloat16>(), m, k, dev.weight.seg[0], n, y.as<float>(), n,
+                                  nullptr))
+        << "cuBLASLt offers no block-scaled FP8 algorithm";
+    const std::vector<float> out = kt::Download<float>(y, static_cast<size_t>(m * n));
+    // The same products; what is left is the order of the f32 sums and, when cuBLASLt writes
+    // bf16 (some shapes), that rounding.
+    EXPECT_LT(RelError(out, emulated), 4e-3);
+    const double err = RelError(out, exact);
+    std::printf("[ info     ] W8A8 m=%lld: relative error against the exact product %.4f\n",
+                static_cast<long long>(m), err);
+    EXPECT_LT(err, 0.1);
+    // Through Run (the path a model takes) the same bits.
+    cuda::DeviceBuffer y2 = kt::Poisoned<float>(static_cast<size_t>(m * n));
+    (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y2.as<float>(), nullptr);
+    const std::vector<float> out2 = kt::Download<float>(y2, static_cast<size_t>(m * n));
+    EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 4));
+  }
+}
+
+}  // namespace
+}  // namespace kestrel
