@@ -16,7 +16,9 @@
 # PRESET=qwen3.5-27b (a tools/make_random_model.py preset) benchmarks another model; BENCH_FLAGS
 # replaces the benchmark's flags, MODEL_SET adds generator flags (e.g. "--set num_hidden_layers=20"
 # where the full model would not fit the machine's disk), RACECHECK_FILTER / MEMCHECK_FILTER
-# narrow the sanitizer runs to some tests.
+# narrow the sanitizer runs to some tests; QUANT="fp8 mlx4" adds quantized copies of the model to
+# the benchmark (bench_<format>.json), QUANT_GEMV_VARIANTS="r1_ks4_u4 ..." their one-row GEMV
+# shapes.
 set -uo pipefail
 here=$(pwd)
 OUT=${OUT:-/tmp/out}
@@ -86,6 +88,28 @@ if has bench; then
   # shellcheck disable=SC2086
   bench bench -- ${BENCH_FLAGS:---prefill 2048 --decode-context 128,2048 --batch 1,64 --engine-batch 1,64}
 fi
+# QUANT="fp8 mlx4": the same model with random codes in those formats
+# (tools/make_random_quantized.py), benchmarked with the same flags right after bf16.
+for q in ${QUANT:-}; do
+  has bench || break
+  t0=$SECONDS
+  python3 tools/make_random_quantized.py --model $model --out $model-$q --format $q > /tmp/make_$q.txt 2>&1
+  log "random $q: exit $? in $((SECONDS - t0)) s"
+  bf16_model=$model
+  model=$model-$q
+  # shellcheck disable=SC2086
+  bench bench_$q -- ${BENCH_FLAGS:---prefill 2048 --decode-context 128,2048 --batch 1,64 --engine-batch 1,64}
+  for v in ${QUANT_GEMV_VARIANTS:-}; do  # one-row GEMV shapes (quant_linear.cu)
+    bench bench_${q}_$v KESTREL_QUANT_GEMV=$v -- --prefill 128 --decode-context 128 --batch 1 \
+      --engine-batch 0 --no-profile
+  done
+  if [[ $q == fp8 ]]; then  # prefill as W8A8 on the FP8 tensor cores
+    bench bench_fp8_w8a8 -- --fp8-activations --prefill 2048,8192 --decode-context 128 --batch 1,64 \
+      --engine-batch 0 --no-profile
+  fi
+  model=$bf16_model
+  rm -rf "$model-$q"
+done
 if has compare; then
   # Short contexts only: filling 64 sequences' K/V at 2k copies 19 GB (about 9 s).
   bench bench_pdl_off KESTREL_PDL=0 -- --prefill 2048 --decode-context 128 --batch 1,64 \
