@@ -165,6 +165,9 @@ struct Engine::Impl {
   void CheckCancellations();
   // Takes seq out of the scheduler and `active`, and sends its finished event.
   void Finish(EngineSequence* seq, RequestOutput event);
+  // Publishes the waiting and running counts Submit admits from, `finishing` running sequences
+  // (whose last event is about to go out) not counted.
+  void PublishAdmissionCounts(int32_t finishing);
   void RemoveFromActive(EngineSequence* seq);
   void CancelAll(const Status& why);
   void PublishMetrics();
@@ -555,6 +558,8 @@ bool Engine::Impl::EmitToken(EngineSequence* seq, RequestOutput event, Clock::ti
                                                   : live.requests_finished_length);
     live.e2e_latency.Observe(Seconds(now - seq->submitted));
     finished_this_step.push_back(seq);
+    // Still running in the scheduler until the end of the step, but its place is free.
+    PublishAdmissionCounts(static_cast<int32_t>(finished_this_step.size()));
   }
   seq->handle->Push(std::move(event));
   return last;
@@ -596,10 +601,18 @@ void Engine::Impl::RemoveFromActive(EngineSequence* seq) {
 
 void Engine::Impl::Finish(EngineSequence* seq, RequestOutput event) {
   if (seq->status != SequenceStatus::kFinished) scheduler.Remove(seq);
+  PublishAdmissionCounts(0);
   event.finished = true;
   event.usage = seq->Usage();
   seq->handle->Push(std::move(event));
   RemoveFromActive(seq);
+}
+
+void Engine::Impl::PublishAdmissionCounts(int32_t finishing) {
+  // Submit admits from these; they are published before a finished sequence's last event, so
+  // that a client sending its next request on seeing the end of a stream finds the place free.
+  n_waiting_published.store(scheduler.n_waiting());
+  n_running_published.store(std::max(scheduler.n_running() - finishing, 0));
 }
 
 void Engine::Impl::CheckCancellations() {

@@ -197,6 +197,21 @@ TEST_F(EngineApiTest, QueueLimitAndShutdownBeforeStart) {
   engine->Shutdown(true);  // idempotent
 }
 
+TEST_F(EngineApiTest, AFinishedRequestFreesItsPlaceBeforeItsLastEvent) {
+  // One place in all: each request, sent as soon as the previous one's last event arrived, is
+  // admitted (the freed place is published before that event, not at the end of the step).
+  EngineConfig config;
+  config.max_num_seqs = 1;
+  config.max_waiting = 0;
+  auto engine = MakeEngine(config);
+  for (int i = 0; i < 50; ++i) {
+    Result<std::shared_ptr<RequestHandle>> h = engine->Submit(Request("x = 1", 2));
+    ASSERT_TRUE(h.ok()) << "request " << i << ": " << h.status().message();
+    EXPECT_EQ(Collect(**h).reason, FinishReason::kLength);
+  }
+  EXPECT_EQ(engine->Metrics().requests_rejected, 0u);
+}
+
 TEST_F(EngineApiTest, ShutdownDrainsOrCancels) {
   auto draining = MakeEngine();
   std::vector<std::shared_ptr<RequestHandle>> handles;
