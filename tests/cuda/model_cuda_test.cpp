@@ -58,19 +58,6 @@ std::vector<int32_t> ReversedBlocks(const Model& m) {
   return blocks;
 }
 
-double TopMargin(const std::vector<float>& row) {
-  float a = -INFINITY, b = -INFINITY;
-  for (float v : row) {
-    if (v > a) {
-      b = a;
-      a = v;
-    } else if (v > b) {
-      b = v;
-    }
-  }
-  return static_cast<double>(a) - b;
-}
-
 TEST(CudaModel, FixturesMatchTransformers) {
   KESTREL_REQUIRE_CUDA();
   const fs::path root = fs::path(KESTREL_SOURCE_DIR) / "tests" / "data" / "models";
@@ -147,7 +134,7 @@ TEST(CudaModel, FixturesMatchTransformers) {
             << "position " << p << " against the CPU with bf16 roundings";
         if (moe) continue;
         EXPECT_LE(diff, tolerance * range) << "position " << p;
-        if (TopMargin(want) > 2 * tolerance * range) {
+        if (testing::TopMargin(want) > 2 * tolerance * range) {
           EXPECT_EQ(testing::Argmax(out[0][p]), testing::Argmax(want)) << "position " << p;
         }
       }

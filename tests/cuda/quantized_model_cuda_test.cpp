@@ -47,19 +47,6 @@ std::vector<int32_t> Blocks(const Model& m) {
   return b;
 }
 
-double TopMargin(const std::vector<float>& row) {
-  float a = -INFINITY, b = -INFINITY;
-  for (float v : row) {
-    if (v > a) {
-      b = a;
-      a = v;
-    } else if (v > b) {
-      b = v;
-    }
-  }
-  return static_cast<double>(a) - b;
-}
-
 struct Writer {
   std::string name, tool, model, flags, expect_formats;
 };
@@ -122,7 +109,7 @@ TEST(CudaQuantizedModel, EveryFormatAgreesWithItsDequantizedWeightsOnTheCpu) {
     std::vector<float> c_row = lc.back(), g_row = lg.back();
     int same = 0;
     for (int step = 0; step < 12; ++step) {
-      if (TopMargin(c_row) < kMarginFloor) break;
+      if (testing::TopMargin(c_row) < kMarginFloor) break;
       const int32_t tc = testing::Argmax(c_row), tg = testing::Argmax(g_row);
       ASSERT_EQ(tg, tc) << "greedy step " << step;
       ++same;

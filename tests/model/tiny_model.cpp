@@ -354,4 +354,17 @@ double Range(const std::vector<float>& row) {
   return static_cast<double>(*hi) - *lo;
 }
 
+double TopMargin(const std::vector<float>& row) {
+  float a = -INFINITY, b = -INFINITY;
+  for (float v : row) {
+    if (v > a) {
+      b = a;
+      a = v;
+    } else if (v > b) {
+      b = v;
+    }
+  }
+  return static_cast<double>(a) - b;
+}
+
 }  // namespace kestrel::testing

@@ -106,5 +106,7 @@ class SeqRunner {
 int32_t Argmax(const std::vector<float>& row);
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b);
 double Range(const std::vector<float>& row);
+// The largest value minus the second largest.
+double TopMargin(const std::vector<float>& row);
 
 }  // namespace kestrel::testing

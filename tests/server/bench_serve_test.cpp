@@ -20,72 +20,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "serve_process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-// `kestrel serve` on a free port, killed when the object goes.
-class TinyServer {
- public:
-  bool Start(const std::vector<std::string>& extra_args) {
-    int err_pipe[2];
-    if (pipe(err_pipe) != 0) return false;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(err_pipe[1], 2);
-      close(err_pipe[0]);
-      close(err_pipe[1]);
-      std::vector<std::string> args = {
-          KESTREL_BINARY, "serve",
-          "--model",      std::string(KESTREL_SOURCE_DIR) + "/models/kestrel-tiny",
-          "--port",       "0",
-          "--kv-memory",  "0.05",
-          "--threads",    "2"};
-      args.insert(args.end(), extra_args.begin(), extra_args.end());
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(err_pipe[1]);
-    err_fd_ = err_pipe[0];
-    const std::regex ready(R"(serving \S+ at http://127\.0\.0\.1:(\d+)/v1)");
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd fd{err_fd_, POLLIN, 0};
-      if (poll(&fd, 1, 100) > 0) {
-        char buf[4096];
-        const ssize_t n = read(err_fd_, buf, sizeof(buf));
-        if (n > 0) stderr_.append(buf, static_cast<size_t>(n));
-        if (n == 0) return false;
-      }
-      std::smatch m;
-      if (std::regex_search(stderr_, m, ready)) {
-        url_ = "http://127.0.0.1:" + m[1].str();
-        return true;
-      }
-    }
-    return false;
-  }
-  ~TinyServer() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (err_fd_ >= 0) close(err_fd_);
-  }
-  const std::string& url() const { return url_; }
-  const std::string& log() const { return stderr_; }
-
- private:
-  pid_t pid_ = -1;
-  int err_fd_ = -1;
-  std::string url_;
-  std::string stderr_;
-};
+using TinyServer = kestrel::testing::ServeProcess;
 
 struct ProcessRun {
   int exit_code = -1;
@@ -149,7 +92,7 @@ class BenchServeE2E : public ::testing::Test {
     server_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_TRUE(started_) << "kestrel serve did not start:\n" << server_->log();
+    ASSERT_TRUE(started_) << "kestrel serve did not start:\n" << server_->stderr_text();
     dir_ = fs::temp_directory_path() /
            ("kestrel_bench_serve_" + std::to_string(getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -315,7 +258,7 @@ TEST_F(BenchServeE2E, RateLimitedRequestsAreCountedApart) {
   // many do depends on timing, so only the bookkeeping is exact: every 429 is counted as
   // rate_limited and none as an HTTP error.
   TinyServer limited;
-  ASSERT_TRUE(limited.Start({"--max-num-seqs", "1", "--max-waiting", "0"})) << limited.log();
+  ASSERT_TRUE(limited.Start({"--max-num-seqs", "1", "--max-waiting", "0"})) << limited.stderr_text();
   ProcessRun run;
   const json j = Bench({"--url", limited.url(), "--concurrency", "4", "--requests-per-level", "8",
                         "--warmup", "0", "--input-tokens", "32", "--output-tokens", "32"},
