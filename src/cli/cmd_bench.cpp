@@ -287,6 +287,7 @@ void RegisterBench(CLI::App& app, int& exit_code) {
   cmd->add_flag("--f32-activations", f.load.f32_activations, kF32ActivationsHelp);
   cmd->add_flag("--fp8-activations", f.load.fp8_activations, kFp8ActivationsHelp);
   cmd->add_flag("--deterministic", f.load.deterministic, kDeterministicHelp);
+  cmd->add_option("--kv-cache-dtype", f.load.kv_cache_dtype, kKvCacheDTypeHelp);
   cmd->add_option("--threads", f.load.n_threads, "CPU threads (default: all cores)");
   cmd->callback([&exit_code] {
     if (f.repeats < 1 || f.decode_tokens < 2) {

@@ -142,6 +142,7 @@ void RegisterGenerate(CLI::App& app, int& exit_code) {
   cmd->add_flag("--f32-activations", f.load.f32_activations, kF32ActivationsHelp);
   cmd->add_flag("--fp8-activations", f.load.fp8_activations, kFp8ActivationsHelp);
   cmd->add_flag("--deterministic", f.load.deterministic, kDeterministicHelp);
+  cmd->add_option("--kv-cache-dtype", f.load.kv_cache_dtype, kKvCacheDTypeHelp);
   cmd->add_option("--threads", f.load.n_threads, "CPU threads (default: all cores)");
   cmd->add_option("--ctx-size", f.load.kv_cache_tokens, "KV cache capacity in tokens")
       ->capture_default_str();

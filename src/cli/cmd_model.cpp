@@ -199,6 +199,7 @@ void RegisterLogits(CLI::App& app, int& exit_code) {
   cmd->add_flag("--reference", f.load.reference_kernels, "Use the scalar reference kernels");
   cmd->add_flag("--f32-activations", f.load.f32_activations, kF32ActivationsHelp);
   cmd->add_flag("--deterministic", f.load.deterministic, kDeterministicHelp);
+  cmd->add_option("--kv-cache-dtype", f.load.kv_cache_dtype, kKvCacheDTypeHelp);
   cmd->callback([&exit_code] { exit_code = RunLogits(f); });
 }
 

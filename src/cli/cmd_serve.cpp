@@ -48,6 +48,7 @@ struct ServeFlags {
   bool f32_activations = false;
   bool fp8_activations = false;
   bool deterministic = false;
+  std::string kv_cache_dtype = "auto";
   std::string tool_call_parser = "auto";  // auto (from the chat template) or a format name
   std::string reasoning_parser = "auto";  // auto, think, none
   int max_stored_responses = 1024;
@@ -184,6 +185,9 @@ int RunServe(ServeFlags f) {
   options.int8_activations = !f.f32_activations;
   options.fp8_activations = f.fp8_activations;
   options.deterministic = f.deterministic;
+  Result<ModelLoadOptions::KvCacheDType> kv_dtype = ParseKvCacheDType(f.kv_cache_dtype);
+  if (!kv_dtype.ok()) return Fail(kv_dtype.status());
+  options.kv_cache_dtype = *kv_dtype;
   options.block_size_tokens = f.block_size;
   options.n_threads = f.n_threads;
   options.max_num_seqs = f.max_num_seqs;
@@ -344,6 +348,7 @@ void RegisterServe(CLI::App& app, int& exit_code) {
   cmd->add_flag("--f32-activations", f.f32_activations, kF32ActivationsHelp);
   cmd->add_flag("--fp8-activations", f.fp8_activations, kFp8ActivationsHelp);
   cmd->add_flag("--deterministic", f.deterministic, kDeterministicHelp);
+  cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype, kKvCacheDTypeHelp);
   cmd->callback([&exit_code] { exit_code = RunServe(f); });
 }
 

@@ -18,6 +18,16 @@ Result<Device> ResolveDevice(const std::string& flag) {
   return InvalidArgument("--device must be cpu, cuda or auto, got '" + flag + "'");
 }
 
+Result<ModelLoadOptions::KvCacheDType> ParseKvCacheDType(const std::string& flag) {
+  using D = ModelLoadOptions::KvCacheDType;
+  if (flag == "auto") return D::kAuto;
+  if (flag == "f32") return D::kF32;
+  if (flag == "bf16") return D::kBf16;
+  if (flag == "int8") return D::kInt8;
+  if (flag == "fp8") return Unsupported("--kv-cache-dtype fp8 is not implemented yet (CPU: int8)");
+  return InvalidArgument("--kv-cache-dtype must be auto, f32, bf16 or int8, not '" + flag + "'");
+}
+
 Result<LoadedModel> LoadModelForCli(const LoadFlags& flags) {
   if (flags.n_threads < 0) {
     return InvalidArgument("--threads must be >= 0 (0: all cores), got " +
@@ -39,6 +49,7 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags) {
   options.int8_activations = !flags.f32_activations;
   options.fp8_activations = flags.fp8_activations;
   options.deterministic = flags.deterministic;
+  KASSIGN(options.kv_cache_dtype, ParseKvCacheDType(flags.kv_cache_dtype));
   KASSIGN(ModelConfig cfg, LoadModelConfig(m.dir));
   options.kv_cache_tokens = flags.kv_cache_tokens;
   if (cfg.max_position_embeddings > 0) {

@@ -30,6 +30,7 @@ struct LoadFlags {
   bool f32_activations = false;  // CPU, quantized weights: ModelLoadOptions::int8_activations off
   bool fp8_activations = false;  // CUDA, FP8 checkpoints: ModelLoadOptions::fp8_activations
   bool deterministic = false;    // ModelLoadOptions::deterministic
+  std::string kv_cache_dtype = "auto";  // ModelLoadOptions::kv_cache_dtype (ParseKvCacheDType)
   int64_t kv_cache_tokens = 8192;  // KV pool capacity (capped at the context length)
   int n_threads = 0;
   int32_t max_num_seqs = 1;          // recurrent-state models: live state slots
@@ -41,6 +42,11 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags);
 // --device: "cpu", "cuda", or "auto" (cuda when this build has CUDA and a GPU is visible). An
 // explicit "cuda" never falls back: without a GPU the load fails with the reason.
 Result<Device> ResolveDevice(const std::string& flag);
+// --kv-cache-dtype: auto, f32 (CPU), bf16 (CUDA), int8 (CPU); fp8 is refused as not implemented.
+Result<ModelLoadOptions::KvCacheDType> ParseKvCacheDType(const std::string& flag);
+inline constexpr const char* kKvCacheDTypeHelp =
+    "KV cache element type: auto (f32 on the CPU, bf16 on CUDA), f32, bf16, or int8 (CPU: int8 "
+    "codes with a scale per token and head, a quarter of the bytes)";
 inline constexpr const char* kFp8ActivationsHelp =
     "CUDA, FP8 checkpoints: run prefill GEMMs as W8A8 on the FP8 tensor cores (activations "
     "quantized per token and 128 columns, as the checkpoint's reference code); faster, not exact";

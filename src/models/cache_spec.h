@@ -19,14 +19,15 @@ struct CacheSpec {
   int64_t n_attention_layers = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t kv_element_bytes = 4;  // f32 on the CPU, bf16 on CUDA
+  int64_t kv_element_bytes = 4;  // f32 on the CPU (1 with --kv-cache-dtype int8), bf16 on CUDA
+  int64_t kv_row_scale_bytes = 0;  // int8 KV: an f32 scale per (token, kv head) row
 
   int64_t n_recurrent_layers = 0;
   int64_t conv_state_floats = 0;  // per recurrent layer and slot
   int64_t ssm_state_floats = 0;   // per recurrent layer and slot
 
   int64_t kv_bytes_per_token() const {
-    return 2 * n_attention_layers * n_kv_heads * head_dim * kv_element_bytes;
+    return 2 * n_attention_layers * n_kv_heads * (head_dim * kv_element_bytes + kv_row_scale_bytes);
   }
   int64_t state_floats_per_layer() const { return conv_state_floats + ssm_state_floats; }
   int64_t state_bytes_per_slot() const {

@@ -255,8 +255,8 @@ void CpuDecoder::Attention(int64_t layer, const Batch& batch) {
   // K/V into the paged pool, then attention of every token over its sequence's cache.
   t0 = Clock::now();
   const int64_t index = cache_index_[static_cast<size_t>(layer)];
-  float* k_cache = caches_->k(index);
-  float* v_cache = caches_->v(index);
+  const cpu::KvRowsOut k_cache = caches_->rows(index, 0);
+  const cpu::KvRowsOut v_cache = caches_->rows(index, 1);
   cpu::WriteKv(s.k.data(), s.v.data(), batch.slot_mapping, caches_->kv_layout, k_cache, v_cache);
   cpu::AttentionShape shape;
   shape.n_heads = c_.n_heads;
@@ -268,7 +268,9 @@ void CpuDecoder::Attention(int64_t layer, const Batch& batch) {
   shape.n_blocks = caches_->kv_layout.n_blocks;
   cpu::AttentionBatch ab{batch.positions, batch.seq_starts, batch.block_tables,
                          batch.max_blocks_per_seq};
-  cpu::PagedAttention(ops_, shape, ab, s.q.data(), k_cache, v_cache, s.attn.data(), s.scores);
+  cpu::PagedAttention(ops_, shape, ab, s.q.data(),
+                      cpu::KvRows{k_cache.f32, k_cache.q, k_cache.scale},
+                      cpu::KvRows{v_cache.f32, v_cache.q, v_cache.scale}, s.attn.data(), s.scores);
   if (c_.attention_output_gate) cpu::SigmoidGateInPlace(s.attn.data(), s.gate.data(), n * q_dim);
   stats_->attention_s += SecondsSince(t0);
 

@@ -27,7 +27,10 @@ namespace kestrel {
 struct CpuCaches {
   CacheSpec spec;
   cpu::KvLayout kv_layout;
-  std::unique_ptr<float[]> kv;
+  std::unique_ptr<float[]> kv;        // f32 KV: per attention layer K then V
+  bool int8 = false;                  // int8 KV: codes and row scales instead of kv
+  std::unique_ptr<int8_t[]> kv_q;     // per attention layer K then V codes
+  std::unique_ptr<float[]> kv_scale;  // per attention layer K then V, one scale per row
   int32_t n_state_slots = 0;
   std::unique_ptr<float[]> state;
 
@@ -39,6 +42,14 @@ struct CpuCaches {
   }
   float* v(int64_t attention_index) {
     return kv.get() + (2 * attention_index + 1) * kv_floats_per_layer();
+  }
+  int64_t kv_rows_per_layer() const { return kv_layout.n_slots() * spec.n_kv_heads; }
+  // Layer `attention_index`'s K (which 0) or V (1) cache in either storage.
+  cpu::KvRowsOut rows(int64_t attention_index, int which) {
+    const int64_t i = 2 * attention_index + which;
+    if (!int8) return {kv.get() + i * kv_floats_per_layer(), nullptr, nullptr};
+    return {nullptr, kv_q.get() + i * kv_floats_per_layer(),
+            kv_scale.get() + i * kv_rows_per_layer()};
   }
   int64_t state_floats_per_slot() const {
     return spec.n_recurrent_layers * spec.state_floats_per_layer();

@@ -15,7 +15,10 @@ int64_t ResolveKvCacheTokens(const ModelConfig& config, const ModelLoadOptions& 
   int64_t tokens = config.max_position_embeddings > 0 ? config.max_position_embeddings
                                                       : kDefaultKvCacheTokensCap;
   tokens = std::min(tokens, kDefaultKvCacheTokensCap);
-  const int64_t bytes_per_token = MakeCacheSpec(config, sizeof(float)).kv_bytes_per_token();
+  const bool int8 = options.kv_cache_dtype == ModelLoadOptions::KvCacheDType::kInt8;
+  CacheSpec spec = MakeCacheSpec(config, int8 ? 1 : sizeof(float));
+  if (int8) spec.kv_row_scale_bytes = sizeof(float);
+  const int64_t bytes_per_token = spec.kv_bytes_per_token();
   if (bytes_per_token > 0) tokens = std::min(tokens, kDefaultKvBudgetBytes / bytes_per_token);
   return std::max<int64_t>(tokens, options.block_size_tokens);
 }
@@ -55,7 +58,13 @@ int64_t CpuRunner::decode_weight_bytes() const {
 
 Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
   const ModelConfig& c = config_;
-  caches_.spec = MakeCacheSpec(c, sizeof(float));
+  using KvDType = ModelLoadOptions::KvCacheDType;
+  if (options.kv_cache_dtype == KvDType::kBf16) {
+    return Unsupported("--kv-cache-dtype bf16 is for --device cuda; the CPU stores f32 or int8");
+  }
+  caches_.int8 = options.kv_cache_dtype == KvDType::kInt8;
+  caches_.spec = MakeCacheSpec(c, caches_.int8 ? 1 : sizeof(float));
+  if (caches_.int8) caches_.spec.kv_row_scale_bytes = sizeof(float);
   // KV pool: capacity rounded up to whole blocks.
   const int32_t block_size = options.block_size_tokens;
   const int64_t tokens = ResolveKvCacheTokens(c, options);
@@ -68,7 +77,15 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
   const int64_t kv_floats = 2 * caches_.spec.n_attention_layers * caches_.kv_floats_per_layer();
   // Uninitialised on purpose: slots are written before they are read, and a large new[] maps
   // fresh zero pages lazily, so an unused capacity costs no memory.
-  if (kv_floats > 0) {
+  if (kv_floats > 0 && caches_.int8) {
+    caches_.kv_q.reset(new (std::nothrow) int8_t[static_cast<size_t>(kv_floats)]);
+    caches_.kv_scale.reset(new (std::nothrow) float[static_cast<size_t>(
+        2 * caches_.spec.n_attention_layers * caches_.kv_rows_per_layer())]);
+    if (caches_.kv_q == nullptr || caches_.kv_scale == nullptr) {
+      return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
+                               " tokens x " + std::to_string(kv_bytes_per_token()) + " bytes");
+    }
+  } else if (kv_floats > 0) {
     caches_.kv.reset(new (std::nothrow) float[static_cast<size_t>(kv_floats)]);
     if (caches_.kv == nullptr) {
       return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
@@ -184,11 +201,20 @@ void CpuRunner::CopyKvBlocks(int32_t src_first, int32_t dst_first, int32_t n_blo
   KCHECK(n_blocks >= 0 && src_first >= 0 && dst_first >= 0);
   KCHECK(src_first + n_blocks <= l.n_blocks && dst_first + n_blocks <= l.n_blocks);
   KCHECK(src_first + n_blocks <= dst_first || dst_first + n_blocks <= src_first);
-  const int64_t block = l.floats_per_block();
+  const int64_t block = l.floats_per_block();          // elements of one block
+  const int64_t block_rows = block / l.head_dim;        // rows (and int8 scales) of one block
   for (int64_t i = 0; i < caches_.spec.n_attention_layers; ++i) {
-    for (float* cache : {caches_.k(i), caches_.v(i)}) {
-      std::memcpy(cache + dst_first * block, cache + src_first * block,
-                  static_cast<size_t>(n_blocks * block) * sizeof(float));
+    for (int which : {0, 1}) {
+      const cpu::KvRowsOut c = caches_.rows(i, which);
+      if (c.f32 != nullptr) {
+        std::memcpy(c.f32 + dst_first * block, c.f32 + src_first * block,
+                    static_cast<size_t>(n_blocks * block) * sizeof(float));
+      } else {
+        std::memcpy(c.q + dst_first * block, c.q + src_first * block,
+                    static_cast<size_t>(n_blocks * block));
+        std::memcpy(c.scale + dst_first * block_rows, c.scale + src_first * block_rows,
+                    static_cast<size_t>(n_blocks * block_rows) * sizeof(float));
+      }
     }
   }
 }

@@ -294,6 +294,13 @@ Result<std::unique_ptr<Model>> LoadCudaModel(ModelConfig config, WeightStore sto
       }
     }
   }
+  using KvDType = ModelLoadOptions::KvCacheDType;
+  if (options.kv_cache_dtype == KvDType::kF32 || options.kv_cache_dtype == KvDType::kInt8) {
+    return Unsupported(std::string("--kv-cache-dtype ") +
+                       (options.kv_cache_dtype == KvDType::kF32 ? "f32" : "int8") +
+                       " is for --device cpu; the CUDA KV cache is bf16 (fp8 and int8 there are "
+                       "not implemented yet)");
+  }
   std::unique_ptr<CudaRunner> m(new CudaRunner(std::move(config), std::move(store), std::move(w)));
   // Layers this backend cannot run are refused before the device is touched.
   KASSIGN(m->decoder_, CudaDecoder::Create(m->config_, m->weights_host_));

@@ -81,6 +81,11 @@ struct ModelLoadOptions {
   // Batch-invariant mode: a sequence's logits are the same bits whatever else is in the batch
   // (CPU: cpu::OpContext::batch_invariant; the reference kernels always are; CUDA: not yet).
   bool deterministic = false;
+  // The KV cache's element type: kAuto is f32 on the CPU and bf16 on CUDA; kInt8 (CPU) stores
+  // each (token, kv head) row as int8 codes with an f32 scale (cpu::KvRows), a quarter of the
+  // bytes attention reads.
+  enum class KvCacheDType { kAuto, kF32, kBf16, kInt8 };
+  KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
 };
 
 inline constexpr int64_t kDefaultStateSnapshotBytes = int64_t{1} << 30;

@@ -272,6 +272,20 @@ TEST(Cli, NegativeThreadCountsAreAOneLineError) {
   }
 }
 
+TEST(Cli, KvCacheDTypeInt8RunsAndOthersAreOneLineErrors) {
+  ProcessResult ok = RunKestrel({"logits", "--model", kQwen3Fixture, "--ids", "1,2,3,4,5",
+                                 "--greedy", "4", "--kv-cache-dtype", "int8"});
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(json::parse(ok.out)["greedy"].size(), 4u);
+  for (const char* bad : {"fp8", "int4", "bf16"}) {
+    ProcessResult r = RunKestrel({"logits", "--model", kQwen3Fixture, "--ids", "1,2",
+                                  "--kv-cache-dtype", bad});
+    EXPECT_EQ(r.exit_code, 1) << bad << ": " << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("kv-cache-dtype"), std::string::npos) << r.err;
+  }
+}
+
 TEST(Cli, InfoDescribesAHybridModel) {
   ProcessResult r = RunKestrel({"info", "--model", kSource + "/tests/data/models/qwen3_5_vl"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

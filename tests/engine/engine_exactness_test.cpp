@@ -103,16 +103,19 @@ void ExpectSame(const std::vector<Collected>& got, const std::vector<Collected>&
               what.c_str(), n_differing, n_total);
 }
 
-TEST(EngineExactnessTest, ReferenceKernelsAreBitwiseInvariantToBatchingCachingAndPreemption) {
+// Solo, batched (chunked prefills mixed with decodes), again from the prefix cache, and under
+// constant preemption: the same tokens and bitwise the same logprobs. Returns the solo results.
+std::vector<Collected> CheckInvariance(ModelLoadOptions::KvCacheDType kv) {
   const std::vector<EngineRequest> reqs = FixtureRequests(32, 16);
   const std::string dir = testing::FixtureModelDir();
+  const CpuKernels ref = CpuKernels::kReference;
 
-  Engine solo(LoadModel(dir, 512, CpuKernels::kReference), nullptr, {}, Config(1, 2048, false));
+  Engine solo(LoadModel(dir, 512, ref, kv), nullptr, {}, Config(1, 2048, false));
   solo.Start();
   const std::vector<Collected> want = RunOneByOne(solo, reqs);
 
   // 32 at once; a budget of 64 tokens chunks the long prompts and mixes them with decodes.
-  Engine batched(LoadModel(dir, 4096, CpuKernels::kReference), nullptr, {}, Config(32, 64, true));
+  Engine batched(LoadModel(dir, 4096, ref, kv), nullptr, {}, Config(32, 64, true));
   ExpectSame(RunConcurrently(batched, reqs, /*start_after_submit=*/true), want, 0.0f, "batched");
   // Everything again, one by one: now served from the prefix cache.
   const std::vector<Collected> again = RunOneByOne(batched, reqs);
@@ -127,12 +130,34 @@ TEST(EngineExactnessTest, ReferenceKernelsAreBitwiseInvariantToBatchingCachingAn
   EXPECT_EQ(m.kv_blocks_used, 0);
 
   // 10 blocks of 16 tokens for 32 requests of up to 136 tokens: constant preemption.
-  Engine tight(LoadModel(dir, 160, CpuKernels::kReference), nullptr, {}, Config(32, 64, true));
+  Engine tight(LoadModel(dir, 160, ref, kv), nullptr, {}, Config(32, 64, true));
   ExpectSame(RunConcurrently(tight, reqs, true), want, 0.0f, "preempted");
   m = WaitIdle(tight);
   EXPECT_GT(m.preemptions, 10u);
   EXPECT_EQ(m.kv_blocks_used, 0);
   EXPECT_EQ(m.kv_blocks_total, 10);
+  return want;
+}
+
+TEST(EngineExactnessTest, ReferenceKernelsAreBitwiseInvariantToBatchingCachingAndPreemption) {
+  CheckInvariance(ModelLoadOptions::KvCacheDType::kAuto);
+}
+
+// The int8 KV cache (--kv-cache-dtype int8) keeps every one of those invariances (a block holds
+// the same codes whoever wrote it), and its greedy tokens stay those of the f32 cache as long as
+// the f32 logprob margin is clear (this fixture's flat logits make near-ties common).
+TEST(EngineExactnessTest, Int8KvCacheIsInvariantTooAndStaysNearF32) {
+  const std::vector<Collected> f32 = CheckInvariance(ModelLoadOptions::KvCacheDType::kAuto);
+  const std::vector<Collected> int8 = CheckInvariance(ModelLoadOptions::KvCacheDType::kInt8);
+  int same_first = 0;
+  double worst = 0;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    same_first += int8[i].tokens[0] == f32[i].tokens[0];
+    worst = std::max(worst, std::fabs(static_cast<double>(int8[i].logprobs[0]) - f32[i].logprobs[0]));
+  }
+  std::printf("[ info     ] int8 KV: first token equal to f32 in %d of %zu requests, max |logprob "
+              "diff| %.4f\n", same_first, f32.size(), worst);
+  EXPECT_GE(same_first, 30);
 }
 
 // The forward itself: one decode row alone, then inside a batch whose other sequence prefills

@@ -24,10 +24,12 @@ inline std::string FixtureModelDir() {
   return std::string(KESTREL_SOURCE_DIR) + "/tests/data/models/qwen3";
 }
 
-inline std::unique_ptr<Model> LoadModel(const std::string& dir, int64_t kv_cache_tokens,
-                                        CpuKernels kernels = CpuKernels::kAuto) {
+inline std::unique_ptr<Model> LoadModel(
+    const std::string& dir, int64_t kv_cache_tokens, CpuKernels kernels = CpuKernels::kAuto,
+    ModelLoadOptions::KvCacheDType kv_dtype = ModelLoadOptions::KvCacheDType::kAuto) {
   ModelLoadOptions options;
   options.kernels = kernels;
+  options.kv_cache_dtype = kv_dtype;
   options.kv_cache_tokens = kv_cache_tokens;
   Result<std::unique_ptr<Model>> model = Model::Load(dir, options);
   EXPECT_TRUE(model.ok()) << model.status().message();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "backends/cpu/ops.h"
@@ -242,6 +243,105 @@ TEST(WriteKv, WritesEachHeadOfEachTokenAtItsSlot) {
   for (float& x : want) x = -x;
   EXPECT_EQ(vc, want);
   EXPECT_EQ(layout.RowOffset(9, 1), 63);
+}
+
+// The int8 KV cache: every row of a case's f32 pool quantized (cpu::WriteKv's rule).
+struct Int8Pool {
+  std::vector<int8_t> kq, vq;
+  std::vector<float> ks, vs;
+  cpu::KvRows k() const { return {nullptr, kq.data(), ks.data()}; }
+  cpu::KvRows v() const { return {nullptr, vq.data(), vs.data()}; }
+};
+
+Int8Pool QuantizePool(const PagedCase& c) {
+  const cpu::KvLayout layout = c.shape.layout();
+  const int64_t rows = layout.n_slots() * layout.n_kv_heads;
+  Int8Pool p;
+  p.kq.resize(c.k_cache.size());
+  p.vq.resize(c.v_cache.size());
+  p.ks.resize(static_cast<size_t>(rows));
+  p.vs.resize(static_cast<size_t>(rows));
+  // Writing every slot's rows through WriteKv, as the model does.
+  std::vector<int32_t> slots(static_cast<size_t>(layout.n_slots()));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::vector<float> k(c.k_cache.size()), v(c.v_cache.size());  // [slot, head, dim] order
+  for (int32_t slot : slots) {
+    for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
+      const int64_t src = layout.RowOffset(slot, h);
+      const int64_t dst = (int64_t{slot} * layout.n_kv_heads + h) * layout.head_dim;
+      std::copy_n(c.k_cache.begin() + src, layout.head_dim, k.begin() + dst);
+      std::copy_n(c.v_cache.begin() + src, layout.head_dim, v.begin() + dst);
+    }
+  }
+  cpu::WriteKv(k.data(), v.data(), slots, layout, cpu::KvRowsOut{nullptr, p.kq.data(), p.ks.data()},
+               cpu::KvRowsOut{nullptr, p.vq.data(), p.vs.data()});
+  return p;
+}
+
+std::vector<float> RunPagedInt8(const OpContext& ctx, const PagedCase& c, const Int8Pool& p) {
+  const int32_t max_ctx = *std::max_element(c.context_lens.begin(), c.context_lens.end());
+  std::vector<float> scratch(
+      static_cast<size_t>(cpu::AttentionScratchFloats(ctx, c.shape, max_ctx)));
+  std::vector<float> out(c.q.size(), -777.0f);
+  cpu::PagedAttention(ctx, c.shape, c.batch(), c.q.data(), p.k(), p.v(), out.data(), scratch);
+  return out;
+}
+
+TEST(WriteKv, Int8RowsRoundTripWithinHalfAStep) {
+  const cpu::KvLayout layout{2, 40, 4, 2};
+  std::mt19937 rng(5);
+  std::vector<float> k = testing::RandomFloats(rng, 3 * 2 * 40);
+  std::vector<float> v = testing::RandomFloats(rng, 3 * 2 * 40);
+  for (int d = 0; d < 40; ++d) v[40 + d] = 0.0f;  // an all-zero row: scale 0, codes 0
+  std::vector<int8_t> kq(layout.n_blocks * layout.floats_per_block()), vq(kq.size());
+  std::vector<float> ks(kq.size() / 40), vs(ks.size());
+  const std::vector<int32_t> slots = {5, 0, 7};
+  cpu::WriteKv(k.data(), v.data(), slots, layout, cpu::KvRowsOut{nullptr, kq.data(), ks.data()},
+               cpu::KvRowsOut{nullptr, vq.data(), vs.data()});
+  for (size_t t = 0; t < slots.size(); ++t) {
+    for (int64_t h = 0; h < 2; ++h) {
+      const int64_t off = layout.RowOffset(slots[t], h);
+      for (const auto& [x, q, sc] : {std::tuple{&k, &kq, &ks}, std::tuple{&v, &vq, &vs}}) {
+        const float* row = x->data() + (t * 2 + h) * 40;
+        float amax = 0;
+        for (int d = 0; d < 40; ++d) amax = std::max(amax, std::fabs(row[d]));
+        const float scale = (*sc)[off / 40];
+        EXPECT_EQ(scale, amax / 127.0f);
+        for (int d = 0; d < 40; ++d) {
+          const int8_t code = (*q)[off + d];
+          EXPECT_GE(code, -127);
+          EXPECT_LE(std::fabs(code * scale - row[d]), scale / 2 + 1e-7f);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(vs[layout.RowOffset(5, 1) / 40], 0.0f);  // token 0 (slot 5), head 1
+}
+
+// Attention over the int8 cache: both kernel sets see the same dequantized floats (the AVX2 one
+// within its usual 1e-5 of the reference, and thread-count independent), and the result stays
+// within the int8 rounding of the f32-cache attention.
+TEST(PagedAttention, Int8CacheMatchesReferenceAndStaysNearF32) {
+  std::mt19937 rng(13);
+  ThreadPool pool2(2), pool3(3);
+  int i = 0;
+  for (const Config& cfg : Configs()) {
+    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
+                           cfg.context_lens, cfg.n_new, cfg.window);
+    const Int8Pool p = QuantizePool(c);
+    const std::vector<float> ref = RunPagedInt8(OpContext{}, c, p);
+    const std::vector<float> f32 = RunPaged(OpContext{}, c);
+    const double err = testing::RelativeError(ref, f32);
+    EXPECT_LE(err, 2e-2) << "config " << i;
+    EXPECT_GT(err, 0.0) << "config " << i << ": the int8 cache was not read";
+    if (cpu::CpuHasAvx2Fma()) {
+      const std::vector<float> fast = RunPagedInt8(OpContext{KernelSet::kAvx2, &pool2}, c, p);
+      EXPECT_LE(testing::RelativeError(fast, ref), 1e-5) << "config " << i;
+      EXPECT_TRUE(testing::SameBits(RunPagedInt8(OpContext{KernelSet::kAvx2, &pool3}, c, p), fast))
+          << "config " << i;
+    }
+    ++i;
+  }
 }
 
 }  // namespace

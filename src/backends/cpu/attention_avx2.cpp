@@ -24,8 +24,9 @@ constexpr int kMaxSubGroup = 4;  // query heads per register tile
 
 // rows[i] = the cache row of kv head `kvh` at position p0 + i of a sequence, read through its
 // block table (pool layout [n_blocks, n_kv_heads, block_size, head_dim], see KvLayout).
-inline void GatherRows(const float* cache, const AttentionShape& shape, int64_t kvh,
-                       const int32_t* table, int64_t p0, int n, const float** rows) {
+template <class T>
+inline void GatherRows(const T* cache, const AttentionShape& shape, int64_t kvh,
+                       const int32_t* table, int64_t p0, int n, const T** rows) {
   const int64_t bs = shape.block_size_tokens;
   const int64_t head_block = bs * shape.head_dim;  // floats of one kv head in one block
   int64_t block = p0 / bs;
@@ -35,7 +36,7 @@ inline void GatherRows(const float* cache, const AttentionShape& shape, int64_t 
     KCHECK(physical >= 0 && physical < shape.n_blocks);
     return cache + (physical * shape.n_kv_heads + kvh) * head_block;
   };
-  const float* base = block_base(block);
+  const T* base = block_base(block);
   for (int i = 0; i < n; ++i) {
     rows[i] = base + offset * shape.head_dim;
     if (++offset == bs && i + 1 < n) {
@@ -47,10 +48,29 @@ inline void GatherRows(const float* cache, const AttentionShape& shape, int64_t 
 
 // Asks for the cache lines of the next chunk's rows while the current chunk is computed: the
 // rows come a few KB at a time from blocks far apart, too short for the hardware prefetchers.
-inline void PrefetchRows(const float* const* rows, int n, int64_t head_dim) {
+template <class T>
+inline void PrefetchRows(const T* const* rows, int n, int64_t head_dim) {
   for (int i = 0; i < n; ++i) {
     const char* r = reinterpret_cast<const char*>(rows[i]);
-    for (int64_t b = 0; b < head_dim * 4; b += 64) _mm_prefetch(r + b, _MM_HINT_T0);
+    for (int64_t b = 0; b < head_dim * static_cast<int64_t>(sizeof(T)); b += 64) {
+      _mm_prefetch(r + b, _MM_HINT_T0);
+    }
+  }
+}
+
+// dst[i] = the int8 row rows[i] times its scale, as floats (the reference's q * scale).
+inline void DequantizeRows(const int8_t* const* rows, const int8_t* base, const float* scale,
+                           int n, int64_t head_dim, float* dst) {
+  const int64_t d8 = head_dim & ~int64_t{7};
+  for (int i = 0; i < n; ++i) {
+    const float s = scale[(rows[i] - base) / head_dim];
+    const __m256 sv = _mm256_set1_ps(s);
+    float* o = dst + i * head_dim;
+    for (int64_t d = 0; d < d8; d += 8) {
+      const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[i] + d));
+      _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), sv));
+    }
+    for (int64_t d = d8; d < head_dim; ++d) o[d] = static_cast<float>(rows[i][d]) * s;
   }
 }
 
@@ -214,12 +234,13 @@ inline void ForSubGroups(int64_t group, Fn&& fn) {
 
 int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens) {
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  // Score rows [group, max_context], each padded to a multiple of 16 floats.
-  return group * ((max_context_tokens + 15) & ~int64_t{15});
+  // Score rows [group, max_context], each padded to a multiple of 16 floats, then one chunk of
+  // int8 rows as floats.
+  return group * ((max_context_tokens + 15) & ~int64_t{15}) + kKeyChunk * shape.head_dim;
 }
 
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
-                    const float* q, const float* k_cache, const float* v_cache, float* out,
+                    const float* q, const KvRows& k_cache, const KvRows& v_cache, float* out,
                     std::span<float> scratch) {
   const int64_t n_tokens = static_cast<int64_t>(batch.positions.size());
   const int64_t n_heads = shape.n_heads;
@@ -232,12 +253,13 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
   int32_t max_pos = 0;
   for (int64_t t = 0; t < n_tokens; ++t) max_pos = positions[t] > max_pos ? positions[t] : max_pos;
   const int64_t per_thread = AttentionScratchPerThread(shape, int64_t{max_pos} + 1);
-  const int64_t row_stride = per_thread / group;
+  const int64_t row_stride = (int64_t{max_pos} + 1 + 15) & ~int64_t{15};
   const int n_threads = pool != nullptr ? pool->n_threads() : 1;
   KCHECK(static_cast<int64_t>(scratch.size()) >= per_thread * n_threads);
 
   auto run = [&](int64_t i_begin, int64_t i_end, int thread) {
     float* scores = scratch.data() + per_thread * thread;  // [group, row_stride]
+    float* dequantized = scores + group * row_stride;      // [kKeyChunk, head_dim]
     int64_t seq = -1;
     for (int64_t item = i_begin; item < i_end; ++item) {
       const int64_t kvh = item / n_tokens;
@@ -258,20 +280,41 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
       float* og = out + (t * n_heads + kvh * group) * head_dim;      // [group, head_dim]
 
       const float* chunk_rows[2][kKeyChunk];
+      const int8_t* int8_rows[2][kKeyChunk];
+      const float* deq_rows[kKeyChunk];
+      for (int i = 0; i < kKeyChunk; ++i) deq_rows[i] = dequantized + i * head_dim;
       auto chunk_size = [&](int64_t j0) {
         return static_cast<int>(n_ctx - j0 < kKeyChunk ? n_ctx - j0 : kKeyChunk);
       };
       // Calls fn(j0, n, rows) for every chunk of the cache rows of kv head kvh, in order, with the
-      // next chunk's rows gathered and prefetched ahead.
-      auto for_chunks = [&](const float* cache, auto&& fn) {
-        GatherRows(cache, shape, kvh, table, first, chunk_size(0), chunk_rows[0]);
+      // next chunk's rows gathered and prefetched ahead; int8 rows are dequantized chunk by chunk
+      // into the thread's scratch (it stays in L1 for the chunk's use).
+      auto for_chunks = [&](const KvRows& cache, auto&& fn) {
+        if (cache.f32 != nullptr) {
+          GatherRows(cache.f32, shape, kvh, table, first, chunk_size(0), chunk_rows[0]);
+        } else {
+          GatherRows(cache.q, shape, kvh, table, first, chunk_size(0), int8_rows[0]);
+        }
         for (int64_t j0 = 0, c = 0; j0 < n_ctx; j0 += kKeyChunk, c ^= 1) {
           if (j0 + kKeyChunk < n_ctx) {
             const int n_next = chunk_size(j0 + kKeyChunk);
-            GatherRows(cache, shape, kvh, table, first + j0 + kKeyChunk, n_next, chunk_rows[c ^ 1]);
-            PrefetchRows(chunk_rows[c ^ 1], n_next, head_dim);
+            if (cache.f32 != nullptr) {
+              GatherRows(cache.f32, shape, kvh, table, first + j0 + kKeyChunk, n_next,
+                         chunk_rows[c ^ 1]);
+              PrefetchRows(chunk_rows[c ^ 1], n_next, head_dim);
+            } else {
+              GatherRows(cache.q, shape, kvh, table, first + j0 + kKeyChunk, n_next,
+                         int8_rows[c ^ 1]);
+              PrefetchRows(int8_rows[c ^ 1], n_next, head_dim);
+            }
           }
-          fn(j0, chunk_size(j0), chunk_rows[c]);
+          if (cache.f32 != nullptr) {
+            fn(j0, chunk_size(j0), chunk_rows[c]);
+          } else {
+            DequantizeRows(int8_rows[c], cache.q, cache.scale, chunk_size(j0), head_dim,
+                           dequantized);
+            fn(j0, chunk_size(j0), deq_rows);
+          }
         }
       };
 

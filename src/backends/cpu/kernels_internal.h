@@ -50,7 +50,7 @@ namespace reference {
 void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorView& bias, float* y,
             bool int8_activations);
 void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, const float* q,
-                    const float* k_cache, const float* v_cache, float* out,
+                    const KvRows& k_cache, const KvRows& v_cache, float* out,
                     std::span<float> scratch);
 }  // namespace reference
 
@@ -58,7 +58,7 @@ namespace avx2 {
 void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
                  bool int8_activations, bool batch_invariant = false);
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
-                    const float* q, const float* k_cache, const float* v_cache, float* out,
+                    const float* q, const KvRows& k_cache, const KvRows& v_cache, float* out,
                     std::span<float> scratch);
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 // Floats of scratch per thread that PagedAttention needs.

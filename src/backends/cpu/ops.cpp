@@ -66,6 +66,14 @@ void LinearGroup(const OpContext& ctx, int64_t m_rows, std::span<const LinearJob
 void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const float* k_cache, const float* v_cache, float* out,
                     std::span<float> scratch) {
+  PagedAttention(ctx, shape, batch, q, KvRows{k_cache}, KvRows{v_cache}, out, scratch);
+}
+
+void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const AttentionBatch& batch,
+                    const float* q, const KvRows& k_cache, const KvRows& v_cache, float* out,
+                    std::span<float> scratch) {
+  KCHECK((k_cache.f32 != nullptr) != (k_cache.q != nullptr && k_cache.scale != nullptr));
+  KCHECK((v_cache.f32 != nullptr) != (v_cache.q != nullptr && v_cache.scale != nullptr));
   KCHECK(shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0 && shape.head_dim > 0);
   KCHECK(batch.seq_starts.size() >= 1);
   KCHECK(batch.block_tables.size() ==
@@ -84,7 +92,7 @@ void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const Att
 int64_t AttentionScratchFloats(const OpContext& ctx, const AttentionShape& shape,
                                int64_t max_context_tokens) {
   switch (ctx.kernels) {
-    case KernelSet::kReference: return max_context_tokens;
+    case KernelSet::kReference: return max_context_tokens + shape.head_dim;  // + an int8 row
     case KernelSet::kAvx2: {
       int64_t n_threads = ctx.pool != nullptr ? ctx.pool->n_threads() : 1;
       return n_threads * avx2::AttentionScratchPerThread(shape, max_context_tokens);
@@ -166,6 +174,34 @@ void SiluMul(const OpContext& ctx, const float* gate, const float* up, int64_t n
 
 void AddInPlace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
+             const KvLayout& layout, const KvRowsOut& k_cache, const KvRowsOut& v_cache) {
+  if (k_cache.f32 != nullptr) {
+    WriteKv(k, v, slots, layout, k_cache.f32, v_cache.f32);
+    return;
+  }
+  const int64_t hd = layout.head_dim;
+  auto quantize = [hd](const float* x, int8_t* q, float* scale) {
+    float amax = 0.0f;
+    for (int64_t d = 0; d < hd; ++d) amax = std::max(amax, std::fabs(x[d]));
+    const float s = amax / 127.0f;
+    *scale = s;
+    for (int64_t d = 0; d < hd; ++d) {
+      q[d] = s > 0.0f ? static_cast<int8_t>(std::clamp(std::nearbyint(x[d] / s), -127.0f, 127.0f))
+                      : int8_t{0};
+    }
+  };
+  for (size_t t = 0; t < slots.size(); ++t) {
+    KCHECK(slots[t] >= 0 && slots[t] < layout.n_slots());
+    for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
+      const int64_t dst = layout.RowOffset(slots[t], h);
+      const int64_t src = (static_cast<int64_t>(t) * layout.n_kv_heads + h) * hd;
+      quantize(k + src, k_cache.q + dst, k_cache.scale + dst / hd);
+      quantize(v + src, v_cache.q + dst, v_cache.scale + dst / hd);
+    }
+  }
 }
 
 void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,

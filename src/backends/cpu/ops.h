@@ -132,10 +132,28 @@ struct KvLayout {
   }
 };
 
+// One layer's K (or V) cache: f32 rows, or int8 rows with an f32 scale per row (the int8 KV
+// cache, --kv-cache-dtype int8: element = q * scale, q = round-to-even(x / scale) with
+// scale = max|row| / 127, 0 for an all-zero row). Rows are laid out by KvLayout in both; the
+// scale of the row at element offset o is scale[o / head_dim].
+struct KvRows {
+  const float* f32 = nullptr;
+  const int8_t* q = nullptr;
+  const float* scale = nullptr;
+};
+struct KvRowsOut {
+  float* f32 = nullptr;
+  int8_t* q = nullptr;
+  float* scale = nullptr;
+};
+
 // Row (slots[t], h) of k_cache = k[t, h, :]; same for v.
 //   k, v [n_tokens, n_kv_heads, head_dim];  slots [n_tokens] < layout.n_slots()
 void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
              const KvLayout& layout, float* k_cache, float* v_cache);
+// The same into f32 or int8 caches.
+void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
+             const KvLayout& layout, const KvRowsOut& k_cache, const KvRowsOut& v_cache);
 
 struct AttentionShape {
   int64_t n_heads = 0;
@@ -165,6 +183,11 @@ struct AttentionBatch {
 //   scratch: at least AttentionScratchFloats(...) floats (per-thread score rows)
 void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const float* k_cache, const float* v_cache, float* out,
+                    std::span<float> scratch);
+// The same over f32 or int8 caches (int8 rows are dequantized, q * scale in f32, as they are
+// read: both kernel sets see the same floats).
+void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const AttentionBatch& batch,
+                    const float* q, const KvRows& k_cache, const KvRows& v_cache, float* out,
                     std::span<float> scratch);
 
 // Scratch floats PagedAttention needs for contexts up to max_context_tokens.

@@ -57,7 +57,7 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
 }
 
 void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, const float* q,
-                    const float* k_cache, const float* v_cache, float* out,
+                    const KvRows& k_cache, const KvRows& v_cache, float* out,
                     std::span<float> scratch) {
   const int64_t n_heads = shape.n_heads;
   const int64_t head_dim = shape.head_dim;
@@ -74,8 +74,17 @@ void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, co
                                 : 0;
       const int64_t n_ctx = pos + 1 - first;
       KCHECK(pos / bs < batch.max_blocks_per_seq);
-      KCHECK(static_cast<int64_t>(scratch.size()) >= n_ctx);
+      KCHECK(static_cast<int64_t>(scratch.size()) >= n_ctx + head_dim);
       float* scores = scratch.data();
+      float* row = scratch.data() + n_ctx;  // an int8 row as floats
+      // Row (slot, kvh) of a cache as floats.
+      auto read = [&](const KvRows& c, int64_t slot, int64_t kvh) -> const float* {
+        const int64_t off = layout.RowOffset(slot, kvh);
+        if (c.f32 != nullptr) return c.f32 + off;
+        const float sc = c.scale[off / head_dim];
+        for (int64_t d = 0; d < head_dim; ++d) row[d] = static_cast<float>(c.q[off + d]) * sc;
+        return row;
+      };
       for (int64_t h = 0; h < n_heads; ++h) {
         const float* qh = q + (t * n_heads + h) * head_dim;
         const int64_t kvh = h / group;
@@ -84,7 +93,7 @@ void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, co
           const int64_t p = first + j;
           const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
           KCHECK(slot >= 0 && slot < layout.n_slots());
-          const float* kj = k_cache + layout.RowOffset(slot, kvh);
+          const float* kj = read(k_cache, slot, kvh);
           float dot = 0.0f;
           for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kj[d];
           scores[j] = dot * shape.scale;
@@ -101,7 +110,7 @@ void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, co
         for (int64_t j = 0; j < n_ctx; ++j) {
           const int64_t p = first + j;
           const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
-          const float* vj = v_cache + layout.RowOffset(slot, kvh);
+          const float* vj = read(v_cache, slot, kvh);
           for (int64_t d = 0; d < head_dim; ++d) oh[d] += scores[j] * vj[d];
         }
       }
