@@ -55,7 +55,7 @@ def main():
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--dequantized-out")
     ap.add_argument("--act-order-g-idx", action="store_true",
-                    help="GPTQ: write a permuted g_idx, as act-order checkpoints have (for tests of its refusal)")
+                    help="GPTQ: act-order (desc_act): groups over a permuted order of the inputs, g_idx to match")
     args = ap.parse_args()
     gs = args.group_size
     cfg = json.load(open(os.path.join(args.model, "config.json")))
@@ -65,7 +65,16 @@ def main():
         w = tensors[name]()
         if name.endswith("_proj.weight") and w.ndim == 2 and w.shape[1] % gs == 0 and w.shape[0] % 8 == 0:
             base = name[:-len(".weight")]
-            q, zero, scale, d = quantize(w, gs)
+            perm = None
+            if args.format == "gptq" and args.act_order_g_idx:
+                # Act-order: groups of inputs in a permuted order (input perm[j] is in group
+                # j // gs), quantized in that order, stored in the original column order.
+                perm = np.random.default_rng(0).permutation(w.shape[1])
+                qp, zero, scale, dp = quantize(w[:, perm], gs)
+                q, d = np.empty_like(qp), np.empty_like(dp)
+                q[:, perm], d[:, perm] = qp, dp
+            else:
+                q, zero, scale, d = quantize(w, gs)
             if args.format == "awq":
                 qweight = pack_cols(q.T, AWQ_ORDER)              # [in, out/8]
                 qzeros = pack_cols(zero.T, AWQ_ORDER)            # [in/G, out/8]
@@ -73,8 +82,8 @@ def main():
                 qweight = pack_cols(q, list(range(8))).T.copy()  # [in/8, out]
                 qzeros = pack_cols(zero.T - 1, list(range(8)))   # [in/G, out/8], zero - 1
                 g_idx = (np.arange(w.shape[1]) // gs).astype(np.int32)
-                if args.act_order_g_idx:
-                    g_idx = g_idx[np.random.default_rng(0).permutation(len(g_idx))]
+                if perm is not None:
+                    g_idx[perm] = np.arange(w.shape[1]) // gs
                 out[base + ".g_idx"] = ("I32", g_idx.shape, g_idx.tobytes())
             out[base + ".qweight"] = ("I32", qweight.shape, qweight.tobytes())
             out[base + ".qzeros"] = ("I32", qzeros.shape, qzeros.tobytes())
@@ -86,8 +95,8 @@ def main():
     if args.format == "awq":
         qc = {"quant_method": "awq", "bits": 4, "group_size": gs, "version": "gemm", "zero_point": True}
     else:
-        qc = {"quant_method": "gptq", "bits": 4, "group_size": gs, "desc_act": False, "sym": False,
-              "checkpoint_format": "gptq"}
+        qc = {"quant_method": "gptq", "bits": 4, "group_size": gs, "desc_act": bool(args.act_order_g_idx),
+              "sym": False, "checkpoint_format": "gptq"}
     write_checkpoints(args.model, cfg, {"quantization_config": qc}, args.out, out, args.dequantized_out, deq)
 
 

@@ -82,15 +82,23 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
   if (qw.dtype != DType::kI32 || qz.dtype != DType::kI32) {
     return InvalidArgument(where + "qweight and qzeros must be I32");
   }
+  // GPTQ's g_idx: the group of each input. i / group_size is the plain layout; anything else
+  // (act-order, desc_act) puts an input's scale and zero elsewhere, which the contiguous groups
+  // of the 4-bit layout cannot express: such a matrix is dequantized to f32 below.
+  std::vector<int32_t> g_idx;
+  bool act_order = false;
   if (!awq && store_.Has(base + ".g_idx")) {
     KASSIGN(TensorView gi, store_.Get(base + ".g_idx", {cols}));
     if (gi.dtype != DType::kI32) return InvalidArgument(where + "g_idx must be I32");
+    g_idx.resize(static_cast<size_t>(cols));
+    std::memcpy(g_idx.data(), gi.data, static_cast<size_t>(cols) * 4);
     for (int64_t i = 0; i < cols; ++i) {
-      int32_t g;
-      std::memcpy(&g, static_cast<const uint8_t*>(gi.data) + 4 * i, 4);
-      if (g != i / gs) {
-        return Unsupported(where + "GPTQ act-order (g_idx not i / group_size) is not supported yet");
+      if (g_idx[i] < 0 || g_idx[i] >= groups) {
+        return InvalidArgument(where + "g_idx[" + std::to_string(i) + "] = " +
+                               std::to_string(g_idx[i]) + " is not a group of " +
+                               std::to_string(groups));
       }
+      act_order |= g_idx[i] != i / gs;
     }
     used_.insert(base + ".g_idx");
   }
@@ -108,6 +116,30 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
   auto zero = [&](int64_t o, int64_t g) -> uint32_t {
     return out_nibble(word(qz, g * (rows / 8) + o / 8), o) + (awq ? 0 : 1);
   };
+  if (act_order) {
+    // (q - zero) * scale of the input's own group, in f32: exact (an f16 times a small integer).
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    for (int64_t o = 0; o < rows; ++o) {
+      for (int64_t i = 0; i < cols; ++i) {
+        const int64_t g = g_idx[static_cast<size_t>(i)];
+        const float sc = s_in[g * rows + o];
+        w[static_cast<size_t>(o * cols + i)] =
+            sc * static_cast<float>(code(o, i)) + -(sc * static_cast<float>(zero(o, g)));
+      }
+    }
+    used_.insert(base + ".qweight");
+    used_.insert(base + ".qzeros");
+    n_parameters_ += rows * cols;
+    n_bytes_ += static_cast<int64_t>(qw.size_bytes() + qz.size_bytes());
+    owned_scales_.push_back(std::move(w));
+    *out = TensorView{};
+    out->data = owned_scales_.back().data();
+    out->dtype = DType::kF32;
+    out->n_dims = 2;
+    out->shape[0] = rows;
+    out->shape[1] = cols;
+    return Status::Ok();
+  }
   std::vector<uint8_t> codes(static_cast<size_t>(rows * cols / 2));
   std::vector<float> scales(static_cast<size_t>(rows * groups)), biases(scales.size());
   for (int64_t o = 0; o < rows; ++o) {
