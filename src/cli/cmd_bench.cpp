@@ -117,6 +117,11 @@ int RunBench(BenchFlags f) {
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<Model> model = std::move(loaded->model);
   const ModelConfig& cfg = model->config();
+  if (cfg.max_position_embeddings > 0 && max_ctx > cfg.max_position_embeddings) {
+    return Fail(InvalidArgument("the longest --prefill / --decode-context plus --decode-tokens (" +
+                                std::to_string(max_ctx) + " tokens) exceeds the model's context of " +
+                                std::to_string(cfg.max_position_embeddings)));
+  }
   const CacheSpec& spec = model->cache_spec();
   // Bytes one decode step must read besides the K/V of the context: every weight once (MoE
   // layers: the routed experts only), one embedding row, and the recurrent state read and

@@ -286,6 +286,14 @@ TEST(Cli, KvCacheDTypeInt8RunsAndOthersAreOneLineErrors) {
   }
 }
 
+TEST(Cli, BenchBeyondTheContextIsAOneLineError) {
+  ProcessResult r = RunKestrel({"bench", "--model", kQwen3Fixture, "--device", "cpu",
+                                "--decode-context", "1000000"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("context"), std::string::npos) << r.err;
+}
+
 TEST(Cli, InfoDescribesAHybridModel) {
   ProcessResult r = RunKestrel({"info", "--model", kSource + "/tests/data/models/qwen3_5_vl"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
