@@ -116,6 +116,19 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
   auto zero = [&](int64_t o, int64_t g) -> uint32_t {
     return out_nibble(word(qz, g * (rows / 8) + o / 8), o) + (awq ? 0 : 1);
   };
+  // The bound view of the converted matrix [rows, cols], and the checkpoint tensors it used.
+  auto bind = [&](const void* data, DType dtype) {
+    used_.insert(base + ".qweight");
+    used_.insert(base + ".qzeros");
+    n_parameters_ += rows * cols;
+    n_bytes_ += static_cast<int64_t>(qw.size_bytes() + qz.size_bytes());
+    *out = TensorView{};
+    out->data = data;
+    out->dtype = dtype;
+    out->n_dims = 2;
+    out->shape[0] = rows;
+    out->shape[1] = cols;
+  };
   if (act_order) {
     // (q - zero) * scale of the input's own group, in f32: exact (an f16 times a small integer).
     std::vector<float> w(static_cast<size_t>(rows * cols));
@@ -127,17 +140,8 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
             sc * static_cast<float>(code(o, i)) + -(sc * static_cast<float>(zero(o, g)));
       }
     }
-    used_.insert(base + ".qweight");
-    used_.insert(base + ".qzeros");
-    n_parameters_ += rows * cols;
-    n_bytes_ += static_cast<int64_t>(qw.size_bytes() + qz.size_bytes());
     owned_scales_.push_back(std::move(w));
-    *out = TensorView{};
-    out->data = owned_scales_.back().data();
-    out->dtype = DType::kF32;
-    out->n_dims = 2;
-    out->shape[0] = rows;
-    out->shape[1] = cols;
+    bind(owned_scales_.back().data(), DType::kF32);
     return Status::Ok();
   }
   std::vector<uint8_t> codes(static_cast<size_t>(rows * cols / 2));
@@ -154,19 +158,10 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
       biases[static_cast<size_t>(o * groups + g)] = -(s * static_cast<float>(zero(o, g)));
     }
   }
-  used_.insert(base + ".qweight");
-  used_.insert(base + ".qzeros");
-  n_parameters_ += rows * cols;
-  n_bytes_ += static_cast<int64_t>(qw.size_bytes() + qz.size_bytes());
   owned_bytes_.push_back(std::move(codes));
   owned_scales_.push_back(std::move(scales));
   owned_scales_.push_back(std::move(biases));
-  *out = TensorView{};
-  out->data = owned_bytes_.back().data();
-  out->dtype = DType::kMlxQ4;
-  out->n_dims = 2;
-  out->shape[0] = rows;
-  out->shape[1] = cols;
+  bind(owned_bytes_.back().data(), DType::kMlxQ4);
   out->block_scale = owned_scales_[owned_scales_.size() - 2].data();
   out->group_bias = owned_scales_.back().data();
   out->block_rows = 1;
