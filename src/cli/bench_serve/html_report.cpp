@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/html_escape.h"
+
 namespace kestrel::bench {
 
 using nlohmann::json;
@@ -50,32 +52,6 @@ const json& Summary(const json& server_level, const std::string& metric) {
 }
 
 }  // namespace
-
-std::string HtmlEscape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out.push_back(c);
-    }
-  }
-  return out;
-}
 
 std::string SvgLineChart(const std::string& title, const std::string& y_label,
                          const std::vector<std::string>& x_labels,

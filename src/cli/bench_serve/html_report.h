@@ -25,8 +25,6 @@ std::string SvgLineChart(const std::string& title, const std::string& y_label,
                          const std::vector<std::string>& x_labels,
                          const std::vector<PlotSeries>& series);
 
-std::string HtmlEscape(const std::string& text);
-
 // The whole page from the JSON that bench-serve prints.
 std::string HtmlReport(const nlohmann::json& results);
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <unordered_map>
 
+#include "core/html_escape.h"
 #include "tokenizer/jinja/builtins.h"
 #include "tokenizer/jinja/json.h"
 #include "tokenizer/jinja/pystr.h"
@@ -187,33 +188,6 @@ Value FDictsort(Interp&, const Value& v, CallArgs& a) {
     keys.push_back(std::move(key));
   }
   return Value::MakeList(SortedBy(std::move(items), std::move(keys), b[2].Truthy()));
-}
-
-std::string HtmlEscape(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&#34;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out.push_back(c);
-    }
-  }
-  return out;
 }
 
 Value FEscape(Interp&, const Value& v, CallArgs& a) {
