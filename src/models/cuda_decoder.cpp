@@ -23,10 +23,6 @@
 namespace kestrel {
 namespace {
 
-size_t AlignUp(size_t n) {
-  return (n + CudaWeightPlan::kAlign - 1) / CudaWeightPlan::kAlign * CudaWeightPlan::kAlign;
-}
-
 // Element i of a F32/F16/BF16 tensor as f32.
 float ElementF32(const TensorView& t, int64_t i) {
   uint16_t h;
@@ -326,7 +322,7 @@ ActivationLayout Layout(const ModelConfig& c, const CudaDecoder::LayoutDims& d, 
   size_t total = 0;
   auto reserve = [&](int64_t bytes) {
     const size_t off = total;
-    total += AlignUp(static_cast<size_t>(bytes));
+    total += CudaWeightPlan::AlignUp(static_cast<size_t>(bytes));
     return off;
   };
   l.x = reserve(n * hidden * 4);

@@ -27,15 +27,10 @@
 namespace kestrel {
 namespace {
 
-constexpr size_t kAlign = CudaWeightPlan::kAlign;
 constexpr int32_t kMaxGraphRows = 256;     // decode batches above this run eagerly
 constexpr int32_t kMinGraphContext = 256;  // smallest context bucket of a decode graph
 constexpr int32_t kMinLogitsRows = kMaxGraphRows;
 constexpr int32_t kMaxLogitsRows = 1024;  // logits rows one step keeps on the device
-
-size_t AlignUp(size_t n) {
-  return (n + kAlign - 1) / kAlign * kAlign;
-}
 
 int32_t NextPow2(int32_t n) {
   int32_t p = 1;
@@ -477,14 +472,14 @@ void CudaRunner::LaunchSampling(std::span<Sampler* const> samplers) {
 
   // One pinned staging area and one device area: inputs, then outputs. The tokens go to
   // sampled_tokens_ (read by the next Forward) and are copied out with the rest.
-  const size_t rows_bytes = AlignUp(rows.size() * sizeof(cuda::GpuSamplingRow));
-  const size_t ints_bytes = AlignUp((ints.size() + 1) * 4);
-  const size_t floats_bytes = AlignUp((floats.size() + 1) * 4);
+  const size_t rows_bytes = CudaWeightPlan::AlignUp(rows.size() * sizeof(cuda::GpuSamplingRow));
+  const size_t ints_bytes = CudaWeightPlan::AlignUp((ints.size() + 1) * 4);
+  const size_t floats_bytes = CudaWeightPlan::AlignUp((floats.size() + 1) * 4);
   const size_t in_bytes = rows_bytes + ints_bytes + floats_bytes;
-  const size_t tokens_bytes = AlignUp(size_t(n) * 4);
-  const size_t top_ids_bytes = AlignUp(size_t(n) * kTop * 4);
+  const size_t tokens_bytes = CudaWeightPlan::AlignUp(size_t(n) * 4);
+  const size_t top_ids_bytes = CudaWeightPlan::AlignUp(size_t(n) * kTop * 4);
   const size_t floats_out = size_t(n) * (1 + kTop);  // logprob, top logprobs
-  const size_t out_bytes = tokens_bytes + top_ids_bytes + AlignUp(floats_out * 4);
+  const size_t out_bytes = tokens_bytes + top_ids_bytes + CudaWeightPlan::AlignUp(floats_out * 4);
   if (in_bytes + out_bytes > sampling_io_bytes_) {
     const size_t cap = std::max(in_bytes + out_bytes, 2 * sampling_io_bytes_);
     // The previous sampling's copies are done (FinishSampling waited for them); the device

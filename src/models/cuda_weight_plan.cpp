@@ -17,10 +17,6 @@ namespace {
 
 using cuda::WeightFormat;
 
-size_t AlignUp(size_t n) {
-  return (n + CudaWeightPlan::kAlign - 1) / CudaWeightPlan::kAlign * CudaWeightPlan::kAlign;
-}
-
 int64_t Rows(const TensorView& t) { return t.n_dims == 1 ? 1 : t.shape[0]; }
 int64_t Cols(const TensorView& t) { return t.shape[t.n_dims - 1]; }
 
@@ -203,7 +199,7 @@ std::vector<uint8_t> FloatBytes(const std::vector<float>& v) {
 
 size_t CudaWeightPlan::Reserve(size_t bytes) {
   const size_t off = total_;
-  total_ += AlignUp(bytes);
+  total_ += CudaWeightPlan::AlignUp(bytes);
   return off;
 }
 
@@ -252,7 +248,6 @@ void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int
   formats_used_ |= 1u << static_cast<unsigned>(kind.format);
   if (kind.format == WeightFormat::kBf16) {
     s.data = Place(parts);
-    linear_bytes_ += rows * k * 2;
     out->push_back(s);
     return;
   }
@@ -271,7 +266,6 @@ void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int
         for (int64_t j = 0; j < s.scale_ld; ++j) scale.push_back(j < kb ? t->block_scale[i * kb + j] : 0.0f);
       }
     }
-    linear_bytes_ += rows * k + static_cast<int64_t>(scale.size()) * 4;
     s.scale = Own(FloatBytes(scale));
     out->push_back(s);
     return;
@@ -292,7 +286,6 @@ void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int
     scale.insert(scale.end(), p.scale.begin(), p.scale.end());
     bias.insert(bias.end(), p.bias.begin(), p.bias.end());
   }
-  linear_bytes_ += rows * code_bytes + static_cast<int64_t>(scale.size()) * 8;
   s.scale = Own(FloatBytes(scale));
   s.bias = Own(FloatBytes(bias));
   out->push_back(s);

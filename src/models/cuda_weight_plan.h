@@ -28,6 +28,9 @@ namespace kestrel {
 class CudaWeightPlan {
  public:
   static constexpr size_t kAlign = 256;
+  // n rounded up to a whole number of kAlign bytes (the pieces here, and the runner's other
+  // device allocations laid out the same way).
+  static constexpr size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
   static constexpr size_t kNone = std::numeric_limits<size_t>::max();
   struct Piece {
     const void* data;
@@ -59,8 +62,6 @@ class CudaWeightPlan {
 
   size_t total_bytes() const { return total_; }
   const std::vector<Piece>& pieces() const { return pieces_; }
-  // Bytes a decode step reads of the linear weights placed so far (codes + scales).
-  int64_t linear_bytes() const { return linear_bytes_; }
   // The device formats used, e.g. "fp8-block128" or "int4-affine+int8-affine" ("bf16" if none).
   std::string formats() const;
 
@@ -72,7 +73,6 @@ class CudaWeightPlan {
   size_t total_ = 0;
   std::vector<Piece> pieces_;
   std::deque<std::vector<uint8_t>> owned_;
-  int64_t linear_bytes_ = 0;
   uint32_t formats_used_ = 0;  // bit per cuda::WeightFormat
 };
 

@@ -46,6 +46,7 @@
 #include "backends/cuda/linear.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/ptx.cuh"
+#include "backends/cuda/vec_io.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -206,8 +207,6 @@ constexpr int kFmaWarps = 8;
 constexpr int kFmaThreads = kFmaWarps * 32;
 constexpr int kFmaMaxRows = 8;
 
-__device__ __forceinline__ float Bf16Lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float Bf16Hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
 
 // Sum over 8 products of one 16-byte vector of w and the 8 floats of x.
 __device__ __forceinline__ float Dot8(const uint4& wv, const float (&xf)[8]) {

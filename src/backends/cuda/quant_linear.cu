@@ -31,6 +31,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/ptx.cuh"
+#include "backends/cuda/vec_io.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -45,51 +46,11 @@ const char* WeightFormatName(WeightFormat f) {
   return "?";
 }
 
-int64_t WeightSegment::row_bytes(int64_t k) const {
-  switch (format) {
-    case WeightFormat::kBf16: return 2 * k;
-    case WeightFormat::kFp8Block:
-    case WeightFormat::kAffine8: return k;
-    case WeightFormat::kAffine4: return k / 2;
-  }
-  return 0;
-}
-
-int64_t WeightSegment::bytes(int64_t k) const {
-  const int64_t codes = rows * row_bytes(k);
-  switch (format) {
-    case WeightFormat::kBf16: return codes;
-    case WeightFormat::kFp8Block: return codes + (rows + 127) / 128 * ((k + 127) / 128) * 4;
-    case WeightFormat::kAffine4:
-    case WeightFormat::kAffine8: return codes + rows * (k / group) * 8;
-  }
-  return 0;
-}
-
-bool Weight::quantized() const {
-  for (int i = 0; i < n_segments; ++i) {
-    if (seg[i].format != WeightFormat::kBf16) return true;
-  }
-  return false;
-}
-
-int64_t Weight::bytes(int64_t n, int64_t k) const {
-  int64_t total = 0;
-  for (int i = 0; i < n_segments; ++i) {
-    WeightSegment s = seg[i];
-    if (s.rows < 0) s.rows = n;
-    total += s.bytes(k);
-  }
-  return total;
-}
-
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
-__device__ __forceinline__ float Bf16Lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float Bf16Hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
 
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -306,7 +267,9 @@ __global__ void __launch_bounds__(kThreads)
 // the 4 threads of a fragment row group hold 4 consecutive vectors (one step of 4 kE k).
 //   - kAffine4: word p of the vector (k 8p .. 8p+7) gives the pairs (k j, k j+4), j < 4, by one
 //     mask: (w >> 4j) & 0x000F000F | 0x43004300 is bf16x2 (128 + q); minus 128 is q exactly, and
-//     one bf16x2 fma gives q * s + b rounded once to bf16 (the value the bf16 tiles hold).
+//     one bf16x2 fma with s and b rounded to bf16 gives the weight in bf16. (DequantizeRows
+//     computes (1 + q/16) * s' + b' in f32 and rounds once: the two may differ in the last bf16
+//     bit, so a 4-bit weight is not bitwise the same at m <= 8 and above.)
 //   - kFp8Block: bytes 0,2 and 1,3 of word p (k 4p .. 4p+3) as bf16x2 by sign and payload moves
 //     (the e4m3 value times 2^-120, exact); the block's scale (times 2^120) multiplies the f32
 //     accumulator of each 128-k block (a step of 64 k lies in one block; rows g, g+8 in one
@@ -335,102 +298,79 @@ __global__ void __launch_bounds__(kThreads)
   const bool token_ok = g < m;
   const uint4* xg = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(token_ok ? g : 0) * x_vecs;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  // Warp w takes kU consecutive steps at a time (steps w*kU .., then + 8*kU), all their loads
-  // issued before any is used, each step with its own accumulators, added in order at the end.
-  // Measured on the H200 (Qwen3-8B shapes, decode batch 1): kU = 4 was no faster than 1 (FP8
-  // 266 vs 282 tok/s, int4 276 vs 280): at these sizes a GEMV is a few microseconds, its time
-  // the launch and one memory round trip more than the bytes.
-  constexpr int kU = 1;
-  float acc[kU][4];
-#pragma unroll
-  for (int u = 0; u < kU; ++u) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc[u][r] = 0.0f;
-  }
+  // Warp w takes steps w, w + 8, ... (Measured on the H200, Qwen3-8B shapes, decode batch 1:
+  // issuing four steps' loads before using any, with an accumulator set each, was no faster,
+  // FP8 266 vs 282 tok/s, int4 276 vs 280: at these sizes a GEMV is a few microseconds, its
+  // time the launch and one memory round trip more than the bytes.)
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
-  for (int s0 = warp * kU; s0 < n_steps; s0 += kWarps * kU) {
-    uint4 c_lo[kU], c_hi[kU];
-    float sl[kU], bl[kU], sh[kU], bh[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t v = static_cast<int64_t>(s0 + u) * 4 + t;  // this thread's vector
-      const bool in_k = v < row_vecs;
-      c_lo[u] = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
-      c_hi[u] = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
-      sl[u] = bl[u] = sh[u] = bh[u] = 0.0f;
-      if constexpr (F == WeightFormat::kAffine4) {
-        if (in_k) {
-          GroupScale<F>(w, row_lo, static_cast<int>(v) * kE, k, &sl[u], &bl[u]);
-          GroupScale<F>(w, row_hi, static_cast<int>(v) * kE, k, &sh[u], &bh[u]);
-        }
-      } else if (s0 + u < n_steps) {
-        // One scale per 128-k block and 128-row block (rows g and g+8 share it).
-        sl[u] = __ldg(w.scale + static_cast<int64_t>(n0 / 128) * w.scale_ld + (s0 + u) * 4 * kE / 128);
+  for (int step = warp; step < n_steps; step += kWarps) {
+    const int64_t v = static_cast<int64_t>(step) * 4 + t;  // this thread's vector
+    const bool in_k = v < row_vecs;
+    const uint4 c_lo = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
+    const uint4 c_hi = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
+    const bool x_ok = in_k && token_ok;
+    if constexpr (F == WeightFormat::kAffine4) {
+      float sl = 0.0f, bl = 0.0f, sh = 0.0f, bh = 0.0f;
+      if (in_k) {
+        GroupScale<F>(w, row_lo, static_cast<int>(v) * kE, k, &sl, &bl);
+        GroupScale<F>(w, row_hi, static_cast<int>(v) * kE, k, &sh, &bh);
       }
-    }
+      // (1 + q/16) * s' + b' = q * (s'/16) + (b' + s'); rows past n read as zeros.
+      const __nv_bfloat162 s_lo = __float2bfloat162_rn(lo_ok ? sl * 0.0625f : 0.0f);
+      const __nv_bfloat162 b_lo = __float2bfloat162_rn(lo_ok ? bl + sl : 0.0f);
+      const __nv_bfloat162 s_hi = __float2bfloat162_rn(hi_ok ? sh * 0.0625f : 0.0f);
+      const __nv_bfloat162 b_hi = __float2bfloat162_rn(hi_ok ? bh + sh : 0.0f);
+      const __nv_bfloat162 k128 = __float2bfloat162_rn(128.0f);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t v = static_cast<int64_t>(s0 + u) * 4 + t;
-      const bool x_ok = v < row_vecs && token_ok;
-      if constexpr (F == WeightFormat::kAffine4) {
-        // (1 + q/16) * s' + b' = q * (s'/16) + (b' + s'); rows past n read as zeros.
-        const __nv_bfloat162 s_lo = __float2bfloat162_rn(lo_ok ? sl[u] * 0.0625f : 0.0f);
-        const __nv_bfloat162 b_lo = __float2bfloat162_rn(lo_ok ? bl[u] + sl[u] : 0.0f);
-        const __nv_bfloat162 s_hi = __float2bfloat162_rn(hi_ok ? sh[u] * 0.0625f : 0.0f);
-        const __nv_bfloat162 b_hi = __float2bfloat162_rn(hi_ok ? bh[u] + sh[u] : 0.0f);
-        const __nv_bfloat162 k128 = __float2bfloat162_rn(128.0f);
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t wl = Word(c_lo, p), wh = Word(c_hi, p);
+        // x of k 8p .. 8p+7 (one 16-byte vector), re-paired as (k j, k j+4).
+        const uint4 xv = x_ok ? __ldg(xg + v * 4 + p) : zero;
+        const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
+        const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
+        uint32_t a_lo[4], a_hi[4];
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const uint32_t wl = Word(c_lo[u], p), wh = Word(c_hi[u], p);
-          // x of k 8p .. 8p+7 (one 16-byte vector), re-paired as (k j, k j+4).
-          const uint4 xv = x_ok ? __ldg(xg + v * 4 + p) : zero;
-          const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
-          const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
-          uint32_t a_lo[4], a_hi[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t ql = ((wl >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
-            const uint32_t qh = ((wh >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
-            const __nv_bfloat162 vl =
-                __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&ql), k128), s_lo, b_lo);
-            const __nv_bfloat162 vh =
-                __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&qh), k128), s_hi, b_hi);
-            a_lo[j] = *reinterpret_cast<const uint32_t*>(&vl);
-            a_hi[j] = *reinterpret_cast<const uint32_t*>(&vh);
-          }
-          MmaBf16(acc[u], a_lo[0], a_hi[0], a_lo[1], a_hi[1], x04, x15);
-          MmaBf16(acc[u], a_lo[2], a_hi[2], a_lo[3], a_hi[3], x26, x37);
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t ql = ((wl >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+          const uint32_t qh = ((wh >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+          const __nv_bfloat162 vl =
+              __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&ql), k128), s_lo, b_lo);
+          const __nv_bfloat162 vh =
+              __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&qh), k128), s_hi, b_hi);
+          a_lo[j] = *reinterpret_cast<const uint32_t*>(&vl);
+          a_hi[j] = *reinterpret_cast<const uint32_t*>(&vh);
         }
-      } else {
-        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this step's block, before its scale
-        auto pair = [](uint32_t word, uint32_t sel) {
-          const uint32_t b = __byte_perm(word, 0, sel);  // bytes at bits 0-7 and 16-23
-          return ((b << 8) & 0x80008000u) | ((b << 4) & 0x07F007F0u);
-        };
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const uint32_t wl = Word(c_lo[u], p), wh = Word(c_hi[u], p);
-          // x of k 4p .. 4p+3 (half a 16-byte vector), re-paired as (k0, k2), (k1, k3).
-          const uint2 xv =
-              x_ok ? __ldg(reinterpret_cast<const uint2*>(xg + v * 2) + p) : make_uint2(0, 0);
-          const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
-          MmaBf16(part, pair(wl, 0x4240), pair(wh, 0x4240), pair(wl, 0x4341), pair(wh, 0x4341), x02,
-                  x13);
-        }
-        const float sc = sl[u] * kFp8Unscale;
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[u][r] = __fmaf_rn(sc, part[r], acc[u][r]);
+        MmaBf16(acc, a_lo[0], a_hi[0], a_lo[1], a_hi[1], x04, x15);
+        MmaBf16(acc, a_lo[2], a_hi[2], a_lo[3], a_hi[3], x26, x37);
       }
+    } else {
+      // One scale per 128-k block and 128-row block (rows g and g+8 share it, as do the 4 kE k
+      // of the step).
+      float sc, unused;
+      GroupScale<F>(w, n0, step * 4 * kE, k, &sc, &unused);
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this step's block, before its scale
+      auto pair = [](uint32_t word, uint32_t sel) {
+        const uint32_t b = __byte_perm(word, 0, sel);  // bytes at bits 0-7 and 16-23
+        return ((b << 8) & 0x80008000u) | ((b << 4) & 0x07F007F0u);
+      };
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t wl = Word(c_lo, p), wh = Word(c_hi, p);
+        // x of k 4p .. 4p+3 (half a 16-byte vector), re-paired as (k0, k2), (k1, k3).
+        const uint2 xv =
+            x_ok ? __ldg(reinterpret_cast<const uint2*>(xg + v * 2) + p) : make_uint2(0, 0);
+        const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
+        MmaBf16(part, pair(wl, 0x4240), pair(wh, 0x4240), pair(wl, 0x4341), pair(wh, 0x4341), x02,
+                x13);
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[r] = __fmaf_rn(sc, part[r], acc[r]);
     }
-  }
-#pragma unroll
-  for (int u = 1; u < kU; ++u) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc[0][r] += acc[u][r];
   }
   PdlLaunchDependents();
 #pragma unroll
-  for (int r = 0; r < 4; ++r) partial[warp][2 * t + (r & 1)][g + 8 * (r >> 1)] = acc[0][r];
+  for (int r = 0; r < 4; ++r) partial[warp][2 * t + (r & 1)][g + 8 * (r >> 1)] = acc[r];
   __syncthreads();
   for (int i = threadIdx.x; i < 8 * kRows; i += kThreads) {
     const int token = i / kRows, col = n0 + i % kRows;
@@ -530,8 +470,7 @@ __global__ void DequantizeKernel(const WeightSegment w, int64_t row0, int64_t ro
     for (int j = 0; j < 4; ++j) {
       const float lo = C::kBias ? __fmaf_rn(f[2 * j], s, b) : f[2 * j] * s;
       const float hi = C::kBias ? __fmaf_rn(f[2 * j + 1], s, b) : f[2 * j + 1] * s;
-      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-      packed[j] = *reinterpret_cast<const uint32_t*>(&h);
+      packed[j] = PackBf16x2(lo, hi);
     }
     dst[p] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
   }

@@ -45,11 +45,6 @@ struct WeightSegment {
   int32_t group = 0;            // affine: elements per scale (16..128, a power of two; >= 32 for
                                 // kAffine4); kFp8Block: 128
   int32_t scale_ld = 0;         // kFp8Block: floats per row of scale (>= ceil(k/128))
-
-  // Bytes of one row of codes.
-  int64_t row_bytes(int64_t k) const;
-  // Bytes read for the whole segment (codes + scales + biases), the roofline's count.
-  int64_t bytes(int64_t k) const;
 };
 
 // A linear layer's weight: row segments in order (rows of y = concatenation). A plain bf16
@@ -70,9 +65,6 @@ struct Weight {
   bool empty() const { return n_segments == 0; }
   bool is_bf16() const { return n_segments == 1 && seg[0].format == WeightFormat::kBf16; }
   const __nv_bfloat16* bf16() const { return static_cast<const __nv_bfloat16*>(seg[0].data); }
-  bool quantized() const;
-  // Bytes read by one pass over all n rows (codes + scales), for rooflines.
-  int64_t bytes(int64_t n, int64_t k) const;
 };
 
 // The largest m QuantGemv takes.

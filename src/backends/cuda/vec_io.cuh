@@ -1,4 +1,5 @@
-// Vector loads and stores shared by the element-wise kernels (norm.cu, rope.cu, activation.cu):
+// Vector loads and stores shared by the element-wise kernels (norm.cu, rope.cu, activation.cu)
+// and the GEMV kernels (linear.cu, quant_linear.cu):
 // N consecutive elements per thread in one access where N allows (16-byte float4 pairs, uint4 of
 // eight bf16), f32 in registers. Callers guarantee the alignment of the wider forms.
 #pragma once
@@ -8,6 +9,10 @@
 #include <cstdint>
 
 namespace kestrel::cuda {
+
+// The low and the high bf16 of a 32-bit word as f32 (exact).
+__device__ __forceinline__ float Bf16Lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float Bf16Hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
 
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
@@ -55,8 +60,8 @@ __device__ __forceinline__ void LoadBf16(const __nv_bfloat16* p, float (&v)[N]) 
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      v[2 * i] = __uint_as_float(w[i] << 16);
-      v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      v[2 * i] = Bf16Lo(w[i]);
+      v[2 * i + 1] = Bf16Hi(w[i]);
     }
   } else {
     static_assert(N == 1);
