@@ -84,16 +84,8 @@ struct LinearEngine::Impl {
   std::map<Key, Fp8Plan> fp8_plans;
 
   ~Impl() {
-    for (auto& [key, plan] : plans) {
-      cublasLtMatrixLayoutDestroy(plan.a);
-      cublasLtMatrixLayoutDestroy(plan.b);
-      cublasLtMatrixLayoutDestroy(plan.d);
-    }
-    for (auto& [key, p] : fp8_plans) {
-      cublasLtMatrixLayoutDestroy(p.plan.a);
-      cublasLtMatrixLayoutDestroy(p.plan.b);
-      cublasLtMatrixLayoutDestroy(p.plan.d);
-    }
+    for (auto& [key, plan] : plans) DestroyLayouts(&plan);
+    for (auto& [key, p] : fp8_plans) DestroyLayouts(&p.plan);
     if (fp8_desc != nullptr) cublasLtMatmulDescDestroy(fp8_desc);
     if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
     if (handle != nullptr) cublasLtDestroy(handle);
@@ -108,12 +100,33 @@ struct LinearEngine::Impl {
     KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, m, k));
     KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, n, m, ldy));
 
+    const cublasStatus_t st = Heuristic(desc, align_x, align_w, align_y, &plan);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      const std::string msg = "cuBLASLt has no algorithm for m=" + std::to_string(m) +
+                              " n=" + std::to_string(n) + " k=" + std::to_string(k) + ": " +
+                              cublasLtGetStatusString(st);
+      KCHECK_MSG(false, msg.c_str());
+    }
+    return plans.emplace(key, plan).first->second;
+  }
+
+  static void DestroyLayouts(Plan* p) {
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->d);
+    *p = Plan{};
+  }
+
+  // The heuristic's first algorithm for the plan's layouts under `d`, with the pointers aligned
+  // as given (A is W, B is x, C and D are y) and this engine's workspace; NOT_SUPPORTED when it
+  // has none.
+  cublasStatus_t Heuristic(cublasLtMatmulDesc_t d, uint32_t align_x, uint32_t align_w,
+                           uint32_t align_y, Plan* plan) {
     cublasLtMatmulPreference_t pref = nullptr;
     KCUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t max_workspace = workspace.size_bytes();
     KCUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
-    // A is W, B is x, C and D are y.
     KCUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w, sizeof(align_w)));
     KCUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -122,19 +135,14 @@ struct LinearEngine::Impl {
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y, sizeof(align_y)));
     KCUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y, sizeof(align_y)));
-
     cublasLtMatmulHeuristicResult_t result{};
     int n_results = 0;
-    KCUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc, plan.a, plan.b, plan.d, plan.d,
-                                                 pref, 1, &result, &n_results));
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, d, plan->a, plan->b, plan->d,
+                                                       plan->d, pref, 1, &result, &n_results);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (n_results == 0) {
-      const std::string msg = "cuBLASLt has no algorithm for m=" + std::to_string(m) +
-                              " n=" + std::to_string(n) + " k=" + std::to_string(k);
-      KCHECK_MSG(n_results > 0, msg.c_str());
-    }
-    plan.algo = result.algo;
-    return plans.emplace(key, plan).first->second;
+    if (st == CUBLAS_STATUS_SUCCESS && n_results == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (st == CUBLAS_STATUS_SUCCESS) plan->algo = result.algo;
+    return st;
   }
 
   // The first configuration cuBLASLt has an algorithm for: f32 output straight into y, else
@@ -175,26 +183,14 @@ struct LinearEngine::Impl {
       KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.plan.b, CUDA_R_8F_E4M3, k, p.m_rows, k));
       KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.plan.d, p.bf16_out ? CUDA_R_16BF : CUDA_R_32F, n,
                                                p.m_rows, p.bf16_out ? n : ldy));
-      cublasLtMatmulPreference_t pref = nullptr;
-      KCUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      const uint64_t max_workspace = workspace.size_bytes();
-      KCUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
-      cublasLtMatmulHeuristicResult_t result{};
-      int n_results = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-          handle, fp8_desc, p.plan.a, p.plan.b, p.plan.d, p.plan.d, pref, 1, &result, &n_results);
-      cublasLtMatmulPreferenceDestroy(pref);
-      p.ok = st == CUBLAS_STATUS_SUCCESS && n_results > 0;
-      if (p.ok) {
-        p.plan.algo = result.algo;
-      } else {
+      // The bf16 output goes to the (256-byte aligned) buffer, the f32 one straight into y.
+      const cublasStatus_t st =
+          Heuristic(fp8_desc, align_x, align_w, p.bf16_out ? 256u : align_y, &p.plan);
+      p.ok = st == CUBLAS_STATUS_SUCCESS;
+      if (!p.ok) {
         tried += std::string(tried.empty() ? "" : ", ") + (p.bf16_out ? "bf16" : "f32") +
                  " out, m " + std::to_string(p.m_rows) + ": " + cublasLtGetStatusString(st);
-        cublasLtMatrixLayoutDestroy(p.plan.a);
-        cublasLtMatrixLayoutDestroy(p.plan.b);
-        cublasLtMatrixLayoutDestroy(p.plan.d);
-        p.plan = Plan{};
+        DestroyLayouts(&p.plan);
       }
     }
     if (!p.ok) {
@@ -314,7 +310,6 @@ void LinearEngine::Run(const __nv_bfloat16* x, int64_t m, int64_t k, const Weigh
 }
 
 void LinearEngine::set_fp8_activations(bool on) { impl_->fp8_activations = on; }
-bool LinearEngine::fp8_activations() const { return impl_->fp8_activations; }
 
 bool LinearEngine::RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w,
                           int64_t n, float* y, int64_t ldy, cudaStream_t stream) {

@@ -107,7 +107,6 @@ class LinearEngine {
   // tiles. Off by default: faster prefill, but the activations lose bits the float32 reference
   // keeps. A shape cuBLASLt has no algorithm for falls back to the tiles.
   void set_fp8_activations(bool on);
-  bool fp8_activations() const;
   // The W8A8 product of one FP8 segment; false (nothing written) when cuBLASLt has no algorithm.
   bool RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w, int64_t n,
               float* y, int64_t ldy, cudaStream_t stream);
