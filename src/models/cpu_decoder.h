@@ -37,12 +37,6 @@ struct CpuCaches {
   int64_t kv_floats_per_layer() const {
     return kv_layout.n_slots() * spec.n_kv_heads * spec.head_dim;
   }
-  float* k(int64_t attention_index) {
-    return kv.get() + 2 * attention_index * kv_floats_per_layer();
-  }
-  float* v(int64_t attention_index) {
-    return kv.get() + (2 * attention_index + 1) * kv_floats_per_layer();
-  }
   int64_t kv_rows_per_layer() const { return kv_layout.n_slots() * spec.n_kv_heads; }
   // Layer `attention_index`'s K (which 0) or V (1) cache in either storage.
   cpu::KvRowsOut rows(int64_t attention_index, int which) {
