@@ -647,8 +647,7 @@ void Engine::Impl::PublishMetrics() {
   live.state_snapshots = kv.n_state_snapshots();
   live.state_snapshot_bytes = live.state_snapshots * model->cache_spec().state_bytes_per_slot();
   live.state_snapshot_evictions = kv.state_slots().n_evictions();
-  n_waiting_published.store(scheduler.n_waiting(), std::memory_order_relaxed);
-  n_running_published.store(scheduler.n_running(), std::memory_order_relaxed);
+  PublishAdmissionCounts(0);
   std::lock_guard<std::mutex> lock(metrics_mu);
   published = live;
 }
