@@ -13,12 +13,17 @@ ST_DTYPES = {"F32": np.float32, "F16": np.float16}
 EXTRAS = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
 
 
+def read_header(path):
+    """(header length, header dict) of a safetensors file."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return n, json.loads(f.read(n))
+
+
 def read_safetensors(path):
     """name -> zero-argument function giving the tensor as float32 (memory-mapped: a model is
     converted one tensor at a time, whatever its size); each function has .shape."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
+    n, header = read_header(path)
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
     out = {}
     for name, e in header.items():

@@ -28,13 +28,10 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoint_io import bf16, read_header  # noqa: E402
+
 LINEAR = re.compile(r"^model\.layers\.\d+\..*(_proj|shared_expert\.(gate|up|down)_proj)\.weight$")
-
-
-def read_header(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        return n, json.loads(f.read(n))
 
 
 def fp8_codes(rng, n, std):
@@ -47,11 +44,6 @@ def fp8_codes(rng, n, std):
     code[exp <= 0] = 0  # tiny values flush to zero
     code[code == 0x7F] = 0x7E  # largest finite, never NaN
     return code | (sign << 7)
-
-
-def bf16_bits(x):
-    u = np.asarray(x, np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def tensors_of(name, shape, fmt, gs, std):
@@ -67,9 +59,9 @@ def tensors_of(name, shape, fmt, gs, std):
     g = cols // gs
     return [(name, "U32", [rows, cols // 8],
              lambda rng: rng.integers(0, 2**32, rows * cols // 8, dtype=np.uint32)),
-            (base + ".scales", "BF16", [rows, g], lambda rng: np.full(rows * g, bf16_bits(s), np.uint16)),
+            (base + ".scales", "BF16", [rows, g], lambda rng: bf16(np.full(rows * g, s, np.float32))[0]),
             (base + ".biases", "BF16", [rows, g],
-             lambda rng: np.full(rows * g, bf16_bits(-7.5 * s), np.uint16))]
+             lambda rng: bf16(np.full(rows * g, -7.5 * s, np.float32))[0])]
 
 
 SIZES = {"F8_E4M3": 1, "U32": 4, "F32": 4, "BF16": 2, "F16": 2}
