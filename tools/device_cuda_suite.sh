@@ -16,9 +16,9 @@
 # PRESET=qwen3.5-27b (a tools/make_random_model.py preset) benchmarks another model; BENCH_FLAGS
 # replaces the benchmark's flags, MODEL_SET adds generator flags (e.g. "--set num_hidden_layers=20"
 # where the full model would not fit the machine's disk), RACECHECK_FILTER / MEMCHECK_FILTER
-# narrow the sanitizer runs to some tests; QUANT="fp8 mlx4" adds quantized copies of the model to
+# narrow the sanitizer runs to some tests, TEST_GROUPS the test run; QUANT="fp8 mlx4" adds quantized copies of the model to
 # the benchmark (bench_<format>.json), QUANT_GEMV_VARIANTS="r1_ks4_u4 ..." their one-row GEMV
-# shapes.
+# shapes; KV_DTYPES="fp8 int8" benchmarks the bf16 model with those KV caches (bench_kv_<dtype>.json).
 set -uo pipefail
 here=$(pwd)
 OUT=${OUT:-/tmp/out}
@@ -58,7 +58,10 @@ if has sanitize; then
 fi
 if has tests; then
   # Three processes, so that a test that aborts takes only its own group down.
-  for group in '-CudaModel.*:CudaEngine.*' 'CudaModel.*' 'CudaEngine.*'; do
+  # TEST_GROUPS="filter1 filter2 ..." replaces the groups.
+  groups=('-CudaModel.*:CudaEngine.*' 'CudaModel.*' 'CudaEngine.*')
+  [[ -n ${TEST_GROUPS:-} ]] && read -r -a groups <<< "$TEST_GROUPS"
+  for group in "${groups[@]}"; do
     echo "=== $group" >> "$OUT/test_cuda.txt"
     timeout "${TESTS_S:-120}" .devbin/test_cuda --gtest_color=no --gtest_filter="$group" >> "$OUT/test_cuda.txt" 2>&1
     log "test_cuda $group: exit $?"
@@ -109,6 +112,13 @@ for q in ${QUANT:-}; do
   fi
   model=$bf16_model
   rm -rf "$model-$q"
+done
+# KV_DTYPES="fp8 int8": the bf16 model with those KV caches (--kv-cache-dtype), same flags as the
+# bf16-cache run above (bench_kv_<dtype>.json).
+for d in ${KV_DTYPES:-}; do
+  has bench || break
+  # shellcheck disable=SC2086
+  bench bench_kv_$d -- --kv-cache-dtype $d ${BENCH_FLAGS:---prefill 2048 --decode-context 128,2048 --batch 1,64 --engine-batch 1,64}
 done
 if has compare; then
   # Short contexts only: filling 64 sequences' K/V at 2k copies 19 GB (about 9 s).

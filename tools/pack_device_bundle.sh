@@ -3,13 +3,17 @@
 # CUDA driver's) into .devbin/, for a GPU machine that has the CUDA toolkit but not Debian's
 # -dev packages. .devbin/ is ignored by git (.git/info/exclude) and travels as a carried path.
 #   tools/pack_device_bundle.sh [build-dir]      (default build/release)
+# KERNEL_BENCHES=0 leaves out bench_cuda_linear / bench_cuda_kernels (30 MB of the 64 MiB that
+# may travel) when the run does not need them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
 grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >> .git/info/exclude
 rm -rf .devbin && mkdir -p .devbin/lib
 bins=("$build/kestrel")
-for t in "$build"/tests/test_cuda "$build"/bench_cuda_linear "$build"/bench_cuda_kernels; do [[ -x $t ]] && bins+=("$t"); done
+extra=("$build"/tests/test_cuda)
+[[ ${KERNEL_BENCHES:-1} == 0 ]] || extra+=("$build"/bench_cuda_linear "$build"/bench_cuda_kernels)
+for t in "${extra[@]}"; do [[ -x $t ]] && bins+=("$t"); done
 for b in "${bins[@]}"; do
   strip --strip-debug -o ".devbin/$(basename "$b")" "$b"
   ldd "$b" | awk '/=> \// {print $3}' | while read -r lib; do

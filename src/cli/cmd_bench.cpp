@@ -140,6 +140,7 @@ int RunBench(BenchFlags f) {
   out["kernels"] = model->kernels_name();
   out["weight_bytes_per_token"] = weight_bytes;
   out["state_bytes_per_token"] = state_bytes;
+  out["kv_cache_dtype"] = model->kv_cache_dtype();
   out["kv_bytes_per_context_token"] = spec.kv_bytes_per_token();
   MachineLimits limits;
   limits.read_gb_per_s = MeasureReadBandwidth(pool, int64_t{1} << 30, 5);

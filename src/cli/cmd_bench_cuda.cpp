@@ -178,6 +178,7 @@ int RunCudaBench(const CudaBenchOptions& o, LoadedModel& loaded) {
   out["n_parameters"] = model.n_parameters();
   out["decode_weight_bytes"] = model.decode_weight_bytes();
   out["weight_formats"] = model.weight_formats();
+  out["kv_cache_dtype"] = model.kv_cache_dtype();
   out["kv_bytes_per_token"] = model.kv_bytes_per_token();
   out["kv_capacity_tokens"] = int64_t{n_blocks} * bs;
   out["graphs"] = !o.no_graphs;

@@ -24,8 +24,9 @@ Result<ModelLoadOptions::KvCacheDType> ParseKvCacheDType(const std::string& flag
   if (flag == "f32") return D::kF32;
   if (flag == "bf16") return D::kBf16;
   if (flag == "int8") return D::kInt8;
-  if (flag == "fp8") return Unsupported("--kv-cache-dtype fp8 is not implemented yet (CPU: int8)");
-  return InvalidArgument("--kv-cache-dtype must be auto, f32, bf16 or int8, not '" + flag + "'");
+  if (flag == "fp8") return D::kFp8;
+  return InvalidArgument("--kv-cache-dtype must be auto, f32, bf16, int8 or fp8, not '" + flag +
+                         "'");
 }
 
 Result<LoadedModel> LoadModelForCli(const LoadFlags& flags) {

@@ -59,8 +59,10 @@ int64_t CpuRunner::decode_weight_bytes() const {
 Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
   const ModelConfig& c = config_;
   using KvDType = ModelLoadOptions::KvCacheDType;
-  if (options.kv_cache_dtype == KvDType::kBf16) {
-    return Unsupported("--kv-cache-dtype bf16 is for --device cuda; the CPU stores f32 or int8");
+  if (options.kv_cache_dtype == KvDType::kBf16 || options.kv_cache_dtype == KvDType::kFp8) {
+    return Unsupported(std::string("--kv-cache-dtype ") +
+                       (options.kv_cache_dtype == KvDType::kBf16 ? "bf16" : "fp8") +
+                       " is for --device cuda; the CPU stores f32 or int8");
   }
   caches_.int8 = options.kv_cache_dtype == KvDType::kInt8;
   caches_.spec = MakeCacheSpec(c, caches_.int8 ? 1 : sizeof(float));

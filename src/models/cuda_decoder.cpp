@@ -479,8 +479,7 @@ void CudaDecoder::Attention(const LayerWeights& w, const DeviceBatchView& v, con
   marks->Mark(CudaStage::kMatmul);
 
   // Bias, QK-norm, RoPE, K/V into the pool; then attention through the block tables.
-  __nv_bfloat16* k_cache = kv.k(w.attention_index);
-  __nv_bfloat16* v_cache = kv.v(w.attention_index);
+  const cuda::KvCacheOut cache = kv.layer(w.attention_index);
   if (c.attention_output_gate) {
     cuda::GatedQkvShape gs;
     gs.n_heads = static_cast<int32_t>(c.n_heads);
@@ -492,7 +491,7 @@ void CudaDecoder::Attention(const LayerWeights& w, const DeviceBatchView& v, con
     gs.norm_offset = norm_offset_;
     gs.attention_scaling = rope_attention_scale_;
     cuda::GatedQkvRope(qkv_, w.q_norm, w.k_norm, v.positions, inv_freq_.as<float>(), v.slot_mapping,
-                       n, gs, q_, gate_, k_cache, v_cache, stream);
+                       n, gs, q_, gate_, cache, stream);
   } else {
     cuda::QkvRopeShape rs;
     rs.n_heads = static_cast<int32_t>(c.n_heads);
@@ -503,12 +502,15 @@ void CudaDecoder::Attention(const LayerWeights& w, const DeviceBatchView& v, con
     rs.qk_norm_eps = eps;
     rs.attention_scaling = rope_attention_scale_;
     cuda::QkvRope(qkv_, w.qkv_bias, w.q_norm, w.k_norm, v.positions, inv_freq_.as<float>(),
-                  v.slot_mapping, n, rs, q_, k_cache, v_cache, stream);
+                  v.slot_mapping, n, rs, q_, cache, stream);
   }
   cuda::PagedAttentionParams ap;
   ap.q = q_;
-  ap.k_cache = k_cache;
-  ap.v_cache = v_cache;
+  ap.k_cache = cache.k;
+  ap.v_cache = cache.v;
+  ap.k_scale = cache.k_scale;
+  ap.v_scale = cache.v_scale;
+  ap.kv_type = cache.type;
   ap.out = attn_;
   ap.positions = v.positions;
   ap.seq_starts = v.seq_starts;

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "backends/cuda/device_buffer.h"
+#include "backends/cuda/kv_cache.h"
 #include "backends/cuda/linear.h"
 #include "backends/cuda/moe.h"
 #include "core/status.h"
@@ -79,19 +80,28 @@ class CudaStageMarks {
   virtual void Mark(CudaStage s) = 0;
 };
 
-// The paged KV pool of the attention layers, bf16: per attention layer K then V, each
-// [n_blocks + 1, n_kv_heads, block_size, head_dim]. Block n_blocks is reserved for the padding
-// rows of graph buckets (never handed out).
+// The paged KV pool of the attention layers (cuda::KvCacheType: bf16, or e4m3 / int8 codes with
+// an f32 scale per (token, kv head) row): per attention layer K then V, each
+// [n_blocks + 1, n_kv_heads, block_size, head_dim] elements from `base`, and for the quantized
+// types the scales of every cache after all the data, each [n_blocks + 1, n_kv_heads,
+// block_size] from `scale_base`. Block n_blocks is reserved for the padding rows of graph
+// buckets (never handed out).
 struct CudaKvPool {
-  __nv_bfloat16* base = nullptr;
-  int64_t elements_per_cache = 0;  // (n_blocks + 1) * block_size * n_kv_heads * head_dim
+  uint8_t* base = nullptr;
+  int64_t bytes_per_cache = 0;  // (n_blocks + 1) * block_size * n_kv_heads * head_dim * element
+  float* scale_base = nullptr;  // quantized types only
+  int64_t rows_per_cache = 0;   // (n_blocks + 1) * block_size * n_kv_heads
+  cuda::KvCacheType type = cuda::KvCacheType::kBf16;
   int32_t block_size = 16;
   int32_t n_blocks = 0;
-  __nv_bfloat16* k(int64_t attention_index) const {
-    return base + 2 * attention_index * elements_per_cache;
+  // Cache c = 2 * attention_index (K) or 2 * attention_index + 1 (V).
+  uint8_t* data(int64_t c) const { return base + c * bytes_per_cache; }
+  float* scales(int64_t c) const {
+    return scale_base == nullptr ? nullptr : scale_base + c * rows_per_cache;
   }
-  __nv_bfloat16* v(int64_t attention_index) const {
-    return base + (2 * attention_index + 1) * elements_per_cache;
+  cuda::KvCacheOut layer(int64_t attention_index) const {
+    return {data(2 * attention_index), data(2 * attention_index + 1), scales(2 * attention_index),
+            scales(2 * attention_index + 1), type};
   }
 };
 

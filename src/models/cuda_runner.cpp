@@ -255,23 +255,32 @@ Status CudaRunner::AllocateKv(const ModelLoadOptions& options, bool show_progres
   KASSIGN(kv_,
           cuda::DeviceBuffer::Allocate(static_cast<size_t>(bytes),
                                        "the KV cache (" + std::to_string(n_slots_) + " tokens)"));
-  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
-  kv_pool_.base = kv_.as<__nv_bfloat16>();
-  kv_pool_.elements_per_cache = (n_blocks + 1) * block_size_ * kv_dim;
+  const int64_t n_caches = 2 * cache_spec_.n_attention_layers;
+  kv_pool_.type = kv_type_;
+  kv_pool_.base = kv_.as<uint8_t>();
+  kv_pool_.rows_per_cache = (n_blocks + 1) * block_size_ * c.n_kv_heads;
+  kv_pool_.bytes_per_cache =
+      kv_pool_.rows_per_cache * c.head_dim * cuda::KvCacheElementBytes(kv_type_);
+  if (cuda::KvCacheQuantized(kv_type_)) {
+    kv_pool_.scale_base = reinterpret_cast<float*>(kv_pool_.base + n_caches * kv_pool_.bytes_per_cache);
+  }
   kv_pool_.block_size = block_size_;
   kv_pool_.n_blocks = n_blocks_;
   // The reserved block (past the pool) is what padding rows of decode graphs attend to.
-  const size_t block_bytes = size_t(block_size_) * kv_dim * sizeof(__nv_bfloat16);
-  for (int64_t i = 0; i < cache_spec_.n_attention_layers; ++i) {
-    for (__nv_bfloat16* cache : {kv_pool_.k(i), kv_pool_.v(i)}) {
-      KCUDA_CHECK(
-          cudaMemset(reinterpret_cast<uint8_t*>(cache) + n_blocks * block_bytes, 0, block_bytes));
+  const size_t block_bytes = size_t(kv_pool_.bytes_per_cache / (n_blocks + 1));
+  const size_t block_scale_bytes = size_t(kv_pool_.rows_per_cache / (n_blocks + 1)) * sizeof(float);
+  for (int64_t i = 0; i < n_caches; ++i) {
+    KCUDA_CHECK(cudaMemset(kv_pool_.data(i) + n_blocks * block_bytes, 0, block_bytes));
+    if (float* scales = kv_pool_.scales(i); scales != nullptr) {
+      KCUDA_CHECK(cudaMemset(reinterpret_cast<uint8_t*>(scales) + n_blocks * block_scale_bytes, 0,
+                             block_scale_bytes));
     }
   }
   if (show_progress) {
-    std::fprintf(stderr, "kestrel: KV cache on %s: %s for %lld tokens (%d blocks of %d)\n",
+    std::fprintf(stderr, "kestrel: KV cache on %s: %s for %lld tokens (%d blocks of %d, %s)\n",
                  device_.name.c_str(), cuda::FormatBytes(bytes).c_str(),
-                 static_cast<long long>(n_slots_), n_blocks_, block_size_);
+                 static_cast<long long>(n_slots_), n_blocks_, block_size_,
+                 cuda::KvCacheTypeName(kv_type_));
   }
   return Status::Ok();
 }
@@ -290,18 +299,21 @@ Result<std::unique_ptr<Model>> LoadCudaModel(ModelConfig config, WeightStore sto
     }
   }
   using KvDType = ModelLoadOptions::KvCacheDType;
-  if (options.kv_cache_dtype == KvDType::kF32 || options.kv_cache_dtype == KvDType::kInt8) {
-    return Unsupported(std::string("--kv-cache-dtype ") +
-                       (options.kv_cache_dtype == KvDType::kF32 ? "f32" : "int8") +
-                       " is for --device cpu; the CUDA KV cache is bf16 (fp8 and int8 there are "
-                       "not implemented yet)");
+  if (options.kv_cache_dtype == KvDType::kF32) {
+    return Unsupported("--kv-cache-dtype f32 is for --device cpu; the CUDA KV cache is bf16, fp8 "
+                       "or int8");
   }
+  const cuda::KvCacheType kv_type = options.kv_cache_dtype == KvDType::kFp8    ? cuda::KvCacheType::kFp8
+                                    : options.kv_cache_dtype == KvDType::kInt8 ? cuda::KvCacheType::kInt8
+                                                                               : cuda::KvCacheType::kBf16;
   std::unique_ptr<CudaRunner> m(new CudaRunner(std::move(config), std::move(store), std::move(w)));
   // Layers this backend cannot run are refused before the device is touched.
   KASSIGN(m->decoder_, CudaDecoder::Create(m->config_, m->weights_host_));
   KASSIGN(m->device_, cuda::OpenDevice(options.cuda_device));
   const cuda::DeviceInfo& dev = m->device_;
-  m->cache_spec_ = MakeCacheSpec(m->config_, sizeof(__nv_bfloat16));
+  m->kv_type_ = kv_type;
+  m->cache_spec_ = MakeCacheSpec(m->config_, cuda::KvCacheElementBytes(kv_type));
+  if (cuda::KvCacheQuantized(kv_type)) m->cache_spec_.kv_row_scale_bytes = sizeof(float);
   KCUDA_CHECK(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking));
   if (options.show_progress) {
     std::fprintf(stderr, "kestrel: device %s\n", cuda::DescribeDevice(dev).c_str());
@@ -576,13 +588,17 @@ void CudaRunner::CopyKvBlocks(int32_t src_first, int32_t dst_first, int32_t n_bl
   KCHECK(n_blocks >= 0 && src_first >= 0 && dst_first >= 0);
   KCHECK(src_first + n_blocks <= n_blocks_ && dst_first + n_blocks <= n_blocks_);
   KCHECK(src_first + n_blocks <= dst_first || dst_first + n_blocks <= src_first);
-  const size_t block_bytes =
-      size_t(block_size_) * config_.n_kv_heads * config_.head_dim * sizeof(__nv_bfloat16);
-  for (int64_t i = 0; i < cache_spec_.n_attention_layers; ++i) {
-    for (__nv_bfloat16* cache : {kv_pool_.k(i), kv_pool_.v(i)}) {
-      auto* base = reinterpret_cast<uint8_t*>(cache);
-      KCUDA_CHECK(cudaMemcpyAsync(base + dst_first * block_bytes, base + src_first * block_bytes,
-                                  n_blocks * block_bytes, cudaMemcpyDeviceToDevice, stream_));
+  // Data, and for a quantized cache the row scales, of every K and V cache.
+  const size_t block_bytes = size_t(kv_pool_.bytes_per_cache / (n_blocks_ + 1));
+  const size_t block_scale_bytes = size_t(kv_pool_.rows_per_cache / (n_blocks_ + 1)) * sizeof(float);
+  auto copy = [&](uint8_t* base, size_t bytes) {
+    KCUDA_CHECK(cudaMemcpyAsync(base + dst_first * bytes, base + src_first * bytes,
+                                n_blocks * bytes, cudaMemcpyDeviceToDevice, stream_));
+  };
+  for (int64_t i = 0; i < 2 * cache_spec_.n_attention_layers; ++i) {
+    copy(kv_pool_.data(i), block_bytes);
+    if (float* scales = kv_pool_.scales(i); scales != nullptr) {
+      copy(reinterpret_cast<uint8_t*>(scales), block_scale_bytes);
     }
   }
   KCUDA_CHECK(cudaStreamSynchronize(stream_));

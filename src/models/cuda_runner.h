@@ -46,6 +46,7 @@ class CudaRunner final : public Model, private CudaStageMarks {
   int64_t weight_bytes() const override { return weight_bytes_; }
   // The device formats of the linear weights, e.g. "bf16" or "bf16+fp8-block128".
   std::string weight_formats() const override { return weight_formats_; }
+  const char* kv_cache_dtype() const override { return cuda::KvCacheTypeName(kv_type_); }
   int32_t block_size_tokens() const override { return block_size_; }
   int32_t n_kv_blocks() const override { return n_blocks_; }
   const CacheSpec& cache_spec() const override { return cache_spec_; }
@@ -113,6 +114,7 @@ class CudaRunner final : public Model, private CudaStageMarks {
   int64_t n_slots_ = 0;
   cuda::DeviceBuffer kv_;
   CudaKvPool kv_pool_;
+  cuda::KvCacheType kv_type_ = cuda::KvCacheType::kBf16;  // --kv-cache-dtype
 
   // Recurrent state slots (hybrid models), f32, plus one reserved slot; the last staged batch's
   // state copies (device arrays inside the metadata).

@@ -81,10 +81,11 @@ struct ModelLoadOptions {
   // Batch-invariant mode: a sequence's logits are the same bits whatever else is in the batch
   // (CPU: cpu::OpContext::batch_invariant; the reference kernels always are; CUDA: not yet).
   bool deterministic = false;
-  // The KV cache's element type: kAuto is f32 on the CPU and bf16 on CUDA; kInt8 (CPU) stores
-  // each (token, kv head) row as int8 codes with an f32 scale (cpu::KvRows), a quarter of the
-  // bytes attention reads.
-  enum class KvCacheDType { kAuto, kF32, kBf16, kInt8 };
+  // The KV cache's element type: kAuto is f32 on the CPU and bf16 on CUDA; kInt8 stores each
+  // (token, kv head) row as int8 codes with an f32 scale (CPU: cpu::KvRows, a quarter of the
+  // f32 bytes; CUDA: cuda::KvCacheType, about half of the bf16 bytes), kFp8 (CUDA) as e4m3 codes
+  // with an f32 scale.
+  enum class KvCacheDType { kAuto, kF32, kBf16, kInt8, kFp8 };
   KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
 };
 
@@ -172,6 +173,9 @@ class Model {
   // The formats the linear layers run in on this device ("bf16", "bf16+fp8-block128", ...);
   // empty where the backend keeps the checkpoint's dtypes as they are (CPU).
   virtual std::string weight_formats() const { return ""; }
+  // The KV cache's element type (--kv-cache-dtype as resolved): "f32" or "int8" on the CPU,
+  // "bf16", "fp8" or "int8" on CUDA.
+  virtual const char* kv_cache_dtype() const = 0;
 
   // Benchmark switches: per-stage timing (CUDA: events, one sync per Forward) and decode
   // through captured graphs. The CPU model always times its stages and has no graphs.

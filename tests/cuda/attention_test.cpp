@@ -12,9 +12,14 @@
 //            within u relative (+ f32 noise): per (token, head) row rel L2 <= 5e-3, over the
 //            whole output <= 3e-3 (rounding errors average ~u/2), max abs <= 2.5e-3 (|out| < 1:
 //            half an ulp is <= 2^-9).
-//   prefill  also rounds the softmax weights P to bf16 for the tensor-core P.V product (the sum
-//            l stays f32): another <= u relative per weight, averaging out over keys. Whole
-//            output rel L2 <= 1e-2, per row <= 2e-2, max abs <= 8e-3 (2^-9 + u * max|v|).
+//   prefill  (and the tensor-core decode variant) also rounds the softmax weights P to bf16 for
+//            the tensor-core P.V product (the sum l stays f32): another <= u relative per
+//            weight, averaging out over keys. Whole output rel L2 <= 1e-2, per row <= 2e-2, max
+//            abs <= 8e-3 (2^-9 + u * max|v|).
+// Quantized caches (kv_cache.h, fp8 and int8): the host quantizes each bf16 K/V row as the
+// write kernels do, the GPU reads the codes and scales, and the reference runs in f32 on the
+// dequantized rows (code * scale), so the same tolerances hold; unused pool rows hold NaN
+// scales (and NaN e4m3 codes).
 #include "backends/cuda/attention.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -52,7 +58,9 @@ struct AttnConfig {
   int32_t context_bucket = 0;  // max_context_len passed to the kernel; 0: the exact maximum
   bool force_prefill = false;  // max_query_len >= 2 even for one-token sequences
   uint64_t table_seed = 1;     // shuffle of the physical blocks
+  KvCacheType kv = KvCacheType::kBf16;
 };
+
 
 struct Tolerance {
   double rel_l2, row_rel_l2, max_abs;
@@ -70,7 +78,37 @@ struct HostBatch {
   std::vector<int32_t> block_tables;       // [n_seqs, max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0, n_blocks = 0, n_tokens = 0;
   int32_t max_query_len = 0, max_context_len = 0;
+  // Quantized caches: codes and row scales, and the f32 images (code * scale) the reference
+  // reads.
+  std::vector<uint8_t> k_codes, v_codes;
+  std::vector<float> k_scale, v_scale, k_ref, v_ref;
 };
+
+// Fills the quantized pools of b from its bf16 ones: every row the batch wrote (its bf16 images
+// quantized), NaN elsewhere.
+void QuantizePools(const AttnConfig& c, HostBatch& b) {
+  const int64_t d = c.head_dim;
+  const size_t n_rows = b.k_cache.size() / static_cast<size_t>(d);
+  const std::vector<float> k = kt::Bf16ToF32(b.k_cache);
+  const std::vector<float> v = kt::Bf16ToF32(b.v_cache);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  b.k_codes.assign(b.k_cache.size(), 0x7F);
+  b.v_codes.assign(b.v_cache.size(), 0x7F);
+  b.k_scale.assign(n_rows, nan);
+  b.v_scale.assign(n_rows, nan);
+  b.k_ref.assign(k.size(), nan);
+  b.v_ref.assign(v.size(), nan);
+  for (size_t r = 0; r < n_rows; ++r) {
+    const size_t o = r * static_cast<size_t>(d);
+    if (std::isnan(k[o])) continue;  // a row outside every context
+    b.k_scale[r] = kt::QuantizeKvRow(k.data() + o, d, c.kv, b.k_codes.data() + o);
+    b.v_scale[r] = kt::QuantizeKvRow(v.data() + o, d, c.kv, b.v_codes.data() + o);
+    for (int64_t i = 0; i < d; ++i) {
+      b.k_ref[o + i] = kt::KvCodeValue(b.k_codes[o + i], c.kv) * b.k_scale[r];
+      b.v_ref[o + i] = kt::KvCodeValue(b.v_codes[o + i], c.kv) * b.v_scale[r];
+    }
+  }
+}
 
 HostBatch BuildBatch(const AttnConfig& c, const std::vector<SeqSpec>& seqs) {
   HostBatch b;
@@ -132,6 +170,7 @@ HostBatch BuildBatch(const AttnConfig& c, const std::vector<SeqSpec>& seqs) {
     b.context_lens.push_back(ctx);
   }
   b.n_tokens = b.seq_starts.back();
+  if (KvCacheQuantized(c.kv)) QuantizePools(c, b);
   return b;
 }
 
@@ -152,8 +191,9 @@ std::vector<float> RunCpu(const AttnConfig& c, const HostBatch& b) {
   const cpu::AttentionBatch batch{b.positions, b.seq_starts, b.block_tables, b.max_blocks_per_seq};
   const cpu::OpContext ctx{};
   const std::vector<float> q = kt::Bf16ToF32(b.q);
-  const std::vector<float> k = kt::Bf16ToF32(b.k_cache);
-  const std::vector<float> v = kt::Bf16ToF32(b.v_cache);
+  const bool quantized = KvCacheQuantized(c.kv);
+  const std::vector<float> k = quantized ? b.k_ref : kt::Bf16ToF32(b.k_cache);
+  const std::vector<float> v = quantized ? b.v_ref : kt::Bf16ToF32(b.v_cache);
   std::vector<float> out(b.q.size());
   std::vector<float> scratch(
       static_cast<size_t>(cpu::AttentionScratchFloats(ctx, shape, b.max_context_len)));
@@ -164,12 +204,21 @@ std::vector<float> RunCpu(const AttnConfig& c, const HostBatch& b) {
 // Device copies of one batch's inputs, reused by the runs of a determinism check.
 struct DeviceBatch {
   DeviceBuffer q, k_cache, v_cache, positions, seq_starts, context_lens, block_tables;
+  DeviceBuffer k_scale, v_scale;  // quantized caches (k_cache / v_cache then hold the codes)
 };
 
 DeviceBatch UploadBatch(const HostBatch& b) {
-  return {kt::Upload(b.q),           kt::Upload(b.k_cache),    kt::Upload(b.v_cache),
-          kt::Upload(b.positions),   kt::Upload(b.seq_starts), kt::Upload(b.context_lens),
-          kt::Upload(b.block_tables)};
+  const bool quantized = !b.k_codes.empty();
+  DeviceBatch d{kt::Upload(b.q),
+                quantized ? kt::Upload(b.k_codes) : kt::Upload(b.k_cache),
+                quantized ? kt::Upload(b.v_codes) : kt::Upload(b.v_cache),
+                kt::Upload(b.positions),
+                kt::Upload(b.seq_starts),
+                kt::Upload(b.context_lens),
+                kt::Upload(b.block_tables),
+                quantized ? kt::Upload(b.k_scale) : DeviceBuffer(),
+                quantized ? kt::Upload(b.v_scale) : DeviceBuffer()};
+  return d;
 }
 
 // One PagedAttention call into a poisoned output with a poisoned workspace.
@@ -181,8 +230,13 @@ std::vector<uint16_t> RunGpu(const AttnConfig& c, const HostBatch& b, const Devi
   DeviceBuffer ws = kt::Poisoned<uint8_t>(std::max<size_t>(ws_bytes, 16));
   PagedAttentionParams p;
   p.q = d.q.as<const __nv_bfloat16>();
-  p.k_cache = d.k_cache.as<const __nv_bfloat16>();
-  p.v_cache = d.v_cache.as<const __nv_bfloat16>();
+  p.k_cache = d.k_cache.get();
+  p.v_cache = d.v_cache.get();
+  if (KvCacheQuantized(c.kv)) {
+    p.k_scale = d.k_scale.as<const float>();
+    p.v_scale = d.v_scale.as<const float>();
+    p.kv_type = c.kv;
+  }
   p.out = out.as<__nv_bfloat16>();
   p.positions = d.positions.as<const int32_t>();
   p.seq_starts = d.seq_starts.as<const int32_t>();
@@ -209,7 +263,8 @@ std::string Describe(const AttnConfig& c, const std::vector<SeqSpec>& seqs) {
                   " head_dim " + std::to_string(c.head_dim) + " block " +
                   std::to_string(c.block_size) + " window " + std::to_string(c.window) +
                   " scale x" + std::to_string(c.scale_mult) +
-                  (c.force_prefill ? " (prefill path)" : "") + " seqs (cached+new):";
+                  (c.force_prefill ? " (prefill path)" : "") + " kv " + KvCacheTypeName(c.kv) +
+                  " seqs (cached+new):";
   for (const SeqSpec& q : seqs)
     s += " " + std::to_string(q.n_cached) + "+" + std::to_string(q.n_new);
   return s;
@@ -221,7 +276,11 @@ std::vector<uint16_t> RunAndCheck(const AttnConfig& c, const std::vector<SeqSpec
   SCOPED_TRACE(Describe(c, seqs));
   const HostBatch b = BuildBatch(c, seqs);
   const bool decode = b.max_query_len == 1;
-  const Tolerance tol = decode ? kDecodeTol : kPrefillTol;
+  // The tensor-core decode kernel rounds P to bf16 (f16 for quantized caches) for its P.V mma,
+  // as the prefill path does.
+  const bool decode_mma =
+      std::string(DecodeAttentionVariantName(DecodeAttentionVariant())) == "tensor_cores";
+  const Tolerance tol = decode && !decode_mma ? kDecodeTol : kPrefillTol;
   const DeviceBatch d = UploadBatch(b);
   const std::vector<uint16_t> out = RunGpu(c, b, d);
   const std::vector<uint16_t> again = RunGpu(c, b, d);
@@ -406,12 +465,12 @@ TEST(CudaAttention, MixedBatch) {
 
 // A sequence alone and as the 4th of a batch of 8 (other contexts, a larger bucket, other
 // physical blocks): bitwise the same output, as split boundaries depend only on positions.
-TEST(CudaAttention, DecodeBatchInvariance) {
-  KESTREL_REQUIRE_CUDA();
+void CheckDecodeBatchInvariance(KvCacheType kv) {
   ForEachDecodeVariant([&] {
     for (int32_t window : {0, 100}) {
       AttnConfig alone;
       alone.window = window;
+      alone.kv = kv;
       const SeqSpec target{2048, 1, 1000};
       const std::vector<uint16_t> single = RunAndCheck(alone, {target});
 
@@ -427,6 +486,98 @@ TEST(CudaAttention, DecodeBatchInvariance) {
           << "window " << window << ": decode output depends on the batch";
     }
   });
+}
+
+TEST(CudaAttention, DecodeBatchInvariance) {
+  KESTREL_REQUIRE_CUDA();
+  CheckDecodeBatchInvariance(KvCacheType::kBf16);
+}
+
+constexpr KvCacheType kQuantizedTypes[] = {KvCacheType::kFp8, KvCacheType::kInt8};
+
+// Quantized caches on the decode path: head dims, GQA groups, windows, a graph bucket, a batch
+// of 64; the tensor-core kernel and both register kernels (the ones a quantized cache runs,
+// attention.h).
+TEST(CudaAttention, QuantizedKvCacheDecode) {
+  KESTREL_REQUIRE_CUDA();
+  const int saved = DecodeAttentionVariant();
+  for (KvCacheType kv : kQuantizedTypes) {
+    for (const char* variant : {"tensor_cores", "registers", "registers_db"}) {
+      SCOPED_TRACE(variant);
+      for (int v = 0; v < DecodeAttentionVariantCount(); ++v) {
+        if (std::string(DecodeAttentionVariantName(v)) == variant) SetDecodeAttentionVariant(v);
+      }
+      for (int32_t head_dim : {16, 64, 128, 256}) {
+        for (const auto [n_heads, n_kv_heads] : {HeadCounts{8, 2}, {32, 8}, {16, 1}, {6, 2}}) {
+          AttnConfig c;
+          c.kv = kv;
+          c.n_heads = n_heads;
+          c.n_kv_heads = n_kv_heads;
+          c.head_dim = head_dim;
+          c.block_size = head_dim == 64 ? 32 : 16;
+          RunAndCheck(c, DecodeSeqs({1, 15, 16, 17, 300, 2049}, 1200));
+        }
+      }
+      AttnConfig c;
+      c.kv = kv;
+      c.window = 100;
+      c.context_bucket = 5120;
+      RunAndCheck(c, DecodeSeqs({1, 17, 100, 101, 2049, 5000}, 1300));
+      std::vector<int32_t> lens;
+      for (int i = 0; i < 64; ++i) lens.push_back(kDecodeContexts[i % kDecodeContexts.size()]);
+      c.window = 0;
+      c.context_bucket = 8192;
+      c.scale_mult = 8.0f;  // sharp softmax too
+      RunAndCheck(c, DecodeSeqs(lens, 1400));
+    }
+  }
+  SetDecodeAttentionVariant(saved);
+}
+
+// Quantized caches on the prefill path: single sequences with and without cached prefixes,
+// head dims and groups, windows, a mixed batch, a long prefill at Qwen3-8B's shape.
+TEST(CudaAttention, QuantizedKvCachePrefillAndMixed) {
+  KESTREL_REQUIRE_CUDA();
+  for (KvCacheType kv : kQuantizedTypes) {
+    AttnConfig single;
+    single.kv = kv;
+    single.n_heads = 4;
+    single.n_kv_heads = 1;
+    single.force_prefill = true;
+    for (int32_t n_cached : {0, 256}) {
+      for (int32_t n_new : {1, 17, 65, 300}) {
+        RunAndCheck(single, {{n_cached, n_new, 1500 + static_cast<uint64_t>(n_new)}});
+      }
+    }
+    for (int32_t head_dim : {16, 64, 128, 256}) {
+      for (int32_t window : {0, 100}) {
+        AttnConfig c;
+        c.kv = kv;
+        c.head_dim = head_dim;
+        c.window = window;
+        RunAndCheck(c, {{40, 130, 1600}, {0, 70, 1601}});
+      }
+    }
+    AttnConfig mixed;
+    mixed.kv = kv;
+    mixed.n_heads = 32;
+    mixed.n_kv_heads = 4;
+    RunAndCheck(mixed, {{0, 1, 1700}, {0, 70, 1701}, {15, 1, 1702}, {300, 129, 1703},
+                        {2048, 1, 1704}});
+    AttnConfig long_prefill;
+    long_prefill.kv = kv;
+    long_prefill.n_heads = 32;
+    long_prefill.n_kv_heads = 8;
+    RunAndCheck(long_prefill, {{0, 1100, 1800}});
+  }
+}
+
+TEST(CudaAttention, QuantizedKvCacheDecodeBatchInvariance) {
+  KESTREL_REQUIRE_CUDA();
+  for (KvCacheType kv : kQuantizedTypes) {
+    SCOPED_TRACE(KvCacheTypeName(kv));
+    CheckDecodeBatchInvariance(kv);
+  }
 }
 
 }  // namespace

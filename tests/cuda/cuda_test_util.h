@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -12,6 +13,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/device_buffer.h"
+#include "backends/cuda/kv_cache.h"
 #include "core/check.h"
 #include "core/dtype.h"
 
@@ -98,6 +100,54 @@ inline double MaxAbsDiff(const std::vector<float>& out, const std::vector<float>
     m = std::max(m, std::fabs(static_cast<double>(out[i]) - ref[i]));
   }
   return m;
+}
+
+// Host encoders of the quantized KV cache (kv_cache.h), as the write kernels compute them.
+// e4m3fn: bias 7, no infinities, 0x7F NaN.
+inline float DecodeE4m3(uint8_t code) {
+  const int sign = code >> 7, exp = (code >> 3) & 15, man = code & 7;
+  const float mag = exp == 0 ? std::ldexp(static_cast<float>(man), -9)
+                             : std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+  return sign ? -mag : mag;
+}
+// Round to nearest, ties to the even code, saturating at 448 (the sign kept, also for zero).
+inline uint8_t EncodeE4m3(float x) {
+  const float y = std::min(std::fabs(x), 448.0f);
+  int mag = 0;
+  if (y < 0x1p-6f) {
+    mag = static_cast<int>(std::nearbyint(y * 0x1p9f));  // subnormal steps of 2^-9; 8 is 2^-6
+  } else {
+    int e2 = 0;
+    std::frexp(y, &e2);  // y = m 2^e2, m in [0.5, 1)
+    int e = e2 - 1;
+    int q = static_cast<int>(std::nearbyint(std::ldexp(y, 3 - e)));  // in [8, 16]
+    if (q == 16) {
+      q = 8;
+      ++e;
+    }
+    mag = ((e + 7) << 3) | (q - 8);
+  }
+  return static_cast<uint8_t>(mag | (std::signbit(x) ? 0x80 : 0));
+}
+inline float KvCodeValue(uint8_t code, KvCacheType t) {
+  return t == KvCacheType::kFp8 ? DecodeE4m3(code) : static_cast<float>(static_cast<int8_t>(code));
+}
+// One row: codes and scale as the write kernels compute them; returns the scale.
+inline float QuantizeKvRow(const float* x, int64_t d, KvCacheType t, uint8_t* codes) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float scale = amax / KvCacheCodeMax(t);
+  for (int64_t i = 0; i < d; ++i) {
+    if (!(scale > 0.0f)) {
+      codes[i] = 0;
+    } else if (t == KvCacheType::kFp8) {
+      codes[i] = EncodeE4m3(x[i] / scale);
+    } else {
+      codes[i] = static_cast<uint8_t>(
+          static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f)));
+    }
+  }
+  return scale;
 }
 
 }  // namespace kestrel::cuda::testing

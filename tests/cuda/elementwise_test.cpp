@@ -392,6 +392,70 @@ void RunRopeCase(const RopeCase& c, uint64_t seed) {
       << "k cache";
   // V is bias + one rounding: no floor.
   EXPECT_TRUE(Bf16Near(Download<uint16_t>(d_v_cache, cache_elems), v_cache_ref)) << "v cache";
+
+  // The same into quantized caches (kv_cache.h). The kernel quantizes its f32 row, which is
+  // within a few f32 ulps (+ the RoPE floor) of the reference row, so: each written row's scale
+  // is the reference row's within that, at least 99% of the codes equal the reference row's
+  // codes and the others are the neighbouring code; rows not written keep their poison.
+  const int64_t n_rows = cache_elems / hd;
+  for (KvCacheType type : {KvCacheType::kFp8, KvCacheType::kInt8}) {
+    SCOPED_TRACE(KvCacheTypeName(type));
+    const DeviceBuffer d_kc = Poisoned<uint8_t>(cache_elems);
+    const DeviceBuffer d_vc = Poisoned<uint8_t>(cache_elems);
+    const DeviceBuffer d_ks = Poisoned<float>(n_rows);
+    const DeviceBuffer d_vs = Poisoned<float>(n_rows);
+    QkvRope(d_qkv.as<float>(), c.bias ? Bf16Ptr(d_bias) : nullptr,
+            c.q_norm ? Bf16Ptr(d_q_norm) : nullptr, c.k_norm ? Bf16Ptr(d_k_norm) : nullptr,
+            d_positions.as<int32_t>(), d_inv_freq.as<float>(), d_slots.as<int32_t>(), n, shape,
+            Bf16Ptr(d_q), KvCacheOut{d_kc.get(), d_vc.get(), d_ks.as<float>(), d_vs.as<float>(), type},
+            nullptr);
+    for (const bool is_v : {false, true}) {
+      SCOPED_TRACE(is_v ? "v" : "k");
+      const std::vector<float>& ref = is_v ? v_cache_ref : k_cache_ref;
+      const std::vector<uint8_t> codes = Download<uint8_t>(is_v ? d_vc : d_kc, cache_elems);
+      const std::vector<float> scales = Download<float>(is_v ? d_vs : d_ks, n_rows);
+      const double floor = is_v ? 0.0 : 1e-5 * MaxAbsFinite(ref);
+      int64_t n_codes = 0, n_other = 0;
+      std::vector<uint8_t> want(hd);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const float* x = ref.data() + r * hd;
+        const uint8_t* got = codes.data() + r * hd;
+        if (std::isnan(x[0])) {  // not written
+          ASSERT_TRUE(std::isnan(scales[r])) << "row " << r;
+          ASSERT_TRUE(std::all_of(got, got + hd, [](uint8_t b) { return b == 0xFF; }));
+          continue;
+        }
+        const float scale = testing::QuantizeKvRow(x, hd, type, want.data());
+        ASSERT_NEAR(scales[r], scale, 1e-6 * scale + floor / KvCacheCodeMax(type)) << "row " << r;
+        for (int64_t i = 0; i < hd; ++i) {
+          ++n_codes;
+          if (got[i] == want[i]) continue;
+          ++n_other;
+          // The neighbouring code: within one step of the reference value.
+          const float g = testing::KvCodeValue(got[i], type) * scales[r];
+          const float w = testing::KvCodeValue(want[i], type) * scale;
+          const float step = type == KvCacheType::kInt8
+                                 ? scale
+                                 : std::max(std::fabs(w) / 8.0f, scale * 0x1p-9f);
+          ASSERT_LE(std::fabs(g - w), 1.01 * step + floor) << "row " << r << " dim " << i;
+        }
+      }
+      EXPECT_LE(n_other, n_codes / 100) << n_other << " of " << n_codes << " codes differ";
+    }
+  }
+}
+
+// The host e4m3 encoder the quantized-cache checks use: every finite code round-trips, ties go
+// to the even code, and values past 448 saturate.
+TEST(CudaQkvRope, HostE4m3EncoderRoundTrips) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;  // NaN
+    EXPECT_EQ(testing::EncodeE4m3(testing::DecodeE4m3(static_cast<uint8_t>(c))), c) << c;
+  }
+  EXPECT_EQ(testing::EncodeE4m3(1.0625f), 0x38);  // between 1 (0x38) and 1.125 (0x39): even
+  EXPECT_EQ(testing::EncodeE4m3(1.1875f), 0x3A);  // between 0x39 and 0x3A: even
+  EXPECT_EQ(testing::EncodeE4m3(1000.0f), 0x7E);
+  EXPECT_EQ(testing::EncodeE4m3(-1000.0f), 0xFE);
 }
 
 TEST(CudaQkvRope, MatchesCpuOverHeadDimsGqaAndOptions) {

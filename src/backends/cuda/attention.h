@@ -1,5 +1,9 @@
 // Paged attention on the GPU: the CUDA counterpart of cpu::PagedAttention (backends/cpu/ops.h),
-// same semantics and the same K/V pool layout, in bf16 with f32 softmax.
+// same semantics and the same K/V pool layout, in bf16 with f32 softmax. The cache holds bf16
+// rows, or e4m3 / int8 codes with an f32 scale per row (kv_cache.h): the decode path multiplies
+// codes by their scale in f32 (the scores by the K row's, the probabilities by the V row's); the
+// prefill path feeds the codes, exact in bf16, to the tensor cores and applies the same scales
+// to the f32 scores and, before their bf16 rounding, to the probabilities.
 //
 // Every token attends causally over positions [0, position] of its own sequence (with
 // sliding_window > 0: (position - window, position]), read through the sequence's block table;
@@ -24,12 +28,17 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cuda/kv_cache.h"
+
 namespace kestrel::cuda {
 
 struct PagedAttentionParams {
   const __nv_bfloat16* q = nullptr;        // [n_tokens, n_heads, head_dim]
-  const __nv_bfloat16* k_cache = nullptr;  // [n_blocks, n_kv_heads, block_size, head_dim]
-  const __nv_bfloat16* v_cache = nullptr;  // [n_blocks, n_kv_heads, block_size, head_dim]
+  const void* k_cache = nullptr;  // [n_blocks, n_kv_heads, block_size, head_dim] of kv_type
+  const void* v_cache = nullptr;  // [n_blocks, n_kv_heads, block_size, head_dim] of kv_type
+  const float* k_scale = nullptr;  // quantized kv_type: [n_blocks, n_kv_heads, block_size]
+  const float* v_scale = nullptr;
+  KvCacheType kv_type = KvCacheType::kBf16;
   __nv_bfloat16* out = nullptr;            // [n_tokens, n_heads, head_dim]
   const int32_t* positions = nullptr;      // [n_tokens] absolute position of each token
   const int32_t* seq_starts = nullptr;     // [n_seqs + 1] tokens of seq s: [seq_starts[s], [s+1])
@@ -66,11 +75,14 @@ void PagedAttention(const PagedAttentionParams& p, void* workspace, size_t works
 
 // Tuning: the decode split kernel has several implementations with identical semantics (each
 // batch invariant and deterministic on its own; different variants may differ in the last
-// bits). Process-wide, read at each launch (a captured graph keeps the variant it captured);
+// bits). "tensor_cores" (the default) runs where it applies (head_dim 64 or 128, GQA groups of
+// up to 16 heads) and "registers" elsewhere; a quantized cache runs "tensor_cores",
+// "registers" or "registers_db" (the cp.async variants take "registers").
+// Process-wide, read at each launch (a captured graph keeps the variant it captured);
 // not meant to change while kernels are being enqueued from other threads.
 int DecodeAttentionVariantCount();
 const char* DecodeAttentionVariantName(int variant);  // e.g. "cp_async_s4"
-void SetDecodeAttentionVariant(int variant);  // 0 <= variant < Count(); default 3, "registers"
+void SetDecodeAttentionVariant(int variant);  // 0 <= variant < Count(); default "tensor_cores"
 int DecodeAttentionVariant();
 
 }  // namespace kestrel::cuda

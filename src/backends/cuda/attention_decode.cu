@@ -17,7 +17,12 @@
 // rounding; each is deterministic and batch invariant): "cp_async_sN" (DecodeSplitPipelinedKernel)
 // gathers the split's K/V rows into shared memory with cp.async, N tiles of 16 KB in flight per
 // block, and computes from there; "registers" (DecodeSplitKernel) loads straight into registers;
-// "registers_db" also issues the next iteration's loads before the current one's math.
+// "registers_db" also issues the next iteration's loads before the current one's math;
+// "tensor_cores" (attention_decode_mma.cu, the default where it applies) runs the GQA group's
+// heads as the rows of tensor-core mma.
+// A quantized cache (kv_cache.h) runs DecodeSplitKernel with 8-byte loads of 8 codes per lane and
+// twice the keys per iteration (the same bytes in flight); a key's score is its f32 dot product
+// with the codes times the K row's scale, and p times the V row's scale weights its codes.
 // Kernel 2 (DecodeCombineKernel), grid (seq, head): merges the splits that intersect
 //   [first, pos] in ascending order (log-sum-exp) and writes bf16. Splits outside that range
 //   are never written nor read, so the result depends only on the sequence's own context.
@@ -27,10 +32,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_internal.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kv_cache.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "core/check.h"
 
@@ -58,13 +65,15 @@ enum DecodeVariant : int {
   kVariantPipelined2 = 2,  // 2 tiles: less shared memory, more blocks per SM
   kVariantRegisters = 3,   // loads straight into registers (the original kernel)
   kVariantRegistersDb = 4,  // the same, next iteration's loads issued before this one's math
-  kVariantCount = 5,
+  kVariantTensorCores = 5,  // the GQA group's heads as mma rows (attention_decode_mma.cu)
+  kVariantCount = 6,
 };
-constexpr const char* kVariantNames[kVariantCount] = {"cp_async_s4", "cp_async_s8", "cp_async_s2",
-                                                      "registers", "registers_db"};
-// Default: "registers", measured fastest on the H200 at every batch x context of bench_cuda_kernels
-// (e.g. 64 x 2048: 181 us vs 213-461 us for the cp.async variants).
-std::atomic<int> g_decode_variant{kVariantRegisters};
+constexpr const char* kVariantNames[kVariantCount] = {
+    "cp_async_s4", "cp_async_s8", "cp_async_s2", "registers", "registers_db", "tensor_cores"};
+// Default: "tensor_cores" where it applies (head_dim 64 or 128, groups of up to 16 heads), else
+// "registers" (before it, the fastest on the H200 at every batch x context of bench_cuda_kernels,
+// e.g. 64 x 2048: 181 us vs 213-461 us for the cp.async variants).
+std::atomic<int> g_decode_variant{kVariantTensorCores};
 
 // 8 bf16 (one 16-byte load) to f32: a bf16 is the high half of an f32, first element low.
 __device__ __forceinline__ void Bf16x8ToF32(const uint4& v, float (&f)[8]) {
@@ -73,6 +82,30 @@ __device__ __forceinline__ void Bf16x8ToF32(const uint4& v, float (&f)[8]) {
   for (int i = 0; i < 4; ++i) {
     f[2 * i] = __uint_as_float(w[i] << 16);
     f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// A lane's 8 elements of a K or V row as loaded: 16 bytes of bf16 or 8 bytes of codes.
+template <KvCacheType KV>
+using KvRaw = std::conditional_t<KV == KvCacheType::kBf16, uint4, uint2>;
+template <KvCacheType KV>
+using KvElem = std::conditional_t<KV == KvCacheType::kBf16, __nv_bfloat16, uint8_t>;
+
+template <KvCacheType KV>
+__device__ __forceinline__ KvRaw<KV> ZeroRaw() {
+  if constexpr (KV == KvCacheType::kBf16) {
+    return make_uint4(0, 0, 0, 0);
+  } else {
+    return make_uint2(0, 0);
+  }
+}
+
+template <KvCacheType KV>
+__device__ __forceinline__ void KvToF32(const KvRaw<KV>& raw, float (&f)[8]) {
+  if constexpr (KV == KvCacheType::kBf16) {
+    Bf16x8ToF32(raw, f);
+  } else {
+    DecodeKv8<KV>(raw, f);
   }
 }
 
@@ -87,17 +120,20 @@ __device__ __forceinline__ float SafeMax(float m) {
   return m == -INFINITY ? 0.0f : m;
 }
 
-// Scores of kUnroll keys (K rows already in registers, one 16-byte piece per lane) against the
-// HPB heads, reduced over the key's D/8 lanes; -inf for invalid keys.
-template <int D, int HPB, int kUnroll>
-__device__ __forceinline__ void KeyScores(const float (&q)[HPB][8], const uint4 (&k_raw)[kUnroll],
+// Scores of kUnroll keys (K rows already in registers, 8 elements per lane) against the HPB
+// heads, reduced over the key's D/8 lanes (times the row's scale k_scale[u] for a quantized
+// cache); -inf for invalid keys.
+template <int D, int HPB, int kUnroll, KvCacheType KV = KvCacheType::kBf16>
+__device__ __forceinline__ void KeyScores(const float (&q)[HPB][8],
+                                          const KvRaw<KV> (&k_raw)[kUnroll],
+                                          const float (&k_scale)[kUnroll],
                                           const bool (&valid)[kUnroll],
                                           float (&score)[kUnroll][HPB]) {
   constexpr int kLanesPerKey = D / 8;
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     float k[8];
-    Bf16x8ToF32(k_raw[u], k);
+    KvToF32<KV>(k_raw[u], k);
 #pragma unroll
     for (int g = 0; g < HPB; ++g) {
       float s = 0.0f;
@@ -108,6 +144,7 @@ __device__ __forceinline__ void KeyScores(const float (&q)[HPB][8], const uint4 
       for (int offset = kLanesPerKey / 2; offset > 0; offset /= 2) {
         s += __shfl_xor_sync(0xffffffffu, s, offset);
       }
+      if constexpr (KV != KvCacheType::kBf16) s *= k_scale[u];
       score[u][g] = valid[u] ? s : -INFINITY;
     }
   }
@@ -133,19 +170,23 @@ __device__ __forceinline__ void Rescale(const float (&score)[kUnroll][HPB], floa
   }
 }
 
-// acc += p * v for one key (V piece in registers; zeros for an invalid key, whose p is 0).
-template <int HPB>
-__device__ __forceinline__ void AccumulateValue(const uint4& v_raw, const float (&score)[HPB],
+// acc += p * v for one key (V piece in registers; zeros for an invalid key, whose p is 0); for a
+// quantized cache v is the codes and p is weighted by the row's scale v_scale.
+template <int HPB, KvCacheType KV = KvCacheType::kBf16>
+__device__ __forceinline__ void AccumulateValue(const KvRaw<KV>& v_raw, float v_scale,
+                                                const float (&score)[HPB],
                                                 const float (&m_use)[HPB], float (&l)[HPB],
                                                 float (&acc)[HPB][8]) {
   float v[8];
-  Bf16x8ToF32(v_raw, v);
+  KvToF32<KV>(v_raw, v);
 #pragma unroll
   for (int g = 0; g < HPB; ++g) {
     const float pr = exp2f(score[g] - m_use[g]);
     l[g] += pr;
+    float pv = pr;
+    if constexpr (KV != KvCacheType::kBf16) pv *= v_scale;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pr, v[i], acc[g][i]);
+    for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pv, v[i], acc[g][i]);
   }
 }
 
@@ -243,7 +284,7 @@ __device__ __forceinline__ void LoadQ(const PagedAttentionParams& p, int token, 
 //   part_o [n_tokens, n_heads, n_splits, D]  sum_j exp2(s_j - m) * v_j over the split's keys
 //   part_m, part_l [n_tokens, n_heads, n_splits]  m = max_j s_j (log2 units), l = sum exp2(s_j - m)
 // Launched with PDL (pdl.cuh): waits before anything else.
-template <int D, int HPB, bool kDoubleBuffer>
+template <int D, int HPB, bool kDoubleBuffer, KvCacheType KV>
 __global__ void __launch_bounds__(kThreads)
     DecodeSplitKernel(const PagedAttentionParams p, int32_t n_splits, int32_t n_head_chunks,
                       float* __restrict__ part_o, float* __restrict__ part_m,
@@ -254,8 +295,11 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kKeysPerWarp = 32 / kLanesPerKey;
   constexpr int kStreams = kWarps * kKeysPerWarp;
   // Keys per stream per iteration: 2 x kUnroll independent 16-byte loads in flight per thread;
-  // fewer for 8 heads, whose q and acc already take 128 registers.
-  constexpr int kUnroll = HPB >= 8 ? 2 : 4;
+  // fewer for 8 heads, whose q and acc already take 128 registers. Twice the keys for a
+  // quantized cache, whose loads are 8 bytes.
+  constexpr bool kQuantized = KV != KvCacheType::kBf16;
+  constexpr int kUnroll = (HPB >= 8 ? 2 : 4) * (kQuantized ? 2 : 1);
+  using Raw = KvRaw<KV>;
 
   __shared__ int64_t s_chunk_offset[kChunksPerSplit];  // element offset of each chunk's row 0
   __shared__ float s_o[kWarps * HPB * D];
@@ -306,58 +350,72 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();  // s_chunk_offset
 
   const int n_keys = hi - lo + 1;
-  const __nv_bfloat16* k_base = p.k_cache + dim_lane * 8;
-  const __nv_bfloat16* v_base = p.v_cache + dim_lane * 8;
+  const KvElem<KV>* k_base = static_cast<const KvElem<KV>*>(p.k_cache) + dim_lane * 8;
+  const KvElem<KV>* v_base = static_cast<const KvElem<KV>*>(p.v_cache) + dim_lane * 8;
   // One iteration's keys: consecutive streams read consecutive positions, so a warp's load is
   // contiguous rows. Zeros for keys past the split: p = 0 must not meet a NaN from unwritten
-  // cache rows.
-  auto load = [&](int base, uint4 (&k_raw)[kUnroll], uint4 (&v_raw)[kUnroll],
-                  bool (&valid)[kUnroll]) {
+  // cache rows. A quantized row's scales sit at its element offset / D.
+  auto load = [&](int base, Raw (&k_raw)[kUnroll], Raw (&v_raw)[kUnroll],
+                  float (&k_scale)[kUnroll], float (&v_scale)[kUnroll], bool (&valid)[kUnroll]) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kStreams + stream;
       valid[u] = j < n_keys;
-      k_raw[u] = make_uint4(0, 0, 0, 0);
-      v_raw[u] = make_uint4(0, 0, 0, 0);
+      k_raw[u] = ZeroRaw<KV>();
+      v_raw[u] = ZeroRaw<KV>();
+      k_scale[u] = 0.0f;
+      v_scale[u] = 0.0f;
       if (valid[u]) {
         const int key_pos = lo + j;
         const int64_t offset =
             s_chunk_offset[(key_pos - split_begin) / kChunkRows] + (key_pos % kChunkRows) * D;
-        k_raw[u] = __ldg(reinterpret_cast<const uint4*>(k_base + offset));
-        v_raw[u] = __ldg(reinterpret_cast<const uint4*>(v_base + offset));
+        k_raw[u] = __ldg(reinterpret_cast<const Raw*>(k_base + offset));
+        v_raw[u] = __ldg(reinterpret_cast<const Raw*>(v_base + offset));
+        if constexpr (kQuantized) {
+          k_scale[u] = __ldg(p.k_scale + offset / D);
+          v_scale[u] = __ldg(p.v_scale + offset / D);
+        }
       }
     }
   };
-  auto consume = [&](const uint4 (&k_raw)[kUnroll], const uint4 (&v_raw)[kUnroll],
+  auto consume = [&](const Raw (&k_raw)[kUnroll], const Raw (&v_raw)[kUnroll],
+                     const float (&k_scale)[kUnroll], const float (&v_scale)[kUnroll],
                      const bool (&valid)[kUnroll]) {
     float score[kUnroll][HPB];
-    KeyScores<D, HPB, kUnroll>(q, k_raw, valid, score);
+    KeyScores<D, HPB, kUnroll, KV>(q, k_raw, k_scale, valid, score);
     float m_use[HPB];
     Rescale<HPB, kUnroll>(score, m, l, acc, m_use);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) AccumulateValue<HPB>(v_raw[u], score[u], m_use, l, acc);
+    for (int u = 0; u < kUnroll; ++u) {
+      AccumulateValue<HPB, KV>(v_raw[u], v_scale[u], score[u], m_use, l, acc);
+    }
   };
   constexpr int kStep = kStreams * kUnroll;
-  uint4 k_raw[kUnroll], v_raw[kUnroll];
+  Raw k_raw[kUnroll], v_raw[kUnroll];
+  float k_scale[kUnroll], v_scale[kUnroll];
   bool valid[kUnroll];
   if constexpr (kDoubleBuffer) {
-    load(0, k_raw, v_raw, valid);
+    load(0, k_raw, v_raw, k_scale, v_scale, valid);
     for (int base = 0; base < n_keys; base += kStep) {
-      uint4 k_next[kUnroll], v_next[kUnroll];
+      Raw k_next[kUnroll], v_next[kUnroll];
+      float k_scale_next[kUnroll], v_scale_next[kUnroll];
       bool valid_next[kUnroll];
-      load(base + kStep, k_next, v_next, valid_next);  // past n_keys: no loads, all invalid
-      consume(k_raw, v_raw, valid);
+      // Past n_keys: no loads, all invalid.
+      load(base + kStep, k_next, v_next, k_scale_next, v_scale_next, valid_next);
+      consume(k_raw, v_raw, k_scale, v_scale, valid);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         k_raw[u] = k_next[u];
         v_raw[u] = v_next[u];
+        k_scale[u] = k_scale_next[u];
+        v_scale[u] = v_scale_next[u];
         valid[u] = valid_next[u];
       }
     }
   } else {
     for (int base = 0; base < n_keys; base += kStep) {
-      load(base, k_raw, v_raw, valid);
-      consume(k_raw, v_raw, valid);
+      load(base, k_raw, v_raw, k_scale, v_scale, valid);
+      consume(k_raw, v_raw, k_scale, v_scale, valid);
     }
   }
   const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
@@ -484,8 +542,9 @@ __global__ void __launch_bounds__(kThreads)
       const int split_row = t * kTile + row;
       const int64_t offset = s_chunk_offset[split_row / kChunkRows];
       if (offset >= 0) {
-        const __nv_bfloat16* src = (kv == 0 ? p.k_cache : p.v_cache) + offset +
-                                   (split_row % kChunkRows) * D + piece * 8;
+        const __nv_bfloat16* src =
+            static_cast<const __nv_bfloat16*>(kv == 0 ? p.k_cache : p.v_cache) + offset +
+            (split_row % kChunkRows) * D + piece * 8;
         CpAsync16(dst + kv * kTileElems + row * D + piece * 8, src);
       }
     }
@@ -513,7 +572,8 @@ __global__ void __launch_bounds__(kThreads)
       k_raw[u] = valid[u] ? *reinterpret_cast<const uint4*>(sk + j * D) : make_uint4(0, 0, 0, 0);
     }
     float score[kUnroll][HPB];
-    KeyScores<D, HPB, kUnroll>(q, k_raw, valid, score);
+    const float no_scale[kUnroll] = {};  // bf16 only: unused
+    KeyScores<D, HPB, kUnroll>(q, k_raw, no_scale, valid, score);
     float m_use[HPB];
     Rescale<HPB, kUnroll>(score, m, l, acc, m_use);
 #pragma unroll
@@ -522,7 +582,7 @@ __global__ void __launch_bounds__(kThreads)
       const int j = u * G::kStreams + stream;
       const uint4 v_raw =
           valid[u] ? *reinterpret_cast<const uint4*>(sv + j * D) : make_uint4(0, 0, 0, 0);
-      AccumulateValue<HPB>(v_raw, score[u], m_use, l, acc);
+      AccumulateValue<HPB>(v_raw, 0.0f, score[u], m_use, l, acc);
     }
     __syncthreads();  // every thread is done with this slot before it is refilled
     if (t + kStages <= t_hi) issue(t + kStages, slot);
@@ -585,6 +645,9 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
   const dim3 grid(p.n_seqs, p.n_kv_heads * n_head_chunks, n_splits);
   KCHECK(grid.y <= 65535 && grid.z <= 65535);
   const int variant = DecodeAttentionVariant();
+  if (variant == kVariantTensorCores && detail::DecodeSplitMmaSupported(p)) {
+    detail::LaunchDecodeSplitMma(p, n_splits, part_o, part_m, part_l, stream);
+  } else {
   detail::DispatchHeadDim(p.head_dim, [&]<int D>() {
     auto launch = [&]<int HPB>() {
       auto pipelined = [&]<int S>() {
@@ -602,6 +665,22 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
         LaunchPdl(kernel, grid, dim3(kThreads), G::kSmemBytes, stream, p, n_splits, n_head_chunks,
                   part_o, part_m, part_l);
       };
+      auto registers = [&]<bool kDb, KvCacheType KV>() {
+        LaunchPdl(&DecodeSplitKernel<D, HPB, kDb, KV>, grid, dim3(kThreads), 0, stream, p,
+                  n_splits, n_head_chunks, part_o, part_m, part_l);
+      };
+      // A quantized cache: the register kernels only (attention.h).
+      if (p.kv_type != KvCacheType::kBf16) {
+        const bool db = variant == kVariantRegistersDb;
+        if (p.kv_type == KvCacheType::kFp8) {
+          db ? registers.template operator()<true, KvCacheType::kFp8>()
+             : registers.template operator()<false, KvCacheType::kFp8>();
+        } else {
+          db ? registers.template operator()<true, KvCacheType::kInt8>()
+             : registers.template operator()<false, KvCacheType::kInt8>();
+        }
+        return;
+      }
       switch (variant) {
         case kVariantPipelined4:
           pipelined.template operator()<4>();
@@ -613,12 +692,10 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
           pipelined.template operator()<2>();
           break;
         case kVariantRegistersDb:
-          LaunchPdl(&DecodeSplitKernel<D, HPB, true>, grid, dim3(kThreads), 0, stream, p,
-                    n_splits, n_head_chunks, part_o, part_m, part_l);
+          registers.template operator()<true, KvCacheType::kBf16>();
           break;
         default:
-          LaunchPdl(&DecodeSplitKernel<D, HPB, false>, grid, dim3(kThreads), 0, stream, p,
-                    n_splits, n_head_chunks, part_o, part_m, part_l);
+          registers.template operator()<false, KvCacheType::kBf16>();
           break;
       }
     };
@@ -637,6 +714,7 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
         break;
     }
   });
+  }
   KCUDA_CHECK_LAUNCH();
   LaunchPdl(&DecodeCombineKernel, dim3(p.n_seqs, p.n_heads), dim3(p.head_dim), 0, stream, p,
             n_splits, static_cast<const float*>(part_o), static_cast<const float*>(part_m),
@@ -685,8 +763,10 @@ void PagedAttention(const PagedAttentionParams& p, void* workspace, size_t works
   KCHECK(p.q != nullptr && p.k_cache != nullptr && p.v_cache != nullptr && p.out != nullptr);
   KCHECK(p.positions != nullptr && p.seq_starts != nullptr && p.block_tables != nullptr);
   KCHECK(p.max_blocks_per_seq > 0 && p.max_query_len >= 1);
-  // 16-byte vector loads and cp.async of whole rows (rows are head_dim * 2 >= 32 bytes).
+  // 16-byte vector loads and cp.async of whole rows (rows are head_dim * 2 >= 32 bytes; 8-byte
+  // loads of quantized rows of head_dim >= 16 bytes).
   KCHECK(Aligned16(p.q) && Aligned16(p.k_cache) && Aligned16(p.v_cache) && Aligned16(p.out));
+  KCHECK(!KvCacheQuantized(p.kv_type) || (p.k_scale != nullptr && p.v_scale != nullptr));
   if (p.max_query_len == 1) {
     LaunchDecodeAttention(p, workspace, workspace_bytes, stream);
   } else {

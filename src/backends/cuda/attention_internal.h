@@ -43,4 +43,11 @@ inline bool SupportedHeadDim(int32_t head_dim) {
 // FlashAttention-2 style path for batches with max_query_len > 1 (attention_prefill.cu).
 void LaunchPrefillAttention(const PagedAttentionParams& p, cudaStream_t stream);
 
+// The decode split kernel on tensor cores (attention_decode_mma.cu): DecodeSplitKernel's
+// geometry and partial outputs. Supported for head_dim 64 and 128 and GQA groups of up to 16
+// heads, every cache type.
+bool DecodeSplitMmaSupported(const PagedAttentionParams& p);
+void LaunchDecodeSplitMma(const PagedAttentionParams& p, int32_t n_splits, float* part_o,
+                          float* part_m, float* part_l, cudaStream_t stream);
+
 }  // namespace kestrel::cuda::detail

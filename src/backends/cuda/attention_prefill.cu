@@ -16,6 +16,11 @@
 // Tiles entirely inside every row's window skip the mask. K/V rows past the tile's last query
 // position are zero-filled, never read: they may be unwritten (NaN) cache memory, and a masked
 // p = 0 times a NaN V row would still poison the P.V product.
+//
+// A quantized cache (kv_cache.h): the codes are loaded with plain 8-byte loads (not cp.async),
+// widened to bf16 (exact) into the same shared tiles, and the rows' scales go to shared memory
+// beside them; S = Q.codes^T is multiplied by each key's K scale in f32, and P by each key's V
+// scale before P is rounded to bf16 for the P.V product (the row sums l use the unscaled P).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -26,6 +31,7 @@
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_internal.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kv_cache.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda::detail {
@@ -102,9 +108,10 @@ __device__ __forceinline__ float SafeMax(float m) {
   return m == -INFINITY ? 0.0f : m;
 }
 
-template <int D>
+template <int D, KvCacheType KV>
 __global__ void __launch_bounds__(kThreads)
     PrefillKernel(const PagedAttentionParams p, float scale_log2) {
+  constexpr bool kQuantized = KV != KvCacheType::kBf16;
   using Smem = PrefillSmem<D>;
   constexpr int kStride = Smem::kStride;
   constexpr int kDimTiles = D / 8;       // n-tiles of O
@@ -119,6 +126,9 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   __nv_bfloat16* s_q = smem + Smem::kQ;
   __shared__ int32_t s_pos[kTileM];
+  // Quantized cache: the K and V row scales of each stage's keys (0 for keys not loaded).
+  __shared__ float s_kscale[kQuantized ? 2 : 1][kTileN];
+  __shared__ float s_vscale[kQuantized ? 2 : 1][kTileN];
 
   const int head = blockIdx.x;
   const int kv_head = head / (p.n_heads / p.n_kv_heads);
@@ -186,6 +196,42 @@ __global__ void __launch_bounds__(kThreads)
   auto load_kv = [&](int kt, int stage) {
     __nv_bfloat16* s_k = smem + Smem::kK + stage * Smem::kTileElems;
     __nv_bfloat16* s_v = smem + Smem::kV + stage * Smem::kTileElems;
+    if constexpr (kQuantized) {
+      const uint8_t* k_codes = static_cast<const uint8_t*>(p.k_cache);
+      const uint8_t* v_codes = static_cast<const uint8_t*>(p.v_cache);
+      for (int i = tid; i < kTileN * kRowChunks; i += kThreads) {
+        const int r = i / kRowChunks;
+        const int c = i % kRowChunks;
+        const int key_pos = kt * kTileN + r;
+        uint4 k8 = make_uint4(0, 0, 0, 0), v8 = make_uint4(0, 0, 0, 0);
+        if (key_pos <= key_last) {
+          const int32_t block = table[key_pos / p.block_size];
+          const int64_t row =
+              (int64_t{block} * p.n_kv_heads + kv_head) * p.block_size + key_pos % p.block_size;
+          const uint2 kc = __ldg(reinterpret_cast<const uint2*>(k_codes + row * D + c * 8));
+          const uint2 vc = __ldg(reinterpret_cast<const uint2*>(v_codes + row * D + c * 8));
+          float f[8];
+          DecodeKv8<KV>(kc, f);
+          k8 = make_uint4(PackBf16x2(f[0], f[1]), PackBf16x2(f[2], f[3]), PackBf16x2(f[4], f[5]),
+                          PackBf16x2(f[6], f[7]));
+          DecodeKv8<KV>(vc, f);
+          v8 = make_uint4(PackBf16x2(f[0], f[1]), PackBf16x2(f[2], f[3]), PackBf16x2(f[4], f[5]),
+                          PackBf16x2(f[6], f[7]));
+          if (c == 0) {
+            s_kscale[stage][r] = __ldg(p.k_scale + row);
+            s_vscale[stage][r] = __ldg(p.v_scale + row);
+          }
+        } else if (c == 0) {
+          s_kscale[stage][r] = 0.0f;
+          s_vscale[stage][r] = 0.0f;
+        }
+        *reinterpret_cast<uint4*>(s_k + r * kStride + c * 8) = k8;
+        *reinterpret_cast<uint4*>(s_v + r * kStride + c * 8) = v8;
+      }
+      return;
+    }
+    const __nv_bfloat16* k_cache = static_cast<const __nv_bfloat16*>(p.k_cache);
+    const __nv_bfloat16* v_cache = static_cast<const __nv_bfloat16*>(p.v_cache);
     for (int i = tid; i < kTileN * kRowChunks; i += kThreads) {
       const int r = i / kRowChunks;
       const int c = i % kRowChunks;
@@ -199,8 +245,8 @@ __global__ void __launch_bounds__(kThreads)
                 D +
             c * 8;
       }
-      CpAsync16(s_k + r * kStride + c * 8, p.k_cache + offset, valid);
-      CpAsync16(s_v + r * kStride + c * 8, p.v_cache + offset, valid);
+      CpAsync16(s_k + r * kStride + c * 8, k_cache + offset, valid);
+      CpAsync16(s_v + r * kStride + c * 8, v_cache + offset, valid);
     }
   };
 
@@ -279,7 +325,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float s = s_acc[n][e] * scale_log2;
+        float s = s_acc[n][e];
+        if constexpr (kQuantized) s *= s_kscale[stage][n * 8 + (lane % 4) * 2 + e % 2];
+        s *= scale_log2;
         if (!full_tile) {
           const int key_pos = key0 + n * 8 + (lane % 4) * 2 + e % 2;
           const int qp = row_pos[e / 2];
@@ -322,6 +370,18 @@ __global__ void __launch_bounds__(kThreads)
     // O += P V. The S accumulators of n-tiles 2kk and 2kk+1 are exactly the A fragment of
     // key step kk. V rows are keys, so ldmatrix.trans of a (16 keys x 16 dims) block gives
     // r0 = b0 (dims 0-7), r1 = b1 (dims 0-7), r2 = b0 (dims 8-15), r3 = b1 (dims 8-15).
+    if constexpr (kQuantized) {
+      // P times each key's V scale (keys n * 8 + (lane % 4) * 2 + e % 2, as for S).
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+        const float v0 = s_vscale[stage][n * 8 + (lane % 4) * 2];
+        const float v1 = s_vscale[stage][n * 8 + (lane % 4) * 2 + 1];
+        s_acc[n][0] *= v0;
+        s_acc[n][1] *= v1;
+        s_acc[n][2] *= v0;
+        s_acc[n][3] *= v1;
+      }
+    }
 #pragma unroll
     for (int kk = 0; kk < kTileN / 16; ++kk) {
       uint32_t a[4];
@@ -358,27 +418,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D>
+template <int D, KvCacheType KV>
 void LaunchPrefill(const PagedAttentionParams& p, cudaStream_t stream) {
   constexpr size_t kSmemBytes = PrefillSmem<D>::kBytes;
   // Above 48 KB a kernel must opt in; a host call, once per instance (the engine uses one
   // device), fine during graph capture as it is not a stream operation.
   static std::once_flag once;
   std::call_once(once, [] {
-    KCUDA_CHECK(cudaFuncSetAttribute(PrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KCUDA_CHECK(cudaFuncSetAttribute(PrefillKernel<D, KV>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
   });
   const int64_t n_tiles = int64_t{p.n_tokens} / kTileM + p.n_seqs;  // U(n_seqs), see top
   KCHECK(n_tiles <= 65535);
   const dim3 grid(p.n_heads, static_cast<unsigned>(n_tiles));
-  PrefillKernel<D><<<grid, kThreads, kSmemBytes, stream>>>(p, p.scale * kLog2e);
+  PrefillKernel<D, KV><<<grid, kThreads, kSmemBytes, stream>>>(p, p.scale * kLog2e);
   KCUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void LaunchPrefillAttention(const PagedAttentionParams& p, cudaStream_t stream) {
-  DispatchHeadDim(p.head_dim, [&]<int D>() { LaunchPrefill<D>(p, stream); });
+  DispatchHeadDim(p.head_dim, [&]<int D>() {
+    switch (p.kv_type) {
+      case KvCacheType::kFp8:
+        LaunchPrefill<D, KvCacheType::kFp8>(p, stream);
+        break;
+      case KvCacheType::kInt8:
+        LaunchPrefill<D, KvCacheType::kInt8>(p, stream);
+        break;
+      default:
+        LaunchPrefill<D, KvCacheType::kBf16>(p, stream);
+        break;
+    }
+  });
 }
 
 }  // namespace kestrel::cuda::detail

@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kv_cache.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -310,9 +311,10 @@ __global__ void GatedQkvRopeKernel(
     const float* __restrict__ qkv, const __nv_bfloat16* __restrict__ q_norm,
     const __nv_bfloat16* __restrict__ k_norm, const int32_t* __restrict__ positions,
     const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_mapping, GatedQkvShape sh,
-    __nv_bfloat16* q_out, float* gate_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache) {
+    __nv_bfloat16* q_out, float* gate_out, KvCacheOut kv) {
   __shared__ float row[256];
   __shared__ float partial[8];
+  __shared__ float partial_max[8];
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
   const int hd = sh.head_dim, j = threadIdx.x;
@@ -358,7 +360,19 @@ __global__ void GatedQkvRopeKernel(
   const int kv_head = is_v ? h - sh.n_heads - sh.n_kv_heads : h - sh.n_heads;
   const int64_t cache_row =
       ((slot / sh.block_size) * sh.n_kv_heads + kv_head) * sh.block_size + slot % sh.block_size;
-  (is_v ? v_cache : k_cache)[cache_row * hd + j] = __float2bfloat16(x);
+  if (kv.type == KvCacheType::kBf16) {
+    static_cast<__nv_bfloat16*>(is_v ? kv.v : kv.k)[cache_row * hd + j] = __float2bfloat16(x);
+    return;
+  }
+  // Quantized row: the block's max |x| (hd threads, whole warps), then one code per thread.
+  const float warp_max = WarpMax(fabsf(x));
+  if ((j & 31) == 0) partial_max[j >> 5] = warp_max;
+  __syncthreads();
+  float amax = 0.0f;
+  for (int w = 0; w < hd / 32; ++w) amax = fmaxf(amax, partial_max[w]);
+  const float scale = KvRowScale(amax, kv.type);
+  if (j == 0) (is_v ? kv.v_scale : kv.k_scale)[cache_row] = scale;
+  static_cast<uint8_t*>(is_v ? kv.v : kv.k)[cache_row * hd + j] = EncodeKv(x, scale, kv.type);
 }
 
 __global__ void SigmoidGateKernel(__nv_bfloat16* x, const float* gate, int64_t n) {
@@ -470,15 +484,15 @@ void CopyStateSlots(float* state, int64_t slot_floats, const int32_t* src, const
 void GatedQkvRope(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm,
                   const int32_t* positions, const float* inv_freq, const int32_t* slot_mapping,
                   int64_t n, const GatedQkvShape& shape, __nv_bfloat16* q_out, float* gate_out,
-                  __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, cudaStream_t stream) {
+                  const KvCacheOut& kv, cudaStream_t stream) {
   KCHECK(shape.head_dim > 0 && shape.head_dim <= 256 && shape.head_dim % 32 == 0);
+  KCHECK(!KvCacheQuantized(kv.type) || (kv.k_scale != nullptr && kv.v_scale != nullptr));
   KCHECK(shape.rotary_dim % 2 == 0 && shape.rotary_dim <= shape.head_dim);
   if (n == 0) return;
   const dim3 grid(static_cast<unsigned>(n),
                   static_cast<unsigned>(shape.n_heads + 2 * shape.n_kv_heads));
   GatedQkvRopeKernel<<<grid, shape.head_dim, 0, stream>>>(qkv, q_norm, k_norm, positions, inv_freq,
-                                                          slot_mapping, shape, q_out, gate_out,
-                                                          k_cache, v_cache);
+                                                          slot_mapping, shape, q_out, gate_out, kv);
   KCUDA_CHECK_LAUNCH();
 }
 

@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cuda/kv_cache.h"
+
 namespace kestrel::cuda {
 
 struct DeltaStateView {
@@ -94,7 +96,7 @@ void CopyStateSlots(float* state, int64_t slot_floats, const int32_t* src /*[n] 
 // [per head: query (hd) | gate (hd)] [k (nkv*hd)] [v (nkv*hd)]. Per q/k head: RMSNorm with
 // (norm_offset + w) weights, partial RoPE on the first rotary_dim dims (pairs (i, i + rot/2)),
 // the rest unchanged; q -> q_out bf16, gate -> gate_out f32, K/V into the paged cache at
-// slot_mapping[t] (< 0: none).
+// slot_mapping[t] (< 0: none), as bf16 or codes plus a row scale (kv_cache.h, as QkvRope).
 struct GatedQkvShape {
   int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0, rotary_dim = 0, block_size = 16;
   float eps = 1e-6f, norm_offset = 0.0f, attention_scaling = 1.0f;
@@ -102,7 +104,7 @@ struct GatedQkvShape {
 void GatedQkvRope(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm,
                   const int32_t* positions, const float* inv_freq, const int32_t* slot_mapping,
                   int64_t n, const GatedQkvShape& shape, __nv_bfloat16* q_out, float* gate_out,
-                  __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, cudaStream_t stream);
+                  const KvCacheOut& kv, cudaStream_t stream);
 
 // x[i] = bf16(f32(x[i]) * sigmoid(gate[i])).
 void SigmoidGate(__nv_bfloat16* x, const float* gate, int64_t n, cudaStream_t stream);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kv_cache.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/vec_io.cuh"
 #include "core/check.h"
@@ -29,8 +30,7 @@ struct QkvRopeArgs {
   const float* inv_freq;          // [half]
   const int32_t* slot_mapping;    // [n]
   __nv_bfloat16* q_out;           // [n, n_heads, head_dim]
-  __nv_bfloat16* k_cache;         // [n_blocks, n_kv_heads, bs, head_dim]
-  __nv_bfloat16* v_cache;         // [n_blocks, n_kv_heads, bs, head_dim]
+  KvCacheOut kv;                  // [n_blocks, n_kv_heads, bs, head_dim] (+ row scales)
   int32_t n_heads, n_kv_heads, head_dim, half, block_size;
   int32_t heads_per_warp;
   float eps, attention_scaling;
@@ -123,21 +123,35 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) QkvRopeKernel(QkvRopeArgs
         }
       }
     }
-    if (!active) continue;
-
-    __nv_bfloat16* dst;
     if (is_q) {
-      dst = a.q_out + (t * a.n_heads + h) * hd;
-    } else {
-      if (slot < 0) continue;  // padding token: no K/V
-      const int kv_head = is_v ? h - a.n_heads - a.n_kv_heads : h - a.n_heads;
-      const int64_t block = slot / a.block_size;
-      const int64_t offset = slot % a.block_size;
-      const int64_t cache_row = (block * a.n_kv_heads + kv_head) * a.block_size + offset;
-      dst = (is_v ? a.v_cache : a.k_cache) + cache_row * hd;
+      if (!active) continue;
+      __nv_bfloat16* dst = a.q_out + (t * a.n_heads + h) * hd;
+      StoreBf16<kPairs>(dst + p0, x1);
+      StoreBf16<kPairs>(dst + half + p0, x2);
+      continue;
     }
-    StoreBf16<kPairs>(dst + p0, x1);
-    StoreBf16<kPairs>(dst + half + p0, x2);
+    if (slot < 0) continue;  // padding token: no K/V (warp-uniform)
+    const int kv_head = is_v ? h - a.n_heads - a.n_kv_heads : h - a.n_heads;
+    const int64_t block = slot / a.block_size;
+    const int64_t offset = slot % a.block_size;
+    const int64_t cache_row = (block * a.n_kv_heads + kv_head) * a.block_size + offset;
+    if (a.kv.type == KvCacheType::kBf16) {
+      if (!active) continue;
+      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(is_v ? a.kv.v : a.kv.k) + cache_row * hd;
+      StoreBf16<kPairs>(dst + p0, x1);
+      StoreBf16<kPairs>(dst + half + p0, x2);
+      continue;
+    }
+    // Quantized row: the warp's max |x| (inactive lanes hold zeros), then the codes.
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) amax = fmaxf(amax, fmaxf(fabsf(x1[k]), fabsf(x2[k])));
+    const float scale = KvRowScale(WarpMax(amax), a.kv.type);
+    if (lane == 0) (is_v ? a.kv.v_scale : a.kv.k_scale)[cache_row] = scale;
+    if (!active) continue;
+    uint8_t* dst = static_cast<uint8_t*>(is_v ? a.kv.v : a.kv.k) + cache_row * hd;
+    StoreKvCodes<kPairs>(dst + p0, x1, scale, a.kv.type);
+    StoreKvCodes<kPairs>(dst + half + p0, x2, scale, a.kv.type);
   }
 }
 
@@ -154,9 +168,8 @@ void QkvRope(const float* qkv /*[n, (n_heads + 2*n_kv_heads) * head_dim]*/,
              const int32_t* positions /*[n] device*/,
              const float* inv_freq /*[rotary_half] device*/,
              const int32_t* slot_mapping /*[n] device*/, int64_t n, const QkvRopeShape& shape,
-             __nv_bfloat16* q_out /*[n, n_heads, head_dim]*/,
-             __nv_bfloat16* k_cache /*[n_blocks, n_kv_heads, bs, head_dim]*/,
-             __nv_bfloat16* v_cache /*[n_blocks, n_kv_heads, bs, head_dim]*/, cudaStream_t stream) {
+             __nv_bfloat16* q_out /*[n, n_heads, head_dim]*/, const KvCacheOut& kv,
+             cudaStream_t stream) {
   KCHECK(shape.n_heads > 0 && shape.n_kv_heads > 0);
   KCHECK(shape.head_dim > 0 && shape.head_dim % 2 == 0 && shape.head_dim <= kMaxHeadDim);
   // Partial rotary (rotary_half < head_dim/2) is not supported by this kernel's pair layout.
@@ -165,12 +178,12 @@ void QkvRope(const float* qkv /*[n, (n_heads + 2*n_kv_heads) * head_dim]*/,
   KCHECK(n >= 0 && n <= INT32_MAX);  // grid.x
   if (n == 0) return;
   KCHECK(qkv != nullptr && positions != nullptr && inv_freq != nullptr && slot_mapping != nullptr &&
-         q_out != nullptr && k_cache != nullptr && v_cache != nullptr);
+         q_out != nullptr && kv.k != nullptr && kv.v != nullptr);
+  KCHECK(!KvCacheQuantized(kv.type) || (kv.k_scale != nullptr && kv.v_scale != nullptr));
   const int half = shape.rotary_half;
   const int pairs = half <= 32 ? 1 : half <= 64 ? 2 : 4;
   KCHECK_MSG(half % pairs == 0, "head_dim/2 must be even above 32 and a multiple of 4 above 64");
-  KCHECK(AlignedTo(qkv, 16) && AlignedTo(q_out, 8) && AlignedTo(k_cache, 8) &&
-         AlignedTo(v_cache, 8));
+  KCHECK(AlignedTo(qkv, 16) && AlignedTo(q_out, 8) && AlignedTo(kv.k, 8) && AlignedTo(kv.v, 8));
 
   const int n_total = shape.n_heads + 2 * shape.n_kv_heads;
   // Few (token, head) items (decode): one head per warp, for the most warps in flight. Many
@@ -187,8 +200,7 @@ void QkvRope(const float* qkv /*[n, (n_heads + 2*n_kv_heads) * head_dim]*/,
                          inv_freq,
                          slot_mapping,
                          q_out,
-                         k_cache,
-                         v_cache,
+                         kv,
                          shape.n_heads,
                          shape.n_kv_heads,
                          shape.head_dim,

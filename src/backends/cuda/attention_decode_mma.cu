@@ -1,0 +1,522 @@
+// Decode split kernel on tensor cores (variant "tensor_cores", attention_decode.cu): the same
+// split geometry and the same partial outputs (m, l, acc per split) as DecodeSplitKernel, so the
+// combine, the workspace and batch invariance are shared.
+//
+// Why: the CUDA-core kernel spends ~2 FMAs per K/V element and head of the GQA group plus a
+// shuffle tree per key, which makes it instruction-bound well below copy bandwidth once a quantized
+// cache halves the bytes per element. Here the G heads of a kv head's group are the rows of an
+// m16n8k16 mma (rows >= G zero): Q.K^T and P.V each cost one mma per 16 keys x 8 columns, and
+// the only per-element work left is feeding registers to the mma.
+//
+// Block (sequence, kv head, split), 4 warps; warp w owns the split's keys [64 w, 64 w + 64), in
+// four 16-key chunks (a chunk is 16 rows of one physical block: block_size % 16 == 0). Per chunk
+// the warp computes S (16 rows x 16 keys) = Q.K^T, the online softmax of its rows, and O += P.V.
+// No shared memory is used until the final cross-warp merge: K and V go from global memory
+// straight into the mma fragments, thanks to two layout choices that a dot product permits:
+//   Q.K^T  sums over dims in any order, so lane (g, t) = (lane / 4, lane % 4) takes its B
+//          fragments from K row "key g" at the dims of its own 16-byte pieces (i * 4 + t) of the
+//          row, and the Q (A) fragments follow the same dim order: one coalesced 16-byte load per
+//          piece, no shuffling of K.
+//   P.V    gives output columns in any order, so lane (g, t) loads V rows 2t, 2t+1, 2t+8, 2t+9
+//          (its k rows of the B fragment) at the dims of its pieces (i * 8 + g); each B register
+//          pairs two rows' elements with one byte permute. O's column c of dim tile n is dim
+//          (i * 8 + c) * E + e for n = i * E + e (E elements per piece).
+// bf16 caches run bf16 mma. Quantized caches (kv_cache.h) run f16 mma: e4m3 and int8 codes are
+// exact in f16 (one cvt per pair / a magic-number subtraction), Q is rounded to f16 (its values
+// are far inside f16's range; 3 more mantissa bits than its bf16), S is scaled by each key's K
+// scale, and P by each key's V scale divided by the chunk's largest (so P.scale stays in [0, 1],
+// where f16 is accurate): O is kept in units of the current chunk's largest V scale (rescaled
+// with the softmax's alpha when the chunk changes) and multiplied back at the end.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "backends/cuda/attention.h"
+#include "backends/cuda/attention_internal.h"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kv_cache.cuh"
+#include "backends/cuda/pdl.cuh"
+#include "core/check.h"
+
+namespace kestrel::cuda::detail {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kChunk = 16;  // keys per mma step (one 16-row chunk of a physical block)
+constexpr int kChunksPerSplit = kDecodeSplitTokens / kChunk;
+constexpr int kChunksPerWarp = kChunksPerSplit / kWarps;
+constexpr int kMaxGroup = 16;  // mma rows
+// Resident blocks per SM the register allocation must allow (65536 / (3 x 128) = 170 registers):
+// the loads in flight per SM bound this kernel, so 3 blocks with one chunk in flight per warp beat
+// 2 blocks with two (measured on the H200, 64 x 8k fp8: 26.0 vs 28.2 ms per step).
+constexpr int kMinBlocksPerSm = 3;
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kChunksPerSplit % kWarps == 0 && kChunksPerSplit <= kThreads);
+
+__device__ __forceinline__ float SafeMax(float m) {
+  return m == -INFINITY ? 0.0f : m;
+}
+
+// c (16x8 f32) += a (16x16, row) * b (16x8, col), bf16 or f16 inputs. kTop: only rows 0-7 are
+// live (groups of at most 8 heads): a[1], a[3] are taken as zero and c[2], c[3] are neither
+// read nor written, so their registers are never allocated.
+template <bool kF16, bool kTop>
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (kTop) {
+    float d2, d3;
+    if constexpr (kF16) {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+          : "=f"(c[0]), "=f"(c[1]), "=f"(d2), "=f"(d3)
+          : "r"(a[0]), "r"(0u), "r"(a[2]), "r"(0u), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]),
+            "f"(0.0f), "f"(0.0f));
+    } else {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+          : "=f"(c[0]), "=f"(c[1]), "=f"(d2), "=f"(d3)
+          : "r"(a[0]), "r"(0u), "r"(a[2]), "r"(0u), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]),
+            "f"(0.0f), "f"(0.0f));
+    }
+    (void)d2;
+    (void)d3;
+  } else if constexpr (kF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two f32 as a packed pair (lo in the low half), bf16 or f16, round to nearest.
+template <bool kF16>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+  if constexpr (kF16) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// Two codes (the low 16 bits of x, first code low) as an f16 pair, exactly.
+template <KvCacheType KV>
+__device__ __forceinline__ uint32_t CodesToF16x2(uint32_t x) {
+  if constexpr (KV == KvCacheType::kFp8) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+  } else {
+    // 0x6400 | (code ^ 0x80) is the f16 1024 + (code + 128), exact below 2048; minus 1152.
+    const uint32_t y = __byte_perm(x ^ 0x8080u, 0x64646464u, 0x4140);
+    const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&y), __float2half2_rn(1152.0f));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ uint32_t Word(const uint2& v, int i) {
+  return i == 0 ? v.x : v.y;
+}
+template <class Vec>
+__device__ __forceinline__ Vec Zero() {
+  if constexpr (std::is_same_v<Vec, uint4>) {
+    return make_uint4(0, 0, 0, 0);
+  } else {
+    return make_uint2(0, 0);
+  }
+}
+
+template <int D, KvCacheType KV>
+struct MmaGeometry {
+  static constexpr bool kQuant = KV != KvCacheType::kBf16;
+  static constexpr int kElemBytes = kQuant ? 1 : 2;
+  static constexpr int kKE = 16 / kElemBytes;      // elements per 16-byte K piece
+  static constexpr int kKPieces = D / (4 * kKE);   // per K row and lane
+  static constexpr int kStepsPerPiece = kKE / 4;   // k-steps of 16 dims fed by one piece
+  static constexpr int kSteps = D / 16;
+  static constexpr int kVBytes = D * kElemBytes / 8 < 16 ? D * kElemBytes / 8 : 16;
+  static constexpr int kVE = kVBytes / kElemBytes;  // elements per V piece
+  static constexpr int kVPieces = D / (8 * kVE);    // per V row and lane
+  static constexpr int kDimTiles = D / 8;
+  using VVec = std::conditional_t<kVBytes == 16, uint4, uint2>;
+  using Elem = std::conditional_t<kQuant, uint8_t, __nv_bfloat16>;
+  static_assert(kKPieces >= 1 && kVPieces >= 1 && kSteps == kKPieces * kStepsPerPiece);
+};
+
+// Launched with PDL (pdl.cuh): waits before anything else.
+// kTop: the group has at most 8 heads (mma rows 8-15 are never computed).
+template <int D, KvCacheType KV, bool kTop>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    DecodeSplitMmaKernel(const PagedAttentionParams p, int32_t n_splits, int32_t group,
+                         float* __restrict__ part_o, float* __restrict__ part_m,
+                         float* __restrict__ part_l) {
+  PdlWait();
+  PdlLaunchDependents();
+  using G = MmaGeometry<D, KV>;
+  constexpr bool kQuant = G::kQuant;
+  using Elem = typename G::Elem;
+  using VVec = typename G::VVec;
+  constexpr int kRows = kTop ? 1 : 2;  // rows g (+ g + 8) of this lane
+
+  __shared__ int64_t s_chunk_offset[kChunksPerSplit];  // element offset of each chunk's row 0
+  __shared__ float s_m[kWarps][kMaxGroup];
+  __shared__ float s_l[kWarps][kMaxGroup];
+  __shared__ float s_o[kWarps][kMaxGroup][D];
+
+  const int tid = threadIdx.x;
+  const int seq = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int head0 = kv_head * group;
+  const int split = blockIdx.z;
+  const int token = p.seq_starts[seq];
+  if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
+  const int pos = p.positions[token];
+  const int split_begin = split * kDecodeSplitTokens;
+  const int first = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
+  const int lo = max(first, split_begin);
+  const int hi = min(pos, split_begin + kDecodeSplitTokens - 1);
+  if (lo > hi) return;  // the combine reads only splits that intersect [first, pos]
+
+  if (tid < kChunksPerSplit) {
+    const int chunk_begin = split_begin + tid * kChunk;
+    int64_t offset = 0;
+    // Only chunks holding attended keys: table entries past the context may be garbage.
+    if (chunk_begin <= hi && chunk_begin + kChunk > lo) {
+      const int32_t block =
+          p.block_tables[int64_t{seq} * p.max_blocks_per_seq + chunk_begin / p.block_size];
+      offset =
+          ((int64_t{block} * p.n_kv_heads + kv_head) * p.block_size + chunk_begin % p.block_size) *
+          D;
+    }
+    s_chunk_offset[tid] = offset;
+  }
+
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const float scale_log2 = p.scale * kLog2e;
+
+  // Q fragments of rows g and g + 8 (heads head0 + row; zero past the group), in the dim order
+  // of the K pieces: step s reads dims (i * 4 + t) * kKE + sub * 4 + [0, 4).
+  uint32_t q_frag[G::kSteps][4];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = g + 8 * r;
+    const __nv_bfloat16* q_row = p.q + (int64_t{token} * p.n_heads + head0 + row) * D;
+#pragma unroll
+    for (int s = 0; s < G::kSteps; ++s) {
+      const int base = ((s / G::kStepsPerPiece) * 4 + t) * G::kKE + (s % G::kStepsPerPiece) * 4;
+      uint2 w = make_uint2(0, 0);
+      if (row < group) w = __ldg(reinterpret_cast<const uint2*>(q_row + base));
+      if constexpr (kQuant) {
+        q_frag[s][r] = Pack2<true>(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u));
+        q_frag[s][r + 2] =
+            Pack2<true>(__uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+      } else {
+        q_frag[s][r] = w.x;
+        q_frag[s][r + 2] = w.y;
+      }
+    }
+  }
+  __syncthreads();  // s_chunk_offset
+
+
+  float o[G::kDimTiles][4];
+#pragma unroll
+  for (int n = 0; n < G::kDimTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+  }
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.0f, 0.0f};
+  const Elem* k_cache = static_cast<const Elem*>(p.k_cache);
+  const Elem* v_cache = static_cast<const Elem*>(p.v_cache);
+
+  // Quantized caches: O is in units of v_units, the largest V scale of the last chunk.
+  float v_units = 1.0f;
+
+  // One chunk's registers: K rows key0 + g (n-tile 0) and key0 + 8 + g (n-tile 1), this lane's
+  // pieces; V rows 2t, 2t+1, 2t+8, 2t+9 (this lane's B-fragment k rows, and its S columns) with
+  // the keys' scales. Keys outside [lo, hi] read zeros (their scores are masked; unwritten rows
+  // may hold NaN).
+  struct ChunkRegs {
+    uint4 k[2][G::kKPieces];
+    VVec v[4][G::kVPieces];
+    bool valid[4];
+    float k_scale[4], v_scale[4];
+  };
+  auto load = [&](int chunk, ChunkRegs& r) {
+    const int key0 = split_begin + chunk * kChunk;
+    const int64_t offset = s_chunk_offset[chunk];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int j = n * 8 + g;
+      const bool valid = key0 + j >= lo && key0 + j <= hi;
+      const Elem* row = k_cache + offset + j * D;
+#pragma unroll
+      for (int i = 0; i < G::kKPieces; ++i) {
+        r.k[n][i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + (i * 4 + t) * G::kKE))
+                          : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
+      r.valid[jj] = key0 + j >= lo && key0 + j <= hi;
+      const Elem* row = v_cache + offset + j * D;
+#pragma unroll
+      for (int i = 0; i < G::kVPieces; ++i) {
+        r.v[jj][i] = r.valid[jj]
+                         ? __ldg(reinterpret_cast<const VVec*>(row + (i * 8 + g) * G::kVE))
+                         : Zero<VVec>();
+      }
+      r.k_scale[jj] = 1.0f;
+      r.v_scale[jj] = 1.0f;
+      if constexpr (kQuant) {
+        const int64_t scale_row = offset / D + j;
+        r.k_scale[jj] = r.valid[jj] ? __ldg(p.k_scale + scale_row) : 0.0f;
+        r.v_scale[jj] = r.valid[jj] ? __ldg(p.v_scale + scale_row) : 0.0f;
+      }
+    }
+  };
+  auto compute = [&](const ChunkRegs& r) {
+    // S = Q.K^T (16 rows x 16 keys): element e of n-tile n is row g + 8 (e / 2), key
+    // n * 8 + 2t + e % 2, i.e. this lane's jj = 2n + e % 2.
+    float s_acc[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_acc[n][e] = 0.0f;
+    }
+#pragma unroll
+    for (int s = 0; s < G::kSteps; ++s) {
+      const int i = s / G::kStepsPerPiece;
+      const int sub = s % G::kStepsPerPiece;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        uint32_t b0, b1;
+        if constexpr (kQuant) {
+          const uint32_t w = Word(r.k[n][i], sub);
+          b0 = CodesToF16x2<KV>(w);
+          b1 = CodesToF16x2<KV>(w >> 16);
+        } else {
+          b0 = Word(r.k[n][i], 2 * sub);
+          b1 = Word(r.k[n][i], 2 * sub + 1);
+        }
+        Mma<kQuant, kTop>(s_acc[n], q_frag[s], b0, b1);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int jj = 2 * n + (e & 1);
+        s_acc[n][e] = r.valid[jj] ? s_acc[n][e] * (r.k_scale[jj] * scale_log2) : -INFINITY;
+      }
+    }
+    // Quantized: this chunk's largest V scale (a quad holds all 16 keys), and the factor that
+    // takes O from the last chunk's units to this one's.
+    float v_weight[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    float units_change = 1.0f;
+    if constexpr (kQuant) {
+      float v_max = fmaxf(fmaxf(r.v_scale[0], r.v_scale[1]), fmaxf(r.v_scale[2], r.v_scale[3]));
+      v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, 1));
+      v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffffu, v_max, 2));
+      if (!(v_max > 0.0f)) v_max = 1.0f;  // every V row of the chunk zero
+      const float inv = 1.0f / v_max;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) v_weight[jj] = r.v_scale[jj] * inv;
+      units_change = v_units * inv;
+      v_units = v_max;
+    }
+
+    // Online softmax of rows g (h = 0) and g + 8 (h = 1); a row's 16 scores sit in a quad.
+#pragma unroll
+    for (int h = 0; h < kRows; ++h) {
+      float m_tile = fmaxf(fmaxf(s_acc[0][2 * h], s_acc[0][2 * h + 1]),
+                           fmaxf(s_acc[1][2 * h], s_acc[1][2 * h + 1]));
+      m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 1));
+      m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 2));
+      const float m_new = fmaxf(m_run[h], m_tile);
+      const float m_use = SafeMax(m_new);
+      const float alpha = exp2f(m_run[h] - m_use);
+      m_run[h] = m_new;
+      float l_tile = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s_acc[n][2 * h] = exp2f(s_acc[n][2 * h] - m_use);
+        s_acc[n][2 * h + 1] = exp2f(s_acc[n][2 * h + 1] - m_use);
+        l_tile += s_acc[n][2 * h] + s_acc[n][2 * h + 1];
+      }
+      l_run[h] = l_run[h] * alpha + l_tile;
+      const float o_factor = alpha * units_change;
+#pragma unroll
+      for (int n = 0; n < G::kDimTiles; ++n) {
+        o[n][2 * h] *= o_factor;
+        o[n][2 * h + 1] *= o_factor;
+      }
+    }
+
+    // O += P.V: the S accumulators are the A fragment (k = the chunk's 16 keys in order).
+    uint32_t a[4];
+    a[0] = Pack2<kQuant>(s_acc[0][0] * v_weight[0], s_acc[0][1] * v_weight[1]);
+    a[1] = Pack2<kQuant>(s_acc[0][2] * v_weight[0], s_acc[0][3] * v_weight[1]);
+    a[2] = Pack2<kQuant>(s_acc[1][0] * v_weight[2], s_acc[1][1] * v_weight[3]);
+    a[3] = Pack2<kQuant>(s_acc[1][2] * v_weight[2], s_acc[1][3] * v_weight[3]);
+#pragma unroll
+    for (int i = 0; i < G::kVPieces; ++i) {
+      if constexpr (kQuant) {
+        // Bytes e, e+1 of rows (2t, 2t+1) and (2t+8, 2t+9): dim tiles i * kVE + e and + e + 1.
+#pragma unroll
+        for (int e = 0; e < G::kVE; e += 2) {
+          const int w = e / 4;
+          const uint32_t sel = e % 4 == 0 ? 0x5140u : 0x7362u;
+          const uint32_t x0 = __byte_perm(Word(r.v[0][i], w), Word(r.v[1][i], w), sel);
+          const uint32_t x1 = __byte_perm(Word(r.v[2][i], w), Word(r.v[3][i], w), sel);
+          Mma<true, kTop>(o[i * G::kVE + e], a, CodesToF16x2<KV>(x0), CodesToF16x2<KV>(x1));
+          Mma<true, kTop>(o[i * G::kVE + e + 1], a, CodesToF16x2<KV>(x0 >> 16),
+                    CodesToF16x2<KV>(x1 >> 16));
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < G::kVE; ++e) {
+          const int w = e / 2;
+          const uint32_t sel = e % 2 == 0 ? 0x5410u : 0x7632u;
+          const uint32_t b0 = __byte_perm(Word(r.v[0][i], w), Word(r.v[1][i], w), sel);
+          const uint32_t b1 = __byte_perm(Word(r.v[2][i], w), Word(r.v[3][i], w), sel);
+          Mma<false, kTop>(o[i * G::kVE + e], a, b0, b1);
+        }
+      }
+    }
+  };
+
+#pragma unroll 1
+  for (int c = 0; c < kChunksPerWarp; ++c) {
+    const int chunk = warp * kChunksPerWarp + c;
+    const int key0 = split_begin + chunk * kChunk;
+    if (key0 > hi || key0 + kChunk - 1 < lo) continue;  // warp-uniform
+    ChunkRegs r;
+    load(chunk, r);
+    compute(r);
+  }
+  if constexpr (kQuant) {
+#pragma unroll
+    for (int n = 0; n < G::kDimTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] *= v_units;
+    }
+  }
+
+  // This warp's rows into shared memory (the row sums quad-reduced), then the warps merged in a
+  // fixed order into the split's (m, l, acc) rows, as DecodeSplitKernel writes them. A warp that
+  // saw no key has m = -inf, l = 0, acc = 0 and contributes exactly nothing.
+#pragma unroll
+  for (int h = 0; h < kRows; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = g + 8 * h;
+    if (row >= group) continue;
+    if (t == 0) {
+      s_m[warp][row] = m_run[h];
+      s_l[warp][row] = l;
+    }
+#pragma unroll
+    for (int n = 0; n < G::kDimTiles; ++n) {
+      const int i = n / G::kVE;
+      const int e = n % G::kVE;
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        s_o[warp][row][(i * 8 + 2 * t + cc) * G::kVE + e] = o[n][2 * h + cc];
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
+  for (int idx = tid; idx < group * D; idx += kThreads) {
+    const int row = idx / D;
+    const int d = idx % D;
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w][row]);
+    float acc = 0.0f, l_sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = exp2f(s_m[w][row] - m_max);
+      acc += s_o[w][row][d] * f;
+      l_sum += s_l[w][row] * f;
+    }
+    const int64_t out_row = row_base + int64_t{row} * n_splits;
+    part_o[out_row * D + d] = acc;
+    if (d == 0) {
+      part_m[out_row] = m_max;
+      part_l[out_row] = l_sum;
+    }
+  }
+}
+
+template <int D, KvCacheType KV>
+void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, float* part_o,
+            float* part_m, float* part_l, cudaStream_t stream) {
+  const dim3 grid(p.n_seqs, p.n_kv_heads, n_splits);
+  KCHECK(grid.y <= 65535 && grid.z <= 65535);
+  auto go = [&]<bool kTop>() {
+    LaunchPdl(&DecodeSplitMmaKernel<D, KV, kTop>, grid, dim3(kThreads), 0, stream, p, n_splits,
+              group, part_o, part_m, part_l);
+  };
+  if (group <= 8) {
+    go.template operator()<true>();
+  } else {
+    go.template operator()<false>();
+  }
+}
+
+}  // namespace
+
+bool DecodeSplitMmaSupported(const PagedAttentionParams& p) {
+  const int32_t group = p.n_heads / p.n_kv_heads;
+  return (p.head_dim == 64 || p.head_dim == 128) && group <= kMaxGroup;
+}
+
+void LaunchDecodeSplitMma(const PagedAttentionParams& p, int32_t n_splits, float* part_o,
+                          float* part_m, float* part_l, cudaStream_t stream) {
+  KCHECK(DecodeSplitMmaSupported(p));
+  const int32_t group = p.n_heads / p.n_kv_heads;
+  auto by_type = [&]<int D>() {
+    switch (p.kv_type) {
+      case KvCacheType::kFp8:
+        Launch<D, KvCacheType::kFp8>(p, n_splits, group, part_o, part_m, part_l, stream);
+        break;
+      case KvCacheType::kInt8:
+        Launch<D, KvCacheType::kInt8>(p, n_splits, group, part_o, part_m, part_l, stream);
+        break;
+      default:
+        Launch<D, KvCacheType::kBf16>(p, n_splits, group, part_o, part_m, part_l, stream);
+        break;
+    }
+  };
+  if (p.head_dim == 64) {
+    by_type.template operator()<64>();
+  } else {
+    by_type.template operator()<128>();
+  }
+}
+
+}  // namespace kestrel::cuda::detail
