@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <memory>
+#include <mutex>
 
 namespace kestrel {
 namespace {
@@ -270,10 +273,51 @@ bool IsGgufFile(const std::string& path) {
   return f.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
+namespace {
+
+// 64-bit FNV-1a over the header bytes: a few MB at most, far cheaper than parsing them.
+uint64_t HashBytes(const uint8_t* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
+  return h;
+}
+
+struct ParsedHeader {
+  std::string path;
+  size_t file_size = 0;
+  uint64_t header_hash = 0;  // of the bytes [0, data_offset)
+  std::shared_ptr<const GgufHeader> header;
+};
+constexpr size_t kParsedHeadersKept = 4;
+std::mutex g_parsed_mutex;
+std::deque<ParsedHeader> g_parsed;  // most recent last
+
+}  // namespace
+
 Result<GgufFile> GgufFile::Open(const std::string& path) {
   GgufFile g;
   KASSIGN(g.file_, MappedFile::Open(path));
-  KASSIGN(g.header_, ParseGgufHeader(g.file_.data(), g.file_.size(), path));
+  const uint8_t* data = g.file_.data();
+  const size_t size = g.file_.size();
+  {
+    std::lock_guard<std::mutex> lock(g_parsed_mutex);
+    for (const ParsedHeader& p : g_parsed) {
+      if (p.path == path && p.file_size == size &&
+          HashBytes(data, p.header->data_offset) == p.header_hash) {
+        g.header_ = p.header;
+        return g;
+      }
+    }
+  }
+  KASSIGN(GgufHeader h, ParseGgufHeader(data, size, path));
+  auto header = std::make_shared<const GgufHeader>(std::move(h));
+  const uint64_t hash = HashBytes(data, header->data_offset);
+  {
+    std::lock_guard<std::mutex> lock(g_parsed_mutex);
+    g_parsed.push_back({path, size, hash, header});
+    if (g_parsed.size() > kParsedHeadersKept) g_parsed.pop_front();
+  }
+  g.header_ = std::move(header);
   return g;
 }
 

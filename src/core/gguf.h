@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,13 +51,17 @@ bool IsGgufFile(const std::string& path);
 
 class GgufFile {
  public:
+  // Maps the file and parses its header. A load opens the same file several times (config,
+  // tokenizer, chat template, weights), and a large vocabulary makes the header slow to parse, so
+  // the last few parsed headers are kept process-wide and reused for a file of the same path and
+  // size whose header bytes hash the same (a rewritten file is parsed again).
   static Result<GgufFile> Open(const std::string& path);
 
-  const GgufHeader& header() const { return header_; }
-  const nlohmann::json& metadata() const { return header_.metadata; }
+  const GgufHeader& header() const { return *header_; }
+  const nlohmann::json& metadata() const { return header_->metadata; }
   const std::string& path() const { return file_.path(); }
   const uint8_t* tensor_data(const GgufTensorInfo& t) const {
-    return file_.data() + header_.data_offset + t.offset;
+    return file_.data() + header_->data_offset + t.offset;
   }
   // Metadata accessors: nullopt when absent; a wrong type is an error naming the key.
   Result<std::optional<std::string>> String(const std::string& key) const;
@@ -68,7 +73,7 @@ class GgufFile {
 
  private:
   MappedFile file_;
-  GgufHeader header_;
+  std::shared_ptr<const GgufHeader> header_;
 };
 
 }  // namespace kestrel

@@ -360,6 +360,33 @@ void WriteBytes(const std::string& path, const std::vector<uint8_t>& b) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
+// A load opens its file several times; the header is parsed once, and again when the file was
+// rewritten (same path and size, other header bytes).
+TEST_F(QuantizedCheckpoints, AHeaderIsParsedOnceUntilTheFileChanges) {
+  std::vector<uint8_t> bytes = ReadBytes(Get("qwen2_q8_0").gguf);
+  const std::string path = *dir_ + "/reopened.gguf";
+  WriteBytes(path, bytes);
+  Result<GgufFile> a = GgufFile::Open(path);
+  Result<GgufFile> b = GgufFile::Open(path);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(&a->header(), &b->header()) << "parsed twice";
+  // The same size, one metadata string changed in place: a new header with the new value.
+  const std::optional<std::string> arch = *a->String("general.architecture");
+  ASSERT_EQ(arch, "qwen2");
+  const std::string key = "general.architecture";
+  auto at = std::search(bytes.begin(), bytes.end(), key.begin(), key.end());
+  ASSERT_NE(at, bytes.end());
+  const size_t value = static_cast<size_t>(at - bytes.begin()) + key.size() + 4 + 8;  // type, length
+  ASSERT_EQ(std::string(bytes.begin() + value, bytes.begin() + value + 5), "qwen2");
+  bytes[value + 4] = '3';
+  WriteBytes(path, bytes);
+  Result<GgufFile> c = GgufFile::Open(path);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_NE(&c->header(), &a->header());
+  EXPECT_EQ(*c->String("general.architecture"), std::optional<std::string>("qwen3"));
+  EXPECT_EQ(*a->String("general.architecture"), std::optional<std::string>("qwen2"));  // kept
+}
+
 TEST_F(QuantizedCheckpoints, BrokenFilesAreRefusedWithAReason) {
   const std::vector<uint8_t> good = ReadBytes(Get("qwen2_q8_0").gguf);  // no tokenizer: short header
   Result<GgufHeader> parsed = ParseGgufHeader(good.data(), good.size(), "x.gguf");
