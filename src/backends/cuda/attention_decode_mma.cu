@@ -11,8 +11,9 @@
 // Block (sequence, kv head, split), 4 warps; warp w owns the split's keys [64 w, 64 w + 64), in
 // four 16-key chunks (a chunk is 16 rows of one physical block: block_size % 16 == 0). Per chunk
 // the warp computes S (16 rows x 16 keys) = Q.K^T, the online softmax of its rows, and O += P.V.
-// No shared memory is used until the final cross-warp merge: K and V go from global memory
-// straight into the mma fragments, thanks to two layout choices that a dot product permits:
+// K and V go from global memory straight into the mma fragments (quantized caches at head_dim
+// 128: through shared memory, see below), thanks to two layout choices that a dot product
+// permits:
 //   Q.K^T  sums over dims in any order, so lane (g, t) = (lane / 4, lane % 4) takes its B
 //          fragments from K row "key g" at the dims of its own 16-byte pieces (i * 4 + t) of the
 //          row, and the Q (A) fragments follow the same dim order: one coalesced 16-byte load per
@@ -27,6 +28,9 @@
 // scale, and P by each key's V scale divided by the chunk's largest (so P.scale stays in [0, 1],
 // where f16 is accurate): O is kept in units of the current chunk's largest V scale (rescaled
 // with the softmax's alpha when the chunk changes) and multiplied back at the end.
+// The loads in flight per SM bound this kernel (a warp computes 16 keys between its loads): for
+// quantized caches at head_dim 128 a warp stages all four of its chunks in shared memory with
+// cp.async up front (16 KB) and fills the same fragments from there.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -142,6 +146,31 @@ __device__ __forceinline__ Vec Zero() {
   }
 }
 
+__device__ __forceinline__ void CpAsync16(void* smem_dst, const void* gmem, bool pred) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(pred ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Where 16-byte piece `piece` of a staged row goes (rows of 128 or 256 bytes, whole 128-byte bank
+// lines): K fragments read pieces i * 4 + t of rows g (a quarter warp: rows 2p, 2p + 1, four
+// pieces each), so odd rows swap the halves of each 8-piece line; V fragments read pieces
+// i * 8 + g of rows 2t (+ 1, + 8, + 9) (a quarter warp: rows 0, 2, 4, 6 of a group, two pieces
+// each), so row r's pieces are permuted by r & 6. Either way a quarter warp's eight 16-byte reads
+// fall in distinct banks.
+template <bool kV>
+__device__ __forceinline__ int StagedPiece(int row, int piece) {
+  return kV ? piece ^ (row & 6) : piece ^ ((row & 1) << 2);
+}
+
 template <int D, KvCacheType KV>
 struct MmaGeometry {
   static constexpr bool kQuant = KV != KvCacheType::kBf16;
@@ -156,6 +185,18 @@ struct MmaGeometry {
   static constexpr int kDimTiles = D / 8;
   using VVec = std::conditional_t<kVBytes == 16, uint4, uint2>;
   using Elem = std::conditional_t<kQuant, uint8_t, __nv_bfloat16>;
+  // Quantized caches at head_dim 128: a warp's four chunks staged in shared memory by cp.async,
+  // all in flight at once (16 KB per warp). A stage is the chunk's 16 K rows, its 16 V rows
+  // (16-byte pieces placed by StagedPiece) and its 16 K then 16 V scales. (bf16 chunks, twice
+  // the bytes, would need the fragments filled piece by piece to stay within 3 blocks' registers;
+  // they load straight into registers.)
+  static constexpr bool kStaged = D == 128 && kQuant;
+  static constexpr int kRowBytes = D * kElemBytes;
+  static constexpr int kStageBytes = 2 * kChunk * kRowBytes + 2 * kChunk * 4;
+  static constexpr int kStages = kStaged ? 4 : 0;
+  static constexpr size_t kMergeBytes = size_t{kWarps} * kMaxGroup * D * sizeof(float);
+  static constexpr size_t kStagingBytes = size_t{kWarps} * kStages * kStageBytes;
+  static constexpr size_t kSmemBytes = kStagingBytes > kMergeBytes ? kStagingBytes : kMergeBytes;
   static_assert(kKPieces >= 1 && kVPieces >= 1 && kSteps == kKPieces * kStepsPerPiece);
 };
 
@@ -177,7 +218,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   __shared__ int64_t s_chunk_offset[kChunksPerSplit];  // element offset of each chunk's row 0
   __shared__ float s_m[kWarps][kMaxGroup];
   __shared__ float s_l[kWarps][kMaxGroup];
-  __shared__ float s_o[kWarps][kMaxGroup][D];
+  // Dynamic: the warps' staging buffers (head_dim 128), then, once every warp is done with
+  // them, the cross-warp merge [kWarps][kMaxGroup][D].
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* s_o = reinterpret_cast<float*>(smem);
 
   const int tid = threadIdx.x;
   const int seq = blockIdx.x;
@@ -407,14 +451,87 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     }
   };
 
+  if constexpr (G::kStaged) {
+    // Issue every stage's copies up front, then per chunk: wait for its group, fill the
+    // fragments from shared memory, compute, refill the stage with the chunk kStages ahead.
+    unsigned char* stages = smem + warp * G::kStages * G::kStageBytes;
+    auto issue = [&](int c) {
+      const int chunk = warp * kChunksPerWarp + c;
+      const int key0 = split_begin + chunk * kChunk;
+      if (key0 > hi || key0 + kChunk - 1 < lo) return;
+      unsigned char* st = stages + (c % G::kStages) * G::kStageBytes;
+      const int64_t offset = s_chunk_offset[chunk];
+      constexpr int kRowPieces = G::kRowBytes / 16;
+      for (int idx = lane; idx < kChunk * kRowPieces; idx += 32) {
+        const int row = idx / kRowPieces;
+        const int piece = idx % kRowPieces;
+        const bool valid = key0 + row >= lo && key0 + row <= hi;
+        const int64_t src = offset + row * D + piece * (16 / G::kElemBytes);
+        const int dst = row * G::kRowBytes;
+        CpAsync16(st + dst + StagedPiece<false>(row, piece) * 16, k_cache + src, valid);
+        CpAsync16(st + kChunk * G::kRowBytes + dst + StagedPiece<true>(row, piece) * 16,
+                  v_cache + src, valid);
+      }
+      if (lane < 8) {  // 4 x 16 bytes of K scales, then of V scales
+        const float* src = (lane < 4 ? p.k_scale : p.v_scale) + offset / D + (lane % 4) * 4;
+        CpAsync16(st + 2 * kChunk * G::kRowBytes + lane * 16, src, true);
+      }
+    };
+#pragma unroll
+    for (int c = 0; c < G::kStages; ++c) {
+      if (c < kChunksPerWarp) issue(c);
+      CpAsyncCommit();
+    }
 #pragma unroll 1
-  for (int c = 0; c < kChunksPerWarp; ++c) {
-    const int chunk = warp * kChunksPerWarp + c;
-    const int key0 = split_begin + chunk * kChunk;
-    if (key0 > hi || key0 + kChunk - 1 < lo) continue;  // warp-uniform
-    ChunkRegs r;
-    load(chunk, r);
-    compute(r);
+    for (int c = 0; c < kChunksPerWarp; ++c) {
+      CpAsyncWait<G::kStages - 1>();  // chunk c's group (all but the newest kStages - 1)
+      __syncwarp();                   // ... for every lane's copies
+      const int chunk = warp * kChunksPerWarp + c;
+      const int key0 = split_begin + chunk * kChunk;
+      if (key0 <= hi && key0 + kChunk - 1 >= lo) {  // warp-uniform
+        const unsigned char* st = stages + (c % G::kStages) * G::kStageBytes;
+        ChunkRegs r;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const int row = n * 8 + g;
+#pragma unroll
+          for (int i = 0; i < G::kKPieces; ++i) {
+            r.k[n][i] = *reinterpret_cast<const uint4*>(
+                st + row * G::kRowBytes + StagedPiece<false>(row, i * 4 + t) * 16);
+          }
+        }
+        const float* scales = reinterpret_cast<const float*>(st + 2 * kChunk * G::kRowBytes);
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
+          r.valid[jj] = key0 + j >= lo && key0 + j <= hi;
+#pragma unroll
+          for (int i = 0; i < G::kVPieces; ++i) {
+            r.v[jj][i] = *reinterpret_cast<const VVec*>(st + kChunk * G::kRowBytes +
+                                                        j * G::kRowBytes +
+                                                        StagedPiece<true>(j, i * 8 + g) * 16);
+          }
+          // Rows past the context may hold any bits.
+          r.k_scale[jj] = r.valid[jj] ? scales[j] : 0.0f;
+          r.v_scale[jj] = r.valid[jj] ? scales[kChunk + j] : 0.0f;
+        }
+        compute(r);
+      }
+      __syncwarp();  // every lane is done with the stage before it is refilled
+      if (c + G::kStages < kChunksPerWarp) issue(c + G::kStages);
+      CpAsyncCommit();
+    }
+    CpAsyncWait<0>();
+  } else {
+#pragma unroll 1
+    for (int c = 0; c < kChunksPerWarp; ++c) {
+      const int chunk = warp * kChunksPerWarp + c;
+      const int key0 = split_begin + chunk * kChunk;
+      if (key0 > hi || key0 + kChunk - 1 < lo) continue;  // warp-uniform
+      ChunkRegs r;
+      load(chunk, r);
+      compute(r);
+    }
   }
   if constexpr (kQuant) {
 #pragma unroll
@@ -426,7 +543,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 
   // This warp's rows into shared memory (the row sums quad-reduced), then the warps merged in a
   // fixed order into the split's (m, l, acc) rows, as DecodeSplitKernel writes them. A warp that
-  // saw no key has m = -inf, l = 0, acc = 0 and contributes exactly nothing.
+  // saw no key has m = -inf, l = 0, acc = 0 and contributes exactly nothing. The merge buffer
+  // aliases the staging buffers: every warp must be done with those first.
+  __syncthreads();
 #pragma unroll
   for (int h = 0; h < kRows; ++h) {
     float l = l_run[h];
@@ -444,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       const int e = n % G::kVE;
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc) {
-        s_o[warp][row][(i * 8 + 2 * t + cc) * G::kVE + e] = o[n][2 * h + cc];
+        s_o[(warp * kMaxGroup + row) * D + (i * 8 + 2 * t + cc) * G::kVE + e] = o[n][2 * h + cc];
       }
     }
   }
@@ -460,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float f = exp2f(s_m[w][row] - m_max);
-      acc += s_o[w][row][d] * f;
+      acc += s_o[(w * kMaxGroup + row) * D + d] * f;
       l_sum += s_l[w][row] * f;
     }
     const int64_t out_row = row_base + int64_t{row} * n_splits;
@@ -478,8 +597,19 @@ void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, floa
   const dim3 grid(p.n_seqs, p.n_kv_heads, n_splits);
   KCHECK(grid.y <= 65535 && grid.z <= 65535);
   auto go = [&]<bool kTop>() {
-    LaunchPdl(&DecodeSplitMmaKernel<D, KV, kTop>, grid, dim3(kThreads), 0, stream, p, n_splits,
-              group, part_o, part_m, part_l);
+    constexpr size_t kSmem = MmaGeometry<D, KV>::kSmemBytes;
+    auto* kernel = &DecodeSplitMmaKernel<D, KV, kTop>;
+    if constexpr (kSmem > 48 * 1024) {
+      // Once per instantiation (not a stream operation: fine under graph capture).
+      static const bool raised = [&] {
+        KCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kSmem)));
+        return true;
+      }();
+      (void)raised;
+    }
+    LaunchPdl(kernel, grid, dim3(kThreads), kSmem, stream, p, n_splits, group, part_o, part_m,
+              part_l);
   };
   if (group <= 8) {
     go.template operator()<true>();
