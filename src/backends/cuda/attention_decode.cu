@@ -36,6 +36,8 @@
 
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_internal.h"
+#include "backends/cuda/async_copy.cuh"
+#include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kv_cache.cuh"
 #include "backends/cuda/pdl.cuh"
@@ -50,7 +52,6 @@ constexpr int kThreads = 32 * kWarps;
 // block-table look-up per chunk gives 16 contiguous rows.
 constexpr int kChunkRows = 16;
 constexpr int kChunksPerSplit = kDecodeSplitTokens / kChunkRows;
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kDecodeSplitTokens % kChunkRows == 0);
 static_assert(kChunksPerSplit <= kThreads);
 
@@ -112,12 +113,6 @@ __device__ __forceinline__ void KvToF32(const KvRaw<KV>& raw, float (&f)[8]) {
 // First position a token at `pos` attends (cpu::PagedAttention's `first`).
 __device__ __forceinline__ int FirstPosition(int pos, int window) {
   return window > 0 ? max(0, pos - window + 1) : 0;
-}
-
-// Running max to subtract: an all-masked state (m = -inf) uses 0 so exp2(-inf - 0) = 0 instead
-// of exp2(-inf + inf) = NaN.
-__device__ __forceinline__ float SafeMax(float m) {
-  return m == -INFINITY ? 0.0f : m;
 }
 
 // Scores of kUnroll keys (K rows already in registers, 8 elements per lane) against the HPB
@@ -237,28 +232,8 @@ __device__ __forceinline__ void MergeAndStore(float (&m)[HPB], float (&l)[HPB],
   }
   __syncthreads();
 
-  // Merge the warps in a fixed order. m_max is finite: the split holds at least one key. A warp
-  // that saw no key has m = -inf, l = 0, acc = 0 and contributes exactly nothing.
-  for (int idx = threadIdx.x; idx < HPB * D; idx += kThreads) {
-    const int g = idx / D;
-    const int d = idx % D;
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w][g]);
-    float o = 0.0f, l_sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = exp2f(s_m[w][g] - m_max);
-      o += s_o[(w * HPB + g) * D + d] * f;
-      l_sum += s_l[w][g] * f;
-    }
-    const int64_t row = row_base + int64_t{g} * n_splits;
-    part_o[row * D + d] = o;
-    if (d == 0) {
-      part_m[row] = m_max;
-      part_l[row] = l_sum;
-    }
-  }
+  MergeWarpPartials<kWarps, HPB, D, kThreads>(s_o, s_m, s_l, HPB, row_base, n_splits, part_o,
+                                              part_m, part_l);
 }
 
 // Loads q of HPB heads (this lane's 8 dims), pre-scaled by scale * log2(e) so scores are in
@@ -420,18 +395,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
   MergeAndStore<D, HPB>(m, l, acc, s_o, s_m, s_l, row_base, n_splits, part_o, part_m, part_l);
-}
-
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Geometry of the pipelined kernel: a tile is kUnroll keys per stream (kWarps * 256 / D

@@ -41,6 +41,8 @@
 
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_internal.h"
+#include "backends/cuda/async_copy.cuh"
+#include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kv_cache.cuh"
 #include "backends/cuda/pdl.cuh"
@@ -59,12 +61,7 @@ constexpr int kMaxGroup = 16;  // mma rows
 // the loads in flight per SM bound this kernel, so 3 blocks with one chunk in flight per warp beat
 // 2 blocks with two (measured on the H200, 64 x 8k fp8: 26.0 vs 28.2 ms per step).
 constexpr int kMinBlocksPerSm = 3;
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kChunksPerSplit % kWarps == 0 && kChunksPerSplit <= kThreads);
-
-__device__ __forceinline__ float SafeMax(float m) {
-  return m == -INFINITY ? 0.0f : m;
-}
 
 // c (16x8 f32) += a (16x16, row) * b (16x8, col), bf16 or f16 inputs. kTop: only rows 0-7 are
 // live (groups of at most 8 heads): a[1], a[3] are taken as zero and c[2], c[3] are neither
@@ -144,20 +141,6 @@ __device__ __forceinline__ Vec Zero() {
   } else {
     return make_uint2(0, 0);
   }
-}
-
-__device__ __forceinline__ void CpAsync16(void* smem_dst, const void* gmem, bool pred) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(pred ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Where 16-byte piece `piece` of a staged row goes (rows of 128 or 256 bytes, whole 128-byte bank
@@ -394,28 +377,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     // Online softmax of rows g (h = 0) and g + 8 (h = 1); a row's 16 scores sit in a quad.
 #pragma unroll
     for (int h = 0; h < kRows; ++h) {
-      float m_tile = fmaxf(fmaxf(s_acc[0][2 * h], s_acc[0][2 * h + 1]),
-                           fmaxf(s_acc[1][2 * h], s_acc[1][2 * h + 1]));
-      m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 1));
-      m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 2));
-      const float m_new = fmaxf(m_run[h], m_tile);
-      const float m_use = SafeMax(m_new);
-      const float alpha = exp2f(m_run[h] - m_use);
-      m_run[h] = m_new;
-      float l_tile = 0.0f;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        s_acc[n][2 * h] = exp2f(s_acc[n][2 * h] - m_use);
-        s_acc[n][2 * h + 1] = exp2f(s_acc[n][2 * h + 1] - m_use);
-        l_tile += s_acc[n][2 * h] + s_acc[n][2 * h + 1];
-      }
-      l_run[h] = l_run[h] * alpha + l_tile;
-      const float o_factor = alpha * units_change;
-#pragma unroll
-      for (int n = 0; n < G::kDimTiles; ++n) {
-        o[n][2 * h] *= o_factor;
-        o[n][2 * h + 1] *= o_factor;
-      }
+      OnlineSoftmaxRow(h, s_acc, m_run[h], l_run[h], o, units_change);
     }
 
     // O += P.V: the S accumulators are the A fragment (k = the chunk's 16 keys in order).
@@ -569,26 +531,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
   __syncthreads();
   const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
-  for (int idx = tid; idx < group * D; idx += kThreads) {
-    const int row = idx / D;
-    const int d = idx % D;
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w][row]);
-    float acc = 0.0f, l_sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = exp2f(s_m[w][row] - m_max);
-      acc += s_o[(w * kMaxGroup + row) * D + d] * f;
-      l_sum += s_l[w][row] * f;
-    }
-    const int64_t out_row = row_base + int64_t{row} * n_splits;
-    part_o[out_row * D + d] = acc;
-    if (d == 0) {
-      part_m[out_row] = m_max;
-      part_l[out_row] = l_sum;
-    }
-  }
+  MergeWarpPartials<kWarps, kMaxGroup, D, kThreads>(s_o, s_m, s_l, group, row_base, n_splits,
+                                                    part_o, part_m, part_l);
 }
 
 template <int D, KvCacheType KV>

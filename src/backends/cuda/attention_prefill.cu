@@ -29,6 +29,8 @@
 #include <mutex>
 
 #include "backends/cuda/attention.h"
+#include "backends/cuda/async_copy.cuh"
+#include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/attention_internal.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kv_cache.cuh"
@@ -41,7 +43,6 @@ constexpr int kTileM = 64;  // query rows per block
 constexpr int kTileN = 64;  // keys per K/V tile
 constexpr int kWarps = 4;   // 16 query rows each
 constexpr int kThreads = 32 * kWarps;
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTileM == 16 * kWarps);
 
 // Shared memory of one block: Q tile, K and V tiles in two stages, rows padded by 16 bytes so
@@ -57,24 +58,6 @@ struct PrefillSmem {
   static constexpr int kV = 3 * kTileElems;  // [2][kTileN, kStride]
   static constexpr size_t kBytes = 5 * static_cast<size_t>(kTileElems) * sizeof(__nv_bfloat16);
 };
-
-__device__ __forceinline__ uint32_t SmemAddress(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-
-// 16 bytes global -> shared, asynchronously; zero-filled (source not read) when !pred.
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool pred) {
-  const int src_bytes = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddress(smem)),
-               "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // Four 8x8 b16 matrices; lane i gives the row address of matrix i / 8, row i % 8.
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
@@ -101,11 +84,6 @@ __device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], u
 __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
   return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// See SafeMax in attention_decode.cu: an all-masked row subtracts 0, not -inf.
-__device__ __forceinline__ float SafeMax(float m) {
-  return m == -INFINITY ? 0.0f : m;
 }
 
 template <int D, KvCacheType KV>
@@ -340,32 +318,7 @@ __global__ void __launch_bounds__(kThreads)
 
     // Online softmax per row; a row's 64 scores sit in the 4 lanes of a quad.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float m_tile = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-        m_tile = fmaxf(m_tile, fmaxf(s_acc[n][2 * h], s_acc[n][2 * h + 1]));
-      }
-      m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 1));
-      m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 2));
-      const float m_new = fmaxf(m_run[h], m_tile);
-      const float m_use = SafeMax(m_new);
-      const float alpha = exp2f(m_run[h] - m_use);
-      m_run[h] = m_new;
-      float l_tile = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-        s_acc[n][2 * h] = exp2f(s_acc[n][2 * h] - m_use);
-        s_acc[n][2 * h + 1] = exp2f(s_acc[n][2 * h + 1] - m_use);
-        l_tile += s_acc[n][2 * h] + s_acc[n][2 * h + 1];
-      }
-      l_run[h] = l_run[h] * alpha + l_tile;
-#pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-        o_acc[n][2 * h] *= alpha;
-        o_acc[n][2 * h + 1] *= alpha;
-      }
-    }
+    for (int h = 0; h < 2; ++h) OnlineSoftmaxRow(h, s_acc, m_run[h], l_run[h], o_acc);
 
     // O += P V. The S accumulators of n-tiles 2kk and 2kk+1 are exactly the A fragment of
     // key step kk. V rows are keys, so ldmatrix.trans of a (16 keys x 16 dims) block gives

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "backends/cuda/async_copy.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/ptx.cuh"
@@ -76,21 +77,6 @@ static_assert(kFragsN % 2 == 0);
 // just add row * kRowBytes.
 __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ ((row >> 1) & 3)) * 16));
-}
-
-// 16 bytes global -> shared, asynchronously, bypassing L1; zero-filled (source not read) when
-// !pred.
-__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
-               "r"(pred ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Four 8x8 b16 matrices; lane i gives the row address of matrix i / 8, row i % 8, and receives

@@ -1,0 +1,33 @@
+// cp.async (sm_80+): 16-byte copies from global to shared memory that complete in the background,
+// grouped by commit and waited for by group count. Shared by the kernels that stage tiles
+// (attention, MoE GEMM).
+#pragma once
+
+#include <cstdint>
+
+namespace kestrel::cuda {
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// 16 bytes global -> shared at shared address `smem`, bypassing L1 (.cg); zero-filled, the
+// source not read, when !pred.
+__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool pred = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(pred ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool pred = true) {
+  CpAsync16(SmemAddress(smem), gmem, pred);
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,89 @@
+// Device helpers shared by the attention kernels (attention_decode.cu, attention_decode_mma.cu,
+// attention_prefill.cu): the log2-domain online softmax over mma accumulator rows, and the
+// fixed-order merge of per-warp partial states into a decode split's (m, l, acc) rows.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace kestrel::cuda {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// Running max to subtract: an all-masked state (m = -inf) uses 0 so exp2(-inf - 0) = 0 instead
+// of exp2(-inf + inf) = NaN.
+__device__ __forceinline__ float SafeMax(float m) {
+  return m == -INFINITY ? 0.0f : m;
+}
+
+// One online-softmax step for accumulator row h of an m16n8 fragment (row lane / 4 + 8 h, whose
+// scores sit in the 4 lanes of a quad): the scores s[n][2h], s[n][2h+1] of kTiles n8 tiles (log2
+// units, -inf masked) become exp2(s - m), the running max m and this lane's partial row sum l are
+// updated, and the output accumulators o[.][2h], o[.][2h+1] are rescaled by exp2(m_old - m_new)
+// times o_factor.
+template <int kTiles, int kDimTiles>
+__device__ __forceinline__ void OnlineSoftmaxRow(int h, float (&s)[kTiles][4], float& m_run,
+                                                 float& l_run, float (&o)[kDimTiles][4],
+                                                 float o_factor = 1.0f) {
+  float m_tile = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) m_tile = fmaxf(m_tile, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+  m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 1));
+  m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 2));
+  const float m_new = fmaxf(m_run, m_tile);
+  const float m_use = SafeMax(m_new);
+  const float alpha = exp2f(m_run - m_use);
+  m_run = m_new;
+  float l_tile = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+    s[n][2 * h] = exp2f(s[n][2 * h] - m_use);
+    s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - m_use);
+    l_tile += s[n][2 * h] + s[n][2 * h + 1];
+  }
+  l_run = l_run * alpha + l_tile;
+  const float factor = alpha * o_factor;
+#pragma unroll
+  for (int n = 0; n < kDimTiles; ++n) {
+    o[n][2 * h] *= factor;
+    o[n][2 * h + 1] *= factor;
+  }
+}
+
+// Merges the partial softmax states of kWarps warps for `rows` rows in a fixed warp order and
+// writes the decode split's rows: row r's state per warp w is (s_m[w][r], s_l[w][r],
+// s_o[(w * kRowStride + r) * D + d]); it goes to part_o[(row_base + r * n_splits) * D + d] and
+// part_m / part_l[row_base + r * n_splits]. Every thread of the block (kThreads) takes part.
+// m_max is finite (a split holds at least one key); a warp that saw no key has m = -inf, l = 0,
+// acc = 0 and contributes exactly nothing.
+template <int kWarps, int kRowStride, int D, int kThreads>
+__device__ __forceinline__ void MergeWarpPartials(const float* s_o,
+                                                  const float (&s_m)[kWarps][kRowStride],
+                                                  const float (&s_l)[kWarps][kRowStride], int rows,
+                                                  int64_t row_base, int32_t n_splits,
+                                                  float* __restrict__ part_o,
+                                                  float* __restrict__ part_m,
+                                                  float* __restrict__ part_l) {
+  for (int idx = threadIdx.x; idx < rows * D; idx += kThreads) {
+    const int r = idx / D;
+    const int d = idx % D;
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w][r]);
+    float acc = 0.0f, l_sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = exp2f(s_m[w][r] - m_max);
+      acc += s_o[(w * kRowStride + r) * D + d] * f;
+      l_sum += s_l[w][r] * f;
+    }
+    const int64_t out_row = row_base + int64_t{r} * n_splits;
+    part_o[out_row * D + d] = acc;
+    if (d == 0) {
+      part_m[out_row] = m_max;
+      part_l[out_row] = l_sum;
+    }
+  }
+}
+
+}  // namespace kestrel::cuda
