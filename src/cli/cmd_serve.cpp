@@ -119,9 +119,14 @@ Status CheckFlags(const ServeFlags& f) {
 
 // KV pool capacity in tokens (whole blocks) for the --kv-memory budget. Without the flag, the
 // default budget is also capped at what max_num_seqs full contexts could use.
-Result<int64_t> KvCacheTokens(const ServeFlags& f, const ModelConfig& cfg) {
-  // The CPU backend stores K and V in f32 (docs/architecture.md), for attention layers only.
-  const int64_t bytes_per_token = MakeCacheSpec(cfg, sizeof(float)).kv_bytes_per_token();
+Result<int64_t> KvCacheTokens(const ServeFlags& f, const ModelConfig& cfg,
+                              ModelLoadOptions::KvCacheDType kv_dtype) {
+  // The CPU backend stores K and V of the attention layers in f32 (docs/architecture.md), or with
+  // --kv-cache-dtype int8 as int8 codes plus an f32 scale per row.
+  const bool int8 = kv_dtype == ModelLoadOptions::KvCacheDType::kInt8;
+  CacheSpec spec = MakeCacheSpec(cfg, int8 ? 1 : sizeof(float));
+  if (int8) spec.kv_row_scale_bytes = sizeof(float);
+  const int64_t bytes_per_token = spec.kv_bytes_per_token();
   const double budget_bytes =
       f.kv_memory_gib.value_or(kDefaultKvGiB) * static_cast<double>(int64_t{1} << 30);
   double tokens =
@@ -205,7 +210,7 @@ int RunServe(ServeFlags f) {
     options.max_batch_tokens = f.max_batched_tokens;
     options.show_progress = true;
   } else {
-    Result<int64_t> kv_tokens = KvCacheTokens(f, *cfg);
+    Result<int64_t> kv_tokens = KvCacheTokens(f, *cfg, options.kv_cache_dtype);
     if (!kv_tokens.ok()) return Fail(kv_tokens.status());
     options.kv_cache_tokens = *kv_tokens;
   }

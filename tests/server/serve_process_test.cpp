@@ -686,4 +686,36 @@ TEST_F(ServeHardening, MaxWaitingCountsOnlyBeyondTheRunningCapacity) {
   for (int fd : streams) close(fd);  // cancels them
 }
 
+// One --kv-memory budget holds (4 hd) / (hd + 4) times the tokens with --kv-cache-dtype int8
+// (int8 codes plus an f32 scale per row instead of f32 rows), and the int8 server serves.
+TEST(ServeKvCache, Int8CacheHoldsMoreTokensInTheSameBudgetAndServes) {
+  std::signal(SIGPIPE, SIG_IGN);
+  auto capacity = [](const std::vector<std::string>& flags, bool complete) -> long long {
+    ServeProcess server;
+    if (!server.Start(flags)) {
+      ADD_FAILURE() << "did not start: " << server.stderr_text();
+      return -1;
+    }
+    std::smatch m;
+    const std::string& log = server.stderr_text();
+    if (!std::regex_search(log, m, std::regex(R"(KV cache: (\d+) tokens)"))) {
+      ADD_FAILURE() << log;
+      return -1;
+    }
+    if (complete) {
+      httplib::Client client(server.url());
+      auto r = client.Post("/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 8})",
+                           "application/json");
+      EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    }
+    return std::stoll(m[1]);
+  };
+  const long long f32 = capacity({}, false);
+  const long long int8 = capacity({"--kv-cache-dtype", "int8"}, true);
+  ASSERT_GT(f32, 0);
+  const double hd = 64;  // kestrel-tiny
+  EXPECT_NEAR(static_cast<double>(int8) / static_cast<double>(f32), 4 * hd / (hd + 4), 0.05)
+      << f32 << " vs " << int8 << " tokens";
+}
+
 }  // namespace
