@@ -8,6 +8,11 @@ The quantizers here are simple (per-group min/max and absmax scales), not llama.
 what matters for Kestrel is the layout and the dequantization, which follow the format's
 definition (ggml's dequantize_row_*), in float32, operation by operation.
 
+Architectures: Llama / Mistral (llama), Qwen2, Qwen3, Qwen3-MoE, and the hybrid Qwen3-Next
+(qwen3next), Qwen3.5 (qwen35) and Qwen3.5-MoE (qwen35moe) with what llama.cpp's converter does to
+them: the names, the metadata keys, and the tensor transforms (see hybrid_tensors), the MTP head
+written as the extra block llama.cpp calls nextn.
+
   make_gguf.py --model DIR --out FILE.gguf --type q8_0|q4_k|q6_k|q4_k_m|f16|bf16|f32
                [--dequantized-out DIR] [--pre qwen2|llama-bpe|qwen35] [--tokenizer DIR]
   make_gguf.py --golden OUT.bin      random blocks of each type and their dequantized values
@@ -15,6 +20,7 @@ definition (ggml's dequantize_row_*), in float32, operation by operation.
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import sys
@@ -209,6 +215,8 @@ def gguf_value(v, type_hint=None):
     if isinstance(v, str):
         return struct.pack("<I", 8) + gguf_string(v)
     if isinstance(v, list):
+        if all(isinstance(x, bool) for x in v):
+            return struct.pack("<IIQ", 9, 7, len(v)) + bytes(int(x) for x in v)
         if all(isinstance(x, str) for x in v):
             return struct.pack("<IIQ", 9, 8, len(v)) + b"".join(gguf_string(x) for x in v)
         return struct.pack("<IIQ", 9, 5, len(v)) + b"".join(struct.pack("<i", x) for x in v)
@@ -245,7 +253,8 @@ def write_gguf(path, metadata, tensors, alignment=32):
 # ---- model conversion ------------------------------------------------------------------------
 
 ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe"}
+        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe", "Qwen3NextForCausalLM": "qwen3next",
+        "Qwen3_5ForCausalLM": "qwen35", "Qwen3_5MoeForCausalLM": "qwen35moe"}
 LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
@@ -257,8 +266,14 @@ def llama_permute(w, n_head):  # llama.cpp's converter: interleave each head's t
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# Tensors llama.cpp's converter always stores in F32, whatever the file type: the routers, the
+# shared-expert gate, the linear-attention convolution, and any tensor not named *.weight.
+F32_ALWAYS = (".ffn_gate_inp.", ".ffn_gate_inp_shexp.", ".ssm_conv1d.")
+
+
 def choose_type(gguf_name, shape, scheme):
-    if len(shape) < 2:
+    if (len(shape) < 2 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight")
+            or any(s in gguf_name for s in F32_ALWAYS)):
         return "f32"
     if scheme in ("f32", "f16", "bf16"):
         return scheme
@@ -341,6 +356,246 @@ def rope_factors(rope, head_dim):
     return np.array(out, dtype=np.float32)
 
 
+def n_bytes(shape, kind):
+    bytes_per_block = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_k": 144, "q6_k": 210}
+    return int(np.prod(shape)) // BLOCK[kind] * bytes_per_block[kind]
+
+
+# ---- hybrid Qwen (Qwen3-Next, Qwen3.5, Qwen3.5-MoE) --------------------------------------------
+
+HYBRID = ("qwen3next", "qwen35", "qwen35moe")
+HYBRID_LAYER_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate",
+    "linear_attn.in_proj_b": "ssm_beta", "linear_attn.in_proj_a": "ssm_alpha", "linear_attn.in_proj_ba": "ssm_ba",
+    "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out"}
+# The MTP head's own tensors, in the first block after the decoder's.
+MTP_NAMES = {"fc": "nextn.eh_proj", "pre_fc_norm_embedding": "nextn.enorm", "pre_fc_norm_hidden": "nextn.hnorm",
+             "norm": "nextn.shared_head_norm"}
+# RMSNorm weights the model applies as (1 + w): llama.cpp's converter stores 1 + w (in f32).
+NORM_OFFSET = ("attn_norm", "post_attention_norm", "attn_q_norm", "attn_k_norm", "output_norm", "nextn.enorm",
+               "nextn.hnorm", "nextn.shared_head_norm")
+EXPERT = re.compile(r"^(model|mtp)\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+FUSED_EXPERTS = re.compile(r"^(model|mtp)\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
+
+
+def n_mtp_layers(tensors):
+    return len({n.split(".")[2] for n in tensors if n.startswith("mtp.layers.")})
+
+
+def hybrid_block(name, n_layers):
+    """(GGUF block id, the name inside the layer) of a decoder or MTP layer tensor."""
+    parts = name.split(".", 3)
+    return (int(parts[2]) + (n_layers if parts[0] == "mtp" else 0)), parts[3]
+
+
+def hybrid_gguf_name(name, n_layers):
+    fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    if name in fixed:
+        return fixed[name]
+    parts = name.split(".")
+    if parts[0] == "mtp" and len(parts) == 3 and parts[1] in MTP_NAMES:
+        return f"blk.{n_layers}.{MTP_NAMES[parts[1]]}.{parts[2]}"
+    if not name.startswith(("model.layers.", "mtp.layers.")):
+        sys.exit(f"make_gguf: no GGUF name for {name}")
+    bid, rest = hybrid_block(name, n_layers)
+    if rest == "linear_attn.A_log":
+        return f"blk.{bid}.ssm_a"
+    if rest == "linear_attn.dt_bias":
+        return f"blk.{bid}.ssm_dt.bias"
+    base, _, kind = rest.rpartition(".")
+    if base not in HYBRID_LAYER_NAMES:
+        sys.exit(f"make_gguf: no GGUF name for {name}")
+    return f"blk.{bid}.{HYBRID_LAYER_NAMES[base]}.{kind}"
+
+
+def v_heads_tiled(x, axis, nk, r, d):
+    """Value heads (d entries each along `axis`) from grouped by key head (head g*r + j) to the
+    tiled order llama.cpp's converter writes for Qwen3.5 (head j*nk + g)."""
+    s = x.shape
+    return np.swapaxes(x.reshape(s[:axis] + (nk, r, d) + s[axis + 1:]), axis, axis + 1).reshape(s)
+
+
+def v_heads_grouped(x, axis, nk, r, d):  # the inverse of v_heads_tiled
+    s = x.shape
+    return np.swapaxes(x.reshape(s[:axis] + (r, nk, d) + s[axis + 1:]), axis, axis + 1).reshape(s)
+
+
+def hybrid_metadata(cfg, arch, tensors, rope, head_dim):
+    """The keys llama.cpp's converter writes for these architectures (beside the common ones)."""
+    p = arch + "."
+    n_layers, n_mtp = cfg["num_hidden_layers"], n_mtp_layers(tensors)
+    md = {p + "block_count": n_layers + n_mtp}
+    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+        md[p + "expert_count"] = cfg.get("num_local_experts") or cfg["num_experts"]
+        md[p + "expert_used_count"] = cfg["num_experts_per_tok"]
+    if "moe_intermediate_size" in cfg:
+        md[p + "expert_feed_forward_length"] = cfg["moe_intermediate_size"]
+    if "shared_expert_intermediate_size" in cfg:
+        md[p + "expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
+    md[p + "ssm.conv_kernel"] = cfg["linear_conv_kernel_dim"]
+    md[p + "ssm.state_size"] = cfg["linear_key_head_dim"]
+    md[p + "ssm.group_count"] = cfg["linear_num_key_heads"]
+    md[p + "ssm.time_step_rank"] = cfg["linear_num_value_heads"]
+    md[p + "ssm.inner_size"] = cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"]
+    if "layer_types" in cfg:  # the MTP blocks are attention blocks
+        md[p + "attention.recurrent_layers"] = [t == "linear_attention" for t in cfg["layer_types"]] + [False] * n_mtp
+    md[p + "full_attention_interval"] = cfg.get("full_attention_interval", 4)
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+    md[p + "rope.dimension_count"] = int(head_dim * partial)
+    if arch != "qwen3next":  # Qwen3.5's interleaved M-RoPE sections, [11, 11, 10, 0] when not given
+        sections = list(rope.get("mrope_section", [11, 11, 10]))
+        md[p + "rope.dimension_sections"] = (sections + [0] * 4)[:4]
+    if n_mtp:
+        md[p + "nextn_predict_layers"] = n_mtp
+    return md
+
+
+def hybrid_tensors(cfg, arch, tensors, scheme, dequantized):
+    """The GGUF tensors of a Qwen3-Next / Qwen3.5 checkpoint as llama.cpp's converter writes them,
+    and (when `dequantized` is a dict) the reference: each checkpoint tensor rebuilt in its own
+    layout from the dequantized values of what was stored.
+
+      RMSNorm weights applied as (1 + w) (layers, q/k norms, final, MTP): stored as 1 + w in f32
+      A_log: stored as A = -exp(A_log) in f32 (ssm_a); dt_bias renamed ssm_dt.bias
+      conv1d (C, 1, K): squeezed to (C, K), f32
+      Qwen3-Next in_proj_qkvz (per key head q|k|v|z): split into attn_qkv (all q | all k | all v)
+        and attn_gate (all z); in_proj_ba stored as it is (ssm_ba)
+      Qwen3.5 with fewer key than value heads: every value-head axis (the v rows of in_proj_qkv
+        and of conv1d, in_proj_z, in_proj_b, in_proj_a, A_log, dt_bias, out_proj's columns) from
+        grouped to tiled order (v_heads_tiled)
+      experts: one (E, rows, cols) tensor per projection (per-expert tensors stacked, a fused
+        gate_up_proj split into gate and up)
+    """
+    n_layers = cfg["num_hidden_layers"]
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    r = nv // nk
+    tiled = arch != "qwen3next" and nk != nv
+    qk_rows = 2 * nk * dk
+    out = []
+
+    def add(hf_names, outputs, forward, inverse):
+        """hf_names: the checkpoint tensors; outputs: [(GGUF name, stored shape)]; forward(list of
+        checkpoint arrays) -> list of stored arrays; inverse(list of dequantized stored arrays,
+        list of checkpoint arrays) -> list of reference arrays, one per checkpoint tensor."""
+        got = {}
+
+        def load():
+            return [tensors[n]() for n in hf_names]
+        for i, (g, shape) in enumerate(outputs):
+            kind = choose_type(g, shape, scheme)
+
+            def produce(i=i, kind=kind, shape=shape):
+                stored = forward(load())[i]
+                assert tuple(stored.shape) == tuple(shape), (hf_names, stored.shape, shape)
+                data, dq = encode(stored.reshape(-1, stored.shape[-1]) if stored.ndim > 1 else stored, kind)
+                if dequantized is not None:
+                    got[i] = dq.reshape(stored.shape)
+                    if len(got) == len(outputs):
+                        refs = inverse([got[j] for j in range(len(outputs))], load())
+                        for n, ref in zip(hf_names, refs):
+                            dequantized[n] = np.ascontiguousarray(ref, dtype=np.float32)
+                        got.clear()
+                return data
+            out.append((g, list(shape), GGML[kind], n_bytes(shape, kind), produce))
+
+    def one(name, g, shape, fwd=lambda w: w, inv=lambda dq, w: dq):
+        add([name], [(g, shape)], lambda ws: [fwd(ws[0])], lambda dqs, ws: [inv(dqs[0], ws[0])])
+
+    stacks = {}
+    for name in sorted(tensors):
+        shape = tuple(tensors[name].shape)
+        m = EXPERT.match(name)
+        if m:
+            stacks.setdefault(hybrid_block(name, n_layers)[0], {}).setdefault(m.group(4), []).append(
+                (int(m.group(3)), name))
+            continue
+        m = FUSED_EXPERTS.match(name)
+        if m:
+            bid = hybrid_block(name, n_layers)[0]
+            if m.group(3) == "down":
+                one(name, f"blk.{bid}.ffn_down_exps.weight", shape)
+            else:  # (E, 2 * ff, H), gate rows first
+                ff = shape[1] // 2
+                half = (shape[0], ff, shape[2])
+                add([name], [(f"blk.{bid}.ffn_gate_exps.weight", half), (f"blk.{bid}.ffn_up_exps.weight", half)],
+                    lambda ws, ff=ff: [ws[0][:, :ff], ws[0][:, ff:]],
+                    lambda dqs, ws: [np.concatenate(dqs, axis=1)])
+            continue
+        if name.endswith("linear_attn.in_proj_qkvz.weight"):
+            bid = hybrid_block(name, n_layers)[0]
+            per_head = 2 * dk + 2 * r * dv
+            hidden = shape[1]
+
+            def split(ws, hidden=hidden):
+                w = ws[0].reshape(nk, per_head, hidden)
+                q, k, v, z = np.split(w, [dk, 2 * dk, 2 * dk + r * dv], axis=1)
+                return [np.concatenate([q.reshape(-1, hidden), k.reshape(-1, hidden), v.reshape(-1, hidden)]),
+                        z.reshape(-1, hidden)]
+
+            def join(dqs, ws, hidden=hidden):
+                qkv, z = dqs
+                q = qkv[:nk * dk].reshape(nk, dk, hidden)
+                k = qkv[nk * dk:qk_rows].reshape(nk, dk, hidden)
+                v = qkv[qk_rows:].reshape(nk, r * dv, hidden)
+                return [np.concatenate([q, k, v, z.reshape(nk, r * dv, hidden)], axis=1).reshape(-1, hidden)]
+            add([name], [(f"blk.{bid}.attn_qkv.weight", (qk_rows + nv * dv, hidden)),
+                         (f"blk.{bid}.attn_gate.weight", (nv * dv, hidden))], split, join)
+            continue
+        g = hybrid_gguf_name(name, n_layers)
+        stem = g.removesuffix(".weight").removesuffix(".bias")
+        what = stem.split(".", 2)[2] if stem.startswith("blk.") else stem
+        if what in NORM_OFFSET:
+            one(name, g, shape, lambda w: w + np.float32(1), lambda dq, w: dq - np.float32(1))
+        elif what == "ssm_a":
+            def fwd(w):
+                a = (-np.exp(w.astype(np.float64))).astype(np.float32)
+                return v_heads_tiled(a, 0, nk, r, 1) if tiled else a
+            one(name, g, shape, fwd, lambda dq, w: w)  # A_log itself: the loader must recover it
+        elif what == "ssm_conv1d":
+            def fwd(w):
+                c = w.reshape(w.shape[0], w.shape[2])
+                if tiled:
+                    c = np.concatenate([c[:qk_rows], v_heads_tiled(c[qk_rows:], 0, nk, r, dv)])
+                return c
+
+            def inv(dq, w):
+                if tiled:
+                    dq = np.concatenate([dq[:qk_rows], v_heads_grouped(dq[qk_rows:], 0, nk, r, dv)])
+                return dq.reshape(w.shape)
+            one(name, g, (shape[0], shape[2]), fwd, inv)
+        elif tiled and what in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_dt", "ssm_out"):
+            axis = 1 if what == "ssm_out" else 0
+            first = qk_rows if what == "attn_qkv" else 0  # q and k rows keep their order
+            d = dv if what in ("attn_qkv", "attn_gate", "ssm_out") else 1
+
+            def fwd(w, axis=axis, first=first, d=d):
+                head, rest = np.split(w, [first], axis=axis)
+                return np.concatenate([head, v_heads_tiled(rest, axis, nk, r, d)], axis=axis)
+
+            def inv(dq, w, axis=axis, first=first, d=d):
+                head, rest = np.split(dq, [first], axis=axis)
+                return np.concatenate([head, v_heads_grouped(rest, axis, nk, r, d)], axis=axis)
+            one(name, g, shape, fwd, inv)
+        else:
+            one(name, g, shape)
+    proj_names = {"gate": "ffn_gate_exps", "up": "ffn_up_exps", "down": "ffn_down_exps"}
+    for bid in sorted(stacks):
+        for proj, members in sorted(stacks[bid].items()):
+            names = [n for _, n in sorted(members)]
+            shape = (len(names),) + tuple(tensors[names[0]].shape)
+            add(names, [(f"blk.{bid}.{proj_names[proj]}.weight", shape)],
+                lambda ws: [np.stack(ws)], lambda dqs, ws: list(dqs[0]))
+    return out
+
+
 def convert(args):
     cfg = json.load(open(os.path.join(args.model, "config.json")))
     arch = ARCH.get(cfg["architectures"][0])
@@ -374,10 +629,15 @@ def convert(args):
 
     out_tensors, dequantized = [], {}
     keep = args.dequantized_out is not None
-    bytes_per_block = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_k": 144, "q6_k": 210}
-
-    def n_bytes(shape, kind):
-        return int(np.prod(shape)) // BLOCK[kind] * bytes_per_block[kind]
+    if arch in HYBRID:
+        md.update(hybrid_metadata(cfg, arch, tensors, rope, head_dim))
+        if "intermediate_size" not in cfg:  # Qwen3.5-MoE: no dense MLP, no key
+            del md[p + "feed_forward_length"]
+        write_gguf(args.out, md, hybrid_tensors(cfg, arch, tensors, args.type, dequantized if keep else None))
+        if arch == "qwen3next":  # the file cannot say otherwise: llama.cpp renormalises the top-k
+            cfg = dict(cfg, norm_topk_prob=True)
+        write_reference(args, cfg, dequantized)
+        return
 
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type == "llama3":
@@ -438,6 +698,11 @@ def convert(args):
                     return data
                 out_tensors.append((f"blk.{layer}.{gname}.weight", list(shape), GGML[kind], n_bytes(shape, kind), produce))
     write_gguf(args.out, md, out_tensors)
+    write_reference(args, cfg, dequantized)
+
+
+def write_reference(args, cfg, dequantized):
+    """The dequantized model as an f32 safetensors directory (--dequantized-out)."""
     if args.dequantized_out:
         os.makedirs(args.dequantized_out, exist_ok=True)
         cfg_out = dict(cfg)

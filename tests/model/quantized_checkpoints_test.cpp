@@ -1,8 +1,8 @@
 // Quantized checkpoints as models: GGUF files (tools/make_gguf.py: the ggml block formats, the
-// llama.cpp naming and q/k permutation, the tokenizer metadata), FP8 block (make_fp8.py), MLX
-// affine (make_mlx.py) and AWQ / GPTQ int4 (make_int4.py) checkpoints, all written at test time
-// in numpy from the committed fixtures, each with the same model's dequantized weights beside it
-// as an f32 safetensors directory. The quantized model must give exactly the logits of that
+// llama.cpp naming and tensor transforms (Llama's q/k permutation, the hybrid Qwen layouts), the
+// tokenizer metadata), FP8 block (make_fp8.py), MLX affine (make_mlx.py) and AWQ / GPTQ int4
+// (make_int4.py) checkpoints, all written at test time in numpy from the committed fixtures, each
+// with the same model's dequantized weights beside it as an f32 safetensors directory. The quantized model must give exactly the logits of that
 // directory (itself the ordinary load path, checked against transformers by the fixture tests),
 // a GGUF file must tokenize exactly like the tokenizer.json it came from and render the same chat
 // template, and broken files are refused with a message.
@@ -21,6 +21,7 @@
 
 #include "backends/cpu/ops.h"
 #include "core/gguf.h"
+#include "core/quant_blocks.h"
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "tiny_model.h"
@@ -63,6 +64,15 @@ class QuantizedCheckpoints : public ::testing::Test {
         {"qwen2_q8_0", fx + "qwen2", "q8_0", "", "qwen2"},
         {"qwen3_q8_0", fx + "qwen3", "q8_0", kSource + "/tests/data/npm/qwen3", "qwen2"},
         {"qwen3_moe_q8_0", fx + "qwen3_moe", "q8_0", "", "qwen2"},
+        // The hybrid architectures (qwen35, qwen35moe, qwen3next: llama.cpp's value-head tiling,
+        // split projections, 1 + w norms, -exp(A_log), the MTP head as a nextn block).
+        {"qwen3_5_q8_0", fx + "qwen3_5", "q8_0", "", "qwen35"},
+        {"qwen3_5_f16", fx + "qwen3_5", "f16", "", "qwen35"},
+        {"qwen3_5_bf16", fx + "qwen3_5", "bf16", "", "qwen35"},
+        {"qwen3_5_moe_q8_0", fx + "qwen3_5_moe", "q8_0", "", "qwen35"},
+        {"qwen3_5_moe_bf16", fx + "qwen3_5_moe", "bf16", "", "qwen35"},
+        {"qwen3_next_q8_0", fx + "qwen3_next", "q8_0", "", "qwen2"},
+        {"qwen3_next_bf16", fx + "qwen3_next", "bf16", "", "qwen2"},
     };
     // Safetensors checkpoints beside the GGUF files: FP8 blocks (make_fp8.py); MLX affine
     // (make_mlx.py: 4-bit with one module overridden to 8, 8-bit, and fixtures whose 96-wide down
@@ -182,10 +192,11 @@ double ErrorAgainstBf16(const std::string& path, const std::string& label, bool 
   return worst;
 }
 
-const char* const kBitExactModels[] = {"tiny_q8_0",    "tiny_q4_k",  "tiny_q6_k",
-                                       "tiny_q4_k_m",  "tiny_f16",   "tiny_bf16",
-                                       "mistral_q8_0", "qwen2_q8_0", "qwen3_q8_0",
-                                       "qwen3_moe_q8_0"};
+const char* const kBitExactModels[] = {
+    "tiny_q8_0",       "tiny_q4_k",      "tiny_q6_k",    "tiny_q4_k_m",      "tiny_f16",
+    "tiny_bf16",       "mistral_q8_0",   "qwen2_q8_0",   "qwen3_q8_0",       "qwen3_moe_q8_0",
+    "qwen3_5_q8_0",    "qwen3_5_f16",    "qwen3_5_bf16", "qwen3_5_moe_q8_0", "qwen3_5_moe_bf16",
+    "qwen3_next_q8_0", "qwen3_next_bf16"};
 
 // FP8 block-quantized safetensors checkpoints (e4m3 weights, f32 scale per 128 x 128 block, the
 // layout of Qwen's *-FP8 releases): the CPU dequantizes in the kernels, so the model is the
@@ -234,13 +245,117 @@ TEST_F(QuantizedCheckpoints, F32ActivationsEqualTheDequantizedWeightsBitForBit) 
                           /*int8_activations=*/false);
 }
 
+const char* const kHybridModels[] = {"qwen3_5_q8_0",     "qwen3_5_f16",      "qwen3_5_bf16",
+                                     "qwen3_5_moe_q8_0", "qwen3_5_moe_bf16", "qwen3_next_q8_0",
+                                     "qwen3_next_bf16"};
+
+// Qwen3.5, Qwen3.5-MoE and Qwen3-Next files as llama.cpp's converter writes them: with f32
+// activations every position's logits equal the dequantized model's bit for bit, in both kernel
+// sets, and greedy decoding (one token at a time, through the recurrent state) gives the same
+// tokens and the same logits at every step.
+TEST_F(QuantizedCheckpoints, HybridGgufModelsEqualTheDequantizedWeightsBitForBit) {
+  for (const char* name : kHybridModels) {
+    for (CpuKernels k : KernelSets()) {
+      const auto q = AllLogits(Get(name).gguf, k, /*int8_activations=*/false);
+      const auto ref = AllLogits(Get(name).reference, k);
+      ASSERT_FALSE(q.empty()) << name;
+      EXPECT_TRUE(SameBits(q, ref))
+          << name << (k == CpuKernels::kReference ? " reference" : " avx2");
+    }
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<std::vector<float>>> logits;
+    for (const std::string& path : {Get(name).gguf, Get(name).reference}) {
+      ModelLoadOptions opts;
+      opts.int8_activations = false;
+      opts.kv_cache_tokens = 256;
+      Result<std::unique_ptr<Model>> model = Model::Load(path, opts);
+      ASSERT_TRUE(model.ok()) << path << ": " << model.status().message();
+      std::vector<int32_t> blocks((*model)->n_kv_blocks());
+      for (size_t b = 0; b < blocks.size(); ++b) blocks[b] = static_cast<int32_t>(b);
+      testing::SeqRunner runner(model->get(), blocks);
+      const int seq = runner.AddSequence({1, 7, 42, 200, 5});
+      std::vector<float> last = runner.Step({{seq, 5}})[0].back();
+      tokens.emplace_back();
+      logits.emplace_back();
+      for (int step = 0; step < 12; ++step) {
+        tokens.back().push_back(testing::Argmax(last));
+        runner.Append(seq, tokens.back().back());
+        last = runner.Step({{seq, 1}})[0][0];
+        logits.back().push_back(last);
+      }
+    }
+    EXPECT_EQ(tokens[0], tokens[1]) << name;
+    EXPECT_TRUE(SameBits(logits[0], logits[1])) << name << " decode";
+  }
+}
+
+// Stored in the checkpoint's own type (bf16) nothing is rounded: every tensor the checkpoint
+// holds comes back from the GGUF file under its own name with its own values, bit for bit (the
+// value-head order, the split projections, 1 + w and -exp(A_log) all undone; the MTP head
+// included; fused experts compared with their per-expert views).
+TEST_F(QuantizedCheckpoints, HybridGgufTensorsAreTheCheckpointsOwn) {
+  const std::string fx = kSource + "/tests/data/models/";
+  for (const auto& [name, dir] :
+       std::vector<std::pair<std::string, std::string>>{{"qwen3_5_bf16", "qwen3_5"},
+                                                        {"qwen3_5_moe_bf16", "qwen3_5_moe"},
+                                                        {"qwen3_next_bf16", "qwen3_next"}}) {
+    Result<WeightStore> ckpt = WeightStore::Open(fx + dir);
+    Result<WeightStore> gguf = WeightStore::OpenGguf(Get(name).gguf);
+    ASSERT_TRUE(ckpt.ok() && gguf.ok()) << name;
+    auto values = [](const TensorView& v, int64_t begin, int64_t n) {
+      std::vector<float> out(static_cast<size_t>(n));
+      const int64_t elem = static_cast<int64_t>(DTypeSize(v.dtype));
+      quant::DequantizeRow(v.dtype, static_cast<const uint8_t*>(v.data) + begin * elem, n,
+                           out.data());
+      return out;
+    };
+    auto all = [&](const TensorView& v) { return values(v, 0, v.numel()); };
+    size_t matched = 0;
+    for (const auto& [tensor, view] : ckpt->tensors()) {
+      std::vector<std::pair<std::string, int64_t>> parts;  // GGUF name, offset into `view`
+      if (tensor.ends_with("mlp.experts.gate_up_proj") ||
+          tensor.ends_with("mlp.experts.down_proj")) {
+        const std::string p = tensor.substr(0, tensor.rfind('.') + 1);  // <layer>.mlp.experts.
+        const int64_t matrix = view.shape[1] * view.shape[2];
+        for (int64_t e = 0; e < view.shape[0]; ++e) {
+          const std::string ep = p + std::to_string(e) + ".";
+          if (tensor.ends_with("down_proj")) {
+            parts.push_back({ep + "down_proj.weight", e * matrix});
+          } else {
+            parts.push_back({ep + "gate_proj.weight", e * matrix});
+            parts.push_back({ep + "up_proj.weight", e * matrix + matrix / 2});
+          }
+        }
+      } else {
+        parts.push_back({tensor, 0});
+      }
+      for (const auto& [g, offset] : parts) {
+        ASSERT_TRUE(gguf->Has(g)) << name << ": no " << g;
+        const TensorView& x = gguf->tensors().at(g);
+        const std::vector<float> a = all(x), b = values(view, offset, x.numel());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+            << name << ": " << g;
+        ++matched;
+      }
+    }
+    EXPECT_EQ(matched, gguf->tensors().size())
+        << name << ": the GGUF holds tensors the checkpoint does not";
+  }
+}
+
 // int8 activations (the default; the kernels themselves agree bit for bit across kernel sets,
 // tests/kernels/quant_linear_test.cpp): the logits stay within the activations' quantization
 // error of the dequantized model's, with the same argmax wherever the dequantized model's top two
 // are further apart than that error. Measured worst (max |delta| / range): 0.018 Q8_0, 0.055
-// Q4_K, 0.055 Q6_K, 0.045 Q4_K_M on the trained tiny model; 0.01 on the random fixtures.
+// Q4_K, 0.055 Q6_K, 0.045 Q4_K_M on the trained tiny model; 0.01 on the random fixtures. The
+// hybrid fixtures drift further along the prompt (0.01 - 0.02 at the first position; worst 0.076
+// Qwen3.5, 0.068 Qwen3-Next, 0.18 Qwen3.5-MoE): the recurrent state carries each token's rounding
+// into the next ones, and a near-tied router picks another expert. They are held to 0.25.
 TEST_F(QuantizedCheckpoints, Int8ActivationsStayCloseToTheDequantizedWeights) {
   for (const char* name : kBitExactModels) {
+    const bool hybrid = std::find_if(std::begin(kHybridModels), std::end(kHybridModels),
+                                     [&](const char* h) { return std::strcmp(h, name) == 0; }) !=
+                        std::end(kHybridModels);
     const auto ref = AllLogits(Get(name).reference, CpuKernels::kReference);
     const auto gguf = AllLogits(Get(name).gguf, CpuKernels::kReference);
     ASSERT_EQ(gguf.size(), ref.size());
@@ -255,8 +370,9 @@ TEST_F(QuantizedCheckpoints, Int8ActivationsStayCloseToTheDequantizedWeights) {
         EXPECT_EQ(testing::Argmax(gguf[t]), testing::Argmax(ref[t])) << name << " position " << t;
       }
     }
-    std::printf("[ info     ] %-15s int8 activations: max |logit - f32| / range = %.4f\n", name, worst);
-    EXPECT_LE(worst, 0.08) << name;
+    std::printf("[ info     ] %-17s int8 activations: max |logit - f32| / range = %.4f\n", name,
+                worst);
+    EXPECT_LE(worst, hybrid ? 0.25 : 0.08) << name;
   }
 }
 
