@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes a GGUF file from a Hugging Face model directory, quantizing its matrices in the ggml
-block formats Kestrel reads (Q8_0, Q4_K, Q6_K), and optionally the same model with every weight
-replaced by its dequantized value, as an f32 safetensors directory: the reference the GGUF model's
-logits must equal (Kestrel or transformers run on it). Kestrel's tests call it (numpy only).
+block formats Kestrel reads (Q8_0, Q4_K, Q5_K, Q6_K), and optionally the same model with every
+weight replaced by its dequantized value, as an f32 safetensors directory: the reference the GGUF
+model's logits must equal (Kestrel or transformers run on it). Kestrel's tests call it (numpy
+only).
 
 The quantizers here are simple (per-group min/max and absmax scales), not llama.cpp's searches:
 what matters for Kestrel is the layout and the dequantization, which follow the format's
@@ -13,7 +14,7 @@ Architectures: Llama / Mistral (llama), Qwen2, Qwen3, Qwen3-MoE, and the hybrid 
 them: the names, the metadata keys, and the tensor transforms (see hybrid_tensors), the MTP head
 written as the extra block llama.cpp calls nextn.
 
-  make_gguf.py --model DIR --out FILE.gguf --type q8_0|q4_k|q6_k|q4_k_m|f16|bf16|f32
+  make_gguf.py --model DIR --out FILE.gguf --type q8_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m|f16|bf16|f32
                [--dequantized-out DIR] [--pre qwen2|llama-bpe|qwen35] [--tokenizer DIR]
   make_gguf.py --golden OUT.bin      random blocks of each type and their dequantized values
 """
@@ -30,8 +31,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint_io import bf16, load_model, write_f32_safetensors  # noqa: E402
 
-GGML = {"f32": 0, "f16": 1, "q8_0": 8, "q4_k": 12, "q6_k": 14, "bf16": 30}
-BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_k": 256, "q6_k": 256}
+GGML = {"f32": 0, "f16": 1, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14, "bf16": 30}
+BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
+BLOCK_BYTES = {"q8_0": 34, "q4_k": 144, "q5_k": 176, "q6_k": 210}
 
 
 # ---- block formats ---------------------------------------------------------------------------
@@ -89,13 +91,15 @@ def unpack_q4k_scales(s):
     return sc, m
 
 
-def quantize_q4_k(w):
+def k_quant_groups(w, levels):
+    """Per 256-block: f16 d and dmin, 6-bit sc and m per group of 32, and q in 0..levels with
+    w ~ (d * sc) * q - dmin * m (per-group min/max). Returns (d, dmin, sc, m, q [nb, 8, 32])."""
     rows, cols = w.shape
     nb = rows * cols // 256
     g = w.reshape(nb, 8, 32).astype(np.float32)
     lo = np.minimum(g.min(axis=2), 0)
     hi = g.max(axis=2)
-    scale = (hi - lo) / 15.0
+    scale = (hi - lo) / float(levels)
     mins = -lo
     d = f16(scale.max(axis=1) / 63.0)
     dmin = f16(mins.max(axis=1) / 63.0)
@@ -104,8 +108,15 @@ def quantize_q4_k(w):
     m = np.clip(rint(mins / np.where(dminf == 0, 1, dminf)[:, None]), 0, 63).astype(np.int64)
     d1 = (df[:, None] * sc.astype(np.float32)).astype(np.float32)
     m1 = (dminf[:, None] * m.astype(np.float32)).astype(np.float32)
-    q = np.clip(rint((g + m1[..., None]) / np.where(d1 == 0, 1, d1)[..., None]), 0, 15).astype(np.uint8)
+    q = np.clip(rint((g + m1[..., None]) / np.where(d1 == 0, 1, d1)[..., None]), 0, levels).astype(np.uint8)
     q[d1 == 0] = 0
+    return d, dmin, sc, m, q
+
+
+def quantize_q4_k(w):
+    rows, cols = w.shape
+    nb = rows * cols // 256
+    d, dmin, sc, m, q = k_quant_groups(w, 15)
     out = np.zeros((nb, 144), np.uint8)
     out[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
     out[:, 2:4] = dmin.view(np.uint8).reshape(nb, 2)
@@ -126,6 +137,41 @@ def dequantize_q4_k(b, cols):
     m1 = (dmin[:, None] * m.astype(np.float32)).astype(np.float32)
     qs = b[:, 16:].reshape(nb, 4, 32)
     q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(nb, 8, 32).astype(np.float32)
+    y = (d1[..., None] * q).astype(np.float32) - m1[..., None]
+    return y.astype(np.float32).reshape(rows, cols)
+
+
+def quantize_q5_k(w):
+    """176-byte blocks: d, dmin, the Q4_K scale bytes, qh[32] (bit g of qh[l]: the fifth bit of
+    element 32g + l), then the low nibbles in Q4_K's layout."""
+    rows, cols = w.shape
+    nb = rows * cols // 256
+    d, dmin, sc, m, q = k_quant_groups(w, 31)
+    out = np.zeros((nb, 176), np.uint8)
+    out[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+    out[:, 2:4] = dmin.view(np.uint8).reshape(nb, 2)
+    out[:, 4:16] = pack_q4k_scales(sc, m)
+    high = (q >> 4).astype(np.int64)  # [nb, 8, 32]
+    out[:, 16:48] = (high << np.arange(8)[None, :, None]).sum(axis=1).astype(np.uint8)
+    low = (q & 0xF).reshape(nb, 4, 2, 32)
+    out[:, 48:] = (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(nb, 128)
+    return out.reshape(rows, -1)
+
+
+def dequantize_q5_k(b, cols):
+    rows = b.shape[0]
+    nb = rows * cols // 256
+    b = b.reshape(nb, 176)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
+    sc, m = unpack_q4k_scales(b[:, 4:16])
+    d1 = (d[:, None] * sc.astype(np.float32)).astype(np.float32)  # [nb, 8]
+    m1 = (dmin[:, None] * m.astype(np.float32)).astype(np.float32)
+    qh = b[:, 16:48].astype(np.int64)  # [nb, 32]
+    qs = b[:, 48:].reshape(nb, 4, 32).astype(np.int64)
+    low = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(nb, 8, 32)
+    high = (qh[:, None, :] >> np.arange(8)[None, :, None]) & 1
+    q = (low | (high << 4)).astype(np.float32)
     y = (d1[..., None] * q).astype(np.float32) - m1[..., None]
     return y.astype(np.float32).reshape(rows, cols)
 
@@ -177,7 +223,7 @@ def dequantize_q6_k(b, cols):
 
 
 QUANT = {"q8_0": (quantize_q8_0, dequantize_q8_0), "q4_k": (quantize_q4_k, dequantize_q4_k),
-         "q6_k": (quantize_q6_k, dequantize_q6_k)}
+         "q5_k": (quantize_q5_k, dequantize_q5_k), "q6_k": (quantize_q6_k, dequantize_q6_k)}
 
 
 def encode(w, kind):
@@ -277,8 +323,8 @@ def choose_type(gguf_name, shape, scheme):
         return "f32"
     if scheme in ("f32", "f16", "bf16"):
         return scheme
-    if scheme == "q4_k_m":  # what llama.cpp's Q4_K_M mixes, simplified: V, down and the head in Q6_K
-        kind = "q6_k" if any(s in gguf_name for s in ("attn_v", "ffn_down", "output.")) else "q4_k"
+    if scheme in ("q4_k_m", "q5_k_m"):  # llama.cpp's mixes, simplified: V, down and the head in Q6_K
+        kind = "q6_k" if any(s in gguf_name for s in ("attn_v", "ffn_down", "output.")) else scheme[:4]
     else:
         kind = scheme
     if shape[-1] % BLOCK[kind] != 0:
@@ -357,7 +403,7 @@ def rope_factors(rope, head_dim):
 
 
 def n_bytes(shape, kind):
-    bytes_per_block = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_k": 144, "q6_k": 210}
+    bytes_per_block = dict(BLOCK_BYTES, f32=4, f16=2, bf16=2)
     return int(np.prod(shape)) // BLOCK[kind] * bytes_per_block[kind]
 
 
@@ -720,17 +766,18 @@ def golden(path):
     float32 values the format defines for them: [u32 n_types] then per type
     [u32 ggml type][u32 rows][u32 cols][u32 n_bytes][bytes][rows*cols f32]."""
     rng = np.random.default_rng(1234)
-    out = bytearray(struct.pack("<I", 3))
-    for kind, cols in (("q8_0", 96), ("q4_k", 512), ("q6_k", 512)):
+    kinds = (("q8_0", 96), ("q4_k", 512), ("q6_k", 512), ("q5_k", 512))
+    out = bytearray(struct.pack("<I", len(kinds)))
+    for kind, cols in kinds:
         rows = 5
-        nbytes = rows * cols // BLOCK[kind] * {"q8_0": 34, "q4_k": 144, "q6_k": 210}[kind]
+        per_block = BLOCK_BYTES[kind]
+        nbytes = rows * cols // BLOCK[kind] * per_block
         raw = rng.integers(0, 256, nbytes, dtype=np.uint8)
-        per_block = {"q8_0": 34, "q4_k": 144, "q6_k": 210}[kind]
         blocks = raw.reshape(-1, per_block)
         scales = f16(rng.uniform(-2, 2, (blocks.shape[0], 2))).view(np.uint8).reshape(-1, 4)
         if kind == "q8_0":
             blocks[:, 0:2] = scales[:, 0:2]
-        elif kind == "q4_k":
+        elif kind in ("q4_k", "q5_k"):
             blocks[:, 0:4] = scales
         else:
             blocks[:, 208:210] = scales[:, 0:2]
@@ -745,7 +792,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--out")
-    ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k", "q4_k_m"])
+    ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"])
     ap.add_argument("--dequantized-out")
     ap.add_argument("--pre", default="qwen2", help="tokenizer.ggml.pre (qwen2, qwen35, llama-bpe)")
     ap.add_argument("--tokenizer", help="directory of tokenizer.json / tokenizer_config.json (default --model)")

@@ -166,6 +166,7 @@ std::optional<DType> DTypeOfGgmlType(uint32_t ggml_type) {
     case 30: return DType::kBF16;
     case 8: return DType::kQ8_0;
     case 12: return DType::kQ4_K;
+    case 13: return DType::kQ5_K;
     case 14: return DType::kQ6_K;
     default: return std::nullopt;
   }

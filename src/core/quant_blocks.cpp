@@ -29,6 +29,29 @@ void DequantizeQ4_KBlock(const uint8_t* block, float* out) {
   }
 }
 
+void DequantizeQ5_KBlock(const uint8_t* block, float* out) {
+  const float d = LoadF16(block);
+  const float dmin = LoadF16(block + 2);
+  const uint8_t* scales = block + 4;
+  const uint8_t* qh = block + 16;
+  const uint8_t* q = block + 48;
+  for (int c = 0; c < 4; ++c) {
+    int sc, m;
+    Q4KScaleMin(scales, 2 * c, &sc, &m);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+    Q4KScaleMin(scales, 2 * c + 1, &sc, &m);
+    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) {
+      const int q5 = (q[32 * c + l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4);
+      out[64 * c + l] = d1 * static_cast<float>(q5) - m1;
+    }
+    for (int l = 0; l < 32; ++l) {
+      const int q5 = (q[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
+      out[64 * c + 32 + l] = d2 * static_cast<float>(q5) - m2;
+    }
+  }
+}
+
 void DequantizeQ6_KBlock(const uint8_t* block, float* out) {
   const uint8_t* ql = block;
   const uint8_t* qh = block + 128;
@@ -72,6 +95,10 @@ void DequantizeRow(DType t, const void* row, int64_t n, float* out) {
     case DType::kQ4_K:
       KCHECK(n % kQKBlock == 0);
       for (int64_t b = 0; b < n / kQKBlock; ++b) DequantizeQ4_KBlock(p + b * kQ4_KBytes, out + b * kQKBlock);
+      return;
+    case DType::kQ5_K:
+      KCHECK(n % kQKBlock == 0);
+      for (int64_t b = 0; b < n / kQKBlock; ++b) DequantizeQ5_KBlock(p + b * kQ5_KBytes, out + b * kQKBlock);
       return;
     case DType::kQ6_K:
       KCHECK(n % kQKBlock == 0);
@@ -168,6 +195,40 @@ float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
       for (int j = 0; j < 8; ++j) {
         int32_t p = 0;
         for (int l = 4 * j; l < 4 * j + 4; ++l) p += ((qs[32 * c + l] >> shift) & 0xF) * int32_t{qx[32 * g + l]};
+        lane_int[j] += sc * p;
+      }
+      summ += m * (x.bsum[b * 16 + 2 * g] + x.bsum[b * 16 + 2 * g + 1]);
+    }
+    const float scale = x.d[b] * LoadF16(blk);
+    for (int j = 0; j < 8; ++j) lane[j] = std::fma(scale, static_cast<float>(lane_int[j]), lane[j]);
+    const float m = (x.d[b] * LoadF16(blk + 2)) * static_cast<float>(summ);
+    acc_m = acc_m + m;
+  }
+  const float sum =
+      ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  return sum - acc_m;
+}
+
+float DotQ5_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+  float lane[8] = {};
+  float acc_m = 0.0f;
+  for (int64_t b = 0; b < k / kQKBlock; ++b) {
+    const uint8_t* blk = w_row + b * kQ5_KBytes;
+    const uint8_t* qh = blk + 16;
+    const uint8_t* qs = blk + 48;
+    const int8_t* qx = x.q + b * kQKBlock;
+    int32_t lane_int[8] = {};
+    int32_t summ = 0;
+    for (int g = 0; g < 8; ++g) {
+      int sc, m;
+      Q4KScaleMin(blk + 4, g, &sc, &m);
+      const int c = g / 2, shift = (g % 2) * 4;
+      for (int j = 0; j < 8; ++j) {
+        int32_t p = 0;
+        for (int l = 4 * j; l < 4 * j + 4; ++l) {
+          const int q5 = ((qs[32 * c + l] >> shift) & 0xF) | (((qh[l] >> g) & 1) << 4);
+          p += q5 * int32_t{qx[32 * g + l]};
+        }
         lane_int[j] += sc * p;
       }
       summ += m * (x.bsum[b * 16 + 2 * g] + x.bsum[b * 16 + 2 * g + 1]);

@@ -8,10 +8,16 @@
 //         eight 32-element groups, 128 bytes of nibbles (group 2c in the low nibbles of bytes
 //         [32c, 32c + 32), group 2c + 1 in their high nibbles);
 //                                    w = (d * sc[g]) * q - (dmin * m[g])
+//   Q5_K  256 elements, 176 bytes: f16 d, f16 dmin, the 12 scale/min bytes of Q4_K, 32 bytes qh,
+//         128 bytes of nibbles as in Q4_K; element 32g + l (group g, l < 32) has the nibble of
+//         Q4_K's layout as its low bits and bit g of qh[l] as its fifth:
+//         q = nibble | ((qh[l] >> g) & 1) << 4
+//                                    w = (d * sc[g]) * q - (dmin * m[g])
 //   Q6_K  256 elements, 210 bytes: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs,
 //         int8 scales[16] (one per 16 elements), f16 d;      w = (d * scale) * (q - 32)
-// In Q8_0 and Q4_K every product is exact in f32 (an f16 times an integer of at most 7 bits), so
-// a fused multiply-add gives the same value as the separate operations.
+// In Q8_0, Q4_K and Q5_K every product is exact in f32 (an f16 times integers of at most 11 bits
+// together: 7 for Q8_0, 6 + 4 for Q4_K, 6 + 5 for Q5_K), so a fused multiply-add gives the same
+// value as the separate operations.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +29,7 @@
 namespace kestrel::quant {
 
 inline constexpr int kQ8_0Block = 32, kQ8_0Bytes = 34;
-inline constexpr int kQKBlock = 256, kQ4_KBytes = 144, kQ6_KBytes = 210;
+inline constexpr int kQKBlock = 256, kQ4_KBytes = 144, kQ5_KBytes = 176, kQ6_KBytes = 210;
 
 inline float LoadF16(const uint8_t* p) {
   uint16_t h;
@@ -31,7 +37,7 @@ inline float LoadF16(const uint8_t* p) {
   return F16ToF32(h);
 }
 
-// Scale and min of group j (0..7) of a Q4_K block from its 12 packed bytes.
+// Scale and min of group j (0..7) of a Q4_K or Q5_K block from its 12 packed bytes.
 inline void Q4KScaleMin(const uint8_t* scales, int j, int* sc, int* m) {
   if (j < 4) {
     *sc = scales[j] & 63;
@@ -45,6 +51,7 @@ inline void Q4KScaleMin(const uint8_t* scales, int j, int* sc, int* m) {
 // out[0..256) = the elements of one block.
 void DequantizeQ8_0Block(const uint8_t* block, float* out);  // 32 elements
 void DequantizeQ4_KBlock(const uint8_t* block, float* out);
+void DequantizeQ5_KBlock(const uint8_t* block, float* out);
 void DequantizeQ6_KBlock(const uint8_t* block, float* out);
 
 // out[0..n) = elements [0, n) of a row of type t starting at `row` (n a multiple of the block
@@ -61,7 +68,8 @@ void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out);
 // to int8 in blocks too, and each weight block meets its activation block in an exact integer
 // dot product; only the per-block scales are floating point. Activation blocks:
 //   for Q8_0 weights, per 32:  d = f32(f16(amax / 127)), q = nearbyint(x * (127 / amax))
-//   for Q4_K / Q6_K, per 256:  d = amax / 127 (f32), same q, and bsums = the sums of each 16 q
+//   for Q4_K / Q5_K / Q6_K, per 256:  d = amax / 127 (f32), same q, and bsums = the sums of each
+//                                     16 q
 // (`nearbyint`: round half to even; q = 0 where amax = 0). The row's result, block by block in
 // order, each term computed and then added (no fused multiply-add), except where eight lanes are
 // kept as the AVX2 kernel keeps them:
@@ -70,6 +78,7 @@ void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out);
 //   Q4_K:  eight lanes too: lane[j] = fma(dx * d, float(sum_g sc_g * (sum of q_w q_x over
 //          elements 4j..4j+3 of group g)), lane[j]); acc_m += (dx * dmin) * float(sum_g m_g *
 //          bsum_g); result = (the lane sum as for Q8_0) - acc_m
+//   Q5_K:  as Q4_K, with the 5-bit q in place of the nibble
 //   Q6_K:  acc += (dx * d) * float(sum_j sc_j * (sum (q6 - 32) * q_x)_j)
 // The AVX2 kernels compute the same integers and the same float operations, so both kernel sets
 // give the same bits.
@@ -90,6 +99,7 @@ void QuantizeActsQ8_K(const float* x, int64_t k, int8_t* q, float* d, int16_t* b
 
 float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k);
 float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
+float DotQ5_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
 float DotQ6_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
 
 }  // namespace kestrel::quant

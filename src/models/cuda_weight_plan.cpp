@@ -53,6 +53,7 @@ Kind KindOf(const TensorView& t) {
       return {};
     case DType::kQ8_0: return {WeightFormat::kAffine8, 32};
     case DType::kQ4_K: return {WeightFormat::kAffine4, 32};
+    case DType::kQ5_K: return {WeightFormat::kAffine8, 32};  // 5-bit codes in bytes
     case DType::kQ6_K: return {WeightFormat::kAffine8, 16};
     default: return {};
   }
@@ -147,6 +148,32 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
           uint8_t* o = out + blk * quant::kQKBlock / 2;
           for (int e = 0; e < quant::kQKBlock; e += 2) {
             o[e / 2] = static_cast<uint8_t>(vals[e] | (vals[e + 1] << 4));
+          }
+        }
+      }
+      break;
+    }
+    case DType::kQ5_K: {
+      // Per 256-block, sub-block j of 32: d*sc_j * q - dmin*m_j, q 5-bit, one code per byte.
+      p.codes.resize(static_cast<size_t>(rows * k));
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = src + r * t.row_bytes();
+        for (int64_t blk = 0; blk < k / quant::kQKBlock; ++blk) {
+          const uint8_t* b = row + blk * quant::kQ5_KBytes;
+          const float d = quant::LoadF16(b), dmin = quant::LoadF16(b + 2);
+          const uint8_t* qh = b + 16;
+          const uint8_t* q = b + 48;
+          uint8_t* out = p.codes.data() + r * k + blk * quant::kQKBlock;
+          for (int j = 0; j < 8; ++j) {
+            const int c = j / 2, shift = (j % 2) * 4;
+            for (int l = 0; l < 32; ++l) {
+              out[32 * j + l] =
+                  static_cast<uint8_t>(((q[32 * c + l] >> shift) & 0xF) | (((qh[l] >> j) & 1) << 4));
+            }
+            int sc, m;
+            quant::Q4KScaleMin(b + 4, j, &sc, &m);
+            const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+            PushAffine(d1, -m1, 8, &p);
           }
         }
       }

@@ -69,8 +69,8 @@ struct ModelLoadOptions {
   // by picking another expert wherever two are nearly tied, so the f32 CPU is no close reference
   // for the GPU there (tests/cuda/model_cuda_test.cpp).
   bool bf16_activations = false;
-  // CPU, block-quantized weights (GGUF Q8_0/Q4_K/Q6_K): multiply int8-quantized activations in
-  // integer dot products, as llama.cpp does (cpu::OpContext::int8_activations). false: f32
+  // CPU, block-quantized weights (GGUF Q8_0/Q4_K/Q5_K/Q6_K): multiply int8-quantized activations
+  // in integer dot products, as llama.cpp does (cpu::OpContext::int8_activations). false: f32
   // activations against the exactly dequantized weights (slower; equal bit for bit to the model
   // with those weights stored in f32).
   bool int8_activations = true;

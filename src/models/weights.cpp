@@ -188,7 +188,7 @@ Status WeightBinder::Get(const std::string& name, std::vector<int64_t> shape, Te
   if (!plain && !fp8 && !(IsBlockQuantized(t->dtype) && t->n_dims == 2)) {
     return Unsupported(store_.file_of(name) + ": tensor '" + name + "' has dtype " +
                        std::string(DTypeName(t->dtype)) +
-                       " (supported: F32, F16, BF16; Q8_0, Q4_K, Q6_K, and F8_E4M3 with block "
+                       " (supported: F32, F16, BF16; Q8_0, Q4_K, Q5_K, Q6_K, and F8_E4M3 with block "
                        "scales, for matrices)");
   }
   *out = *t;

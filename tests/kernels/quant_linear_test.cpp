@@ -1,4 +1,4 @@
-// Block-quantized weights (GGUF Q8_0, Q4_K, Q6_K): the dequantization against the format's
+// Block-quantized weights (GGUF Q8_0, Q4_K, Q5_K, Q6_K): the dequantization against the format's
 // definition as an independent numpy implementation computes it (tools/make_gguf.py --golden),
 // bit for bit, through every path that reads them (the scalar dequantizer, the AVX2 streaming
 // kernel, the AVX2 packed kernel); and Linear over quantized weights equal, bit for bit, to
@@ -27,7 +27,7 @@ using cpu::OpContext;
 using testing::RandomFloats;
 using testing::SameBits;
 
-constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K};
+constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 // Quantized weights as raw blocks at `byte_offset` past a 64-byte boundary.
 struct QuantWeights {
@@ -56,7 +56,7 @@ QuantWeights MakeQuantWeights(std::mt19937& rng, DType dtype, int64_t rows, int6
       std::memcpy(p + at, &h, 2);
     };
     if (dtype == DType::kQ8_0) put(0);
-    if (dtype == DType::kQ4_K) { put(0); put(2); }
+    if (dtype == DType::kQ4_K || dtype == DType::kQ5_K) { put(0); put(2); }
     if (dtype == DType::kQ6_K) put(208);
   }
   w.view.data = base;
@@ -192,7 +192,11 @@ std::vector<GoldenType> ReadGolden() {
   std::vector<GoldenType> types(u32());
   for (GoldenType& t : types) {
     const uint32_t ggml = u32();
-    t.dtype = ggml == 8 ? DType::kQ8_0 : ggml == 12 ? DType::kQ4_K : DType::kQ6_K;
+    EXPECT_TRUE(ggml == 8 || ggml == 12 || ggml == 13 || ggml == 14) << ggml;
+    t.dtype = ggml == 8    ? DType::kQ8_0
+              : ggml == 12 ? DType::kQ4_K
+              : ggml == 13 ? DType::kQ5_K
+                           : DType::kQ6_K;
     t.rows = u32();
     t.cols = u32();
     t.bytes.resize(u32());
@@ -207,7 +211,7 @@ std::vector<GoldenType> ReadGolden() {
 
 TEST(QuantLinear, DequantizationMatchesTheNumpyDefinitionBitForBit) {
   const std::vector<GoldenType> golden = ReadGolden();
-  ASSERT_EQ(golden.size(), 3u);
+  ASSERT_EQ(golden.size(), 4u);
   ThreadPool pool(2);
   for (const GoldenType& g : golden) {
     const std::string name(DTypeName(g.dtype));

@@ -57,6 +57,8 @@ class QuantizedCheckpoints : public ::testing::Test {
         {"tiny_q4_k", tiny, "q4_k", "", "qwen2"},
         {"tiny_q6_k", tiny, "q6_k", "", "qwen2"},
         {"tiny_q4_k_m", tiny, "q4_k_m", "", "qwen2"},
+        {"tiny_q5_k", tiny, "q5_k", "", "qwen2"},
+        {"tiny_q5_k_m", tiny, "q5_k_m", "", "qwen2"},
         {"tiny_f16", tiny, "f16", "", "qwen2"},
         {"tiny_bf16", tiny, "bf16", "", "qwen2"},
         {"llama3_q8_0", fx + "llama3", "q8_0", kSource + "/tests/data/npm/llama3", "llama-bpe"},
@@ -193,10 +195,10 @@ double ErrorAgainstBf16(const std::string& path, const std::string& label, bool 
 }
 
 const char* const kBitExactModels[] = {
-    "tiny_q8_0",       "tiny_q4_k",      "tiny_q6_k",    "tiny_q4_k_m",      "tiny_f16",
-    "tiny_bf16",       "mistral_q8_0",   "qwen2_q8_0",   "qwen3_q8_0",       "qwen3_moe_q8_0",
-    "qwen3_5_q8_0",    "qwen3_5_f16",    "qwen3_5_bf16", "qwen3_5_moe_q8_0", "qwen3_5_moe_bf16",
-    "qwen3_next_q8_0", "qwen3_next_bf16"};
+    "tiny_q8_0",        "tiny_q4_k",       "tiny_q5_k",      "tiny_q6_k",       "tiny_q4_k_m",
+    "tiny_q5_k_m",      "tiny_f16",        "tiny_bf16",      "mistral_q8_0",    "qwen2_q8_0",
+    "qwen3_q8_0",       "qwen3_moe_q8_0",  "qwen3_5_q8_0",   "qwen3_5_f16",     "qwen3_5_bf16",
+    "qwen3_5_moe_q8_0", "qwen3_5_moe_bf16", "qwen3_next_q8_0", "qwen3_next_bf16"};
 
 // FP8 block-quantized safetensors checkpoints (e4m3 weights, f32 scale per 128 x 128 block, the
 // layout of Qwen's *-FP8 releases): the CPU dequantizes in the kernels, so the model is the
@@ -239,9 +241,9 @@ TEST_F(QuantizedCheckpoints, OtherQuantizationMethodsAreRefusedByName) {
 
 // f32 activations: the GGUF model is the dequantized model, bit for bit.
 TEST_F(QuantizedCheckpoints, F32ActivationsEqualTheDequantizedWeightsBitForBit) {
-  ExpectEqualsDequantized({"tiny_q8_0", "tiny_q4_k", "tiny_q6_k", "tiny_q4_k_m", "tiny_f16",
-                           "tiny_bf16", "mistral_q8_0", "qwen2_q8_0", "qwen3_q8_0",
-                           "qwen3_moe_q8_0"},
+  ExpectEqualsDequantized({"tiny_q8_0", "tiny_q4_k", "tiny_q5_k", "tiny_q6_k", "tiny_q4_k_m",
+                           "tiny_q5_k_m", "tiny_f16", "tiny_bf16", "mistral_q8_0", "qwen2_q8_0",
+                           "qwen3_q8_0", "qwen3_moe_q8_0"},
                           /*int8_activations=*/false);
 }
 
@@ -347,10 +349,11 @@ TEST_F(QuantizedCheckpoints, HybridGgufTensorsAreTheCheckpointsOwn) {
 // tests/kernels/quant_linear_test.cpp): the logits stay within the activations' quantization
 // error of the dequantized model's, with the same argmax wherever the dequantized model's top two
 // are further apart than that error. Measured worst (max |delta| / range): 0.018 Q8_0, 0.055
-// Q4_K, 0.055 Q6_K, 0.045 Q4_K_M on the trained tiny model; 0.01 on the random fixtures. The
-// hybrid fixtures drift further along the prompt (0.01 - 0.02 at the first position; worst 0.076
-// Qwen3.5, 0.068 Qwen3-Next, 0.18 Qwen3.5-MoE): the recurrent state carries each token's rounding
-// into the next ones, and a near-tied router picks another expert. They are held to 0.25.
+// Q4_K, 0.053 Q5_K, 0.055 Q6_K, 0.045 Q4_K_M, 0.041 Q5_K_M on the trained tiny model; 0.01 on
+// the random fixtures. The hybrid fixtures drift further along the prompt (0.01 - 0.02 at the
+// first position; worst 0.076 Qwen3.5, 0.068 Qwen3-Next, 0.18 Qwen3.5-MoE): the recurrent state
+// carries each token's rounding into the next ones, and a near-tied router picks another expert.
+// They are held to 0.25.
 TEST_F(QuantizedCheckpoints, Int8ActivationsStayCloseToTheDequantizedWeights) {
   for (const char* name : kBitExactModels) {
     const bool hybrid = std::find_if(std::begin(kHybridModels), std::end(kHybridModels),
@@ -394,10 +397,11 @@ TEST_F(QuantizedCheckpoints, Llama3WithRopeFreqsMatchesWithinRounding) {
 // bf16 checkpoint, as a fraction of the logit range, with f32 and with int8 activations (printed;
 // bounded at about 1.5x what was measured, so a broken quantizer or kernel fails it, not the
 // formats' own error). Measured (f32 / int8 activations): Q8_0 0.013 / 0.025, Q6_K 0.035 / 0.066,
-// Q4_K_M 0.085 / 0.085, Q4_K 0.139 / 0.138.
+// Q5_K_M 0.054 / 0.074, Q4_K_M 0.085 / 0.085, Q5_K 0.103 / 0.113, Q4_K 0.139 / 0.138.
 TEST_F(QuantizedCheckpoints, QuantizationErrorAgainstBf16IsTheFormatsOwn) {
   const std::map<std::string, double> bound = {
-      {"tiny_q8_0", 0.04}, {"tiny_q6_k", 0.1}, {"tiny_q4_k_m", 0.13}, {"tiny_q4_k", 0.21}};
+      {"tiny_q8_0", 0.04}, {"tiny_q6_k", 0.1}, {"tiny_q4_k_m", 0.13}, {"tiny_q4_k", 0.21},
+      {"tiny_q5_k", 0.17}, {"tiny_q5_k_m", 0.11}};
   for (const auto& [name, limit] : bound) {
     for (bool int8 : {false, true}) {
       EXPECT_LE(ErrorAgainstBf16(Get(name).gguf, name + (int8 ? " int8 activations" : " f32 activations"), int8),
@@ -521,7 +525,7 @@ TEST_F(QuantizedCheckpoints, BrokenFilesAreRefusedWithAReason) {
   bad[4] = 9;  // version
   EXPECT_NE(ParseGgufHeader(bad.data(), bad.size(), "x.gguf").status().message().find("version"), std::string::npos);
 
-  // A tensor of a type Kestrel does not read (Q5_K): the load names the tensor and the type.
+  // A tensor of a type Kestrel does not read (Q3_K): the load names the tensor and the type.
   const std::string name = "blk.0.attn_q.weight";
   auto at = std::search(good.begin(), good.end(), name.begin(), name.end());
   ASSERT_NE(at, good.end());
@@ -530,13 +534,13 @@ TEST_F(QuantizedCheckpoints, BrokenFilesAreRefusedWithAReason) {
   uint32_t type = 0;
   std::memcpy(&type, bad.data() + type_pos, 4);
   ASSERT_EQ(type, 8u);  // Q8_0 as written
-  type = 13;            // Q5_K
+  type = 11;            // Q3_K
   std::memcpy(bad.data() + type_pos, &type, 4);
-  const std::string path = *dir_ + "/q5k.gguf";
+  const std::string path = *dir_ + "/q3k.gguf";
   WriteBytes(path, bad);
   Result<std::unique_ptr<Model>> m = Model::Load(path, ModelLoadOptions{});
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("Q5_K"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("Q3_K"), std::string::npos) << m.status().message();
   EXPECT_NE(m.status().message().find(name), std::string::npos) << m.status().message();
 
   // Cut inside the tensor data: the header's extents no longer fit.

@@ -68,8 +68,9 @@ inline float Load1(const void* base, int64_t i) {
 // ---- block-quantized weights (core/quant_blocks.h defines the formats; local copies here) ----
 
 template <DType T>
-constexpr bool kBlock = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ6_K ||
-                        T == DType::kF8E4M3 || T == DType::kMlxQ4 || T == DType::kMlxQ8;
+constexpr bool kBlock = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ5_K ||
+                        T == DType::kQ6_K || T == DType::kF8E4M3 || T == DType::kMlxQ4 ||
+                        T == DType::kMlxQ8;
 
 // The FP8 / MLX weight the calling thread is reading (its side scales), set by LinearGroup's
 // chunk runner before the kernels run on it.
@@ -82,6 +83,7 @@ constexpr int64_t RowBytes(int64_t k_in) {
   else if constexpr (T == DType::kF16 || T == DType::kBF16) return 2 * k_in;
   else if constexpr (T == DType::kQ8_0) return k_in / 32 * 34;
   else if constexpr (T == DType::kQ4_K) return k_in / 256 * 144;
+  else if constexpr (T == DType::kQ5_K) return k_in / 256 * 176;
   else if constexpr (T == DType::kF8E4M3 || T == DType::kMlxQ8) return k_in;
   else if constexpr (T == DType::kMlxQ4) return k_in / 2;
   else return k_in / 256 * 210;
@@ -130,6 +132,32 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
       v = hi ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, low);
       // d1 * q is exact (an f16 times 6 bits times 4 bits), so the fused form rounds as the
       // definition's d1 * q - m1 does.
+      out[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), d1, m1);
+    }
+  } else if constexpr (T == DType::kQ5_K) {
+    const uint8_t* b = row + k / 256 * 176;
+    const int g = static_cast<int>(k % 256) >> 5, c = g >> 1, hi = g & 1;
+    int s, m;
+    const uint8_t* sc = b + 4;
+    if (g < 4) {
+      s = sc[g] & 63;
+      m = sc[g + 4] & 63;
+    } else {
+      s = (sc[g + 4] & 0xF) | ((sc[g - 4] >> 6) << 4);
+      m = (sc[g + 4] >> 4) | ((sc[g] >> 6) << 4);
+    }
+    const __m256 d1 = _mm256_set1_ps(HalfToFloat(b) * static_cast<float>(s));
+    const __m256 m1 = _mm256_set1_ps(HalfToFloat(b + 2) * static_cast<float>(m));
+    const uint8_t* qh = b + 16;
+    const uint8_t* q = b + 48 + 32 * c;
+    const __m256i low = _mm256_set1_epi32(0xF), one = _mm256_set1_epi32(1);
+    const __m128i qh_shift = _mm_cvtsi32_si128(g);
+    for (int j = 0; j < 4; ++j) {
+      __m256i v = Bytes8ToI32(q + 8 * j);
+      v = hi ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, low);
+      const __m256i h = _mm256_and_si256(_mm256_srl_epi32(Bytes8ToI32(qh + 8 * j), qh_shift), one);
+      v = _mm256_or_si256(v, _mm256_slli_epi32(h, 4));
+      // d1 * q is exact (an f16 times 6 bits times 5 bits): the fused form rounds as d1 * q - m1.
       out[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), d1, m1);
     }
   } else if constexpr (T == DType::kF8E4M3) {
@@ -337,6 +365,62 @@ template <int R>
   }
 }
 
+// As DotQ4_K, each nibble given its fifth bit from qh: bit g of qh[l] for element l of group g.
+template <int R>
+[[gnu::optimize("fp-contract=off")]] void DotQ5_K(const uint8_t* w_base, int64_t row_bytes, ActsView x,
+                                                 int64_t k, float* out) {
+  const int64_t ahead = PrefetchAhead(R, row_bytes);
+  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  __m256i pick[8];
+  for (int g = 0; g < 8; ++g) pick[g] = _mm256_set1_epi16(static_cast<int16_t>((2 * g) | ((2 * g + 1) << 8)));
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* w = w_base + r * row_bytes;
+    __m256 acc = _mm256_setzero_ps();
+    float acc_m = 0.0f;
+    for (int64_t b = 0; b < k / 256; ++b) {
+      for (int line = 0; line < 176; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + b * 176 + line), _MM_HINT_T0);
+      }
+      const uint8_t* blk = w + b * 176;
+      uint32_t u[3];
+      std::memcpy(u, blk + 4, 12);
+      const uint32_t sw[2] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4)};
+      const uint32_t mw[2] = {u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
+      const __m256i scales = _mm256_broadcastsi128_si256(
+          _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sw))));
+      const __m256i qh = Load32(blk + 16);
+      const int8_t* qx = x.q + 256 * b;
+      __m256i isum = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = Load32(blk + 48 + 32 * c);
+        // Bit 2c (2c + 1) of each qh byte to bit 4: a 16-bit shift moves no bit across bytes
+        // into bit 0 of a byte, the only one kept.
+        const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
+        const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
+        const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_slli_epi16(h0, 4));
+        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+                                           _mm256_slli_epi16(h1, 4));
+        // q < 32, |q_x| <= 127: the pair sums of maddubs stay within int16.
+        const __m256i plo = _mm256_maddubs_epi16(lo, Load32(qx + 64 * c));
+        const __m256i phi = _mm256_maddubs_epi16(hi, Load32(qx + 64 * c + 32));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(scales, pick[2 * c])));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(scales, pick[2 * c + 1])));
+      }
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d[b] * HalfToFloat(blk)), _mm256_cvtepi32_ps(isum), acc);
+      const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b));
+      const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b + 8));
+      const __m128i pair = _mm_hadd_epi16(bs_lo, bs_hi);
+      const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mw)));
+      __m128i mm4 = _mm_madd_epi16(mins, pair);
+      mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(1, 0, 3, 2)));
+      mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(2, 3, 0, 1)));
+      const float mm = (x.d[b] * HalfToFloat(blk + 2)) * static_cast<float>(_mm_cvtsi128_si32(mm4));
+      acc_m = acc_m + mm;
+    }
+    out[r] = HorizontalSum(acc) - acc_m;
+  }
+}
+
 template <int R>
 [[gnu::optimize("fp-contract=off")]] void DotQ6_K(const uint8_t* w_base, int64_t row_bytes, ActsView x,
                                                  int64_t k, float* out) {
@@ -396,6 +480,7 @@ void IntDotRange(const void* w, int64_t k_in, int64_t n_out, int64_t n_begin, in
     const uint8_t* row = base + n * row_bytes;
     if constexpr (T == DType::kQ8_0) DotQ8_0<R>(row, row_bytes, acts[t], k_in, out);
     else if constexpr (T == DType::kQ4_K) DotQ4_K<R>(row, row_bytes, acts[t], k_in, out);
+    else if constexpr (T == DType::kQ5_K) DotQ5_K<R>(row, row_bytes, acts[t], k_in, out);
     else DotQ6_K<R>(row, row_bytes, acts[t], k_in, out);
     for (int r = 0; r < R; ++r) y[t * n_out + n + r] = out[r];
   };
@@ -731,6 +816,7 @@ inline void WithDType(DType t, Fn&& fn) {
     case DType::kF16: fn.template operator()<DType::kF16>(); return;
     case DType::kQ8_0: fn.template operator()<DType::kQ8_0>(); return;
     case DType::kQ4_K: fn.template operator()<DType::kQ4_K>(); return;
+    case DType::kQ5_K: fn.template operator()<DType::kQ5_K>(); return;
     case DType::kQ6_K: fn.template operator()<DType::kQ6_K>(); return;
     case DType::kF8E4M3: fn.template operator()<DType::kF8E4M3>(); return;
     case DType::kMlxQ4: fn.template operator()<DType::kMlxQ4>(); return;
@@ -778,8 +864,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
   for (size_t j = 0; j < jobs.size(); ++j) {
     const TensorView& w = *jobs[j].w;
     const int64_t n_out = w.shape[0], k_in = w.shape[1];
-    const bool int_dot = int8_activations && (w.dtype == DType::kQ8_0 || w.dtype == DType::kQ4_K ||
-                                              w.dtype == DType::kQ6_K);
+    const bool int_dot = int8_activations && IsBlockQuantized(w.dtype);
     const bool direct = int_dot || batch_invariant || m_rows <= kDirectMaxRows;
     const int64_t unit_rows = direct ? 8 : kNr;
     const int64_t n_units = (n_out + unit_rows - 1) / unit_rows;

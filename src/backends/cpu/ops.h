@@ -32,8 +32,8 @@ bool CpuHasAvx2Fma();
 struct OpContext {
   KernelSet kernels = KernelSet::kReference;
   ThreadPool* pool = nullptr;  // used by the fast paths; null means the calling thread only
-  // Block-quantized weights (GGUF Q8_0/Q4_K/Q6_K) meet int8-quantized activations in integer dot
-  // products, as llama.cpp computes them on the CPU (core/quant_blocks.h; both kernel sets give
+  // Block-quantized weights (GGUF Q8_0/Q4_K/Q5_K/Q6_K) meet int8-quantized activations in integer
+  // dot products, as llama.cpp computes them on the CPU (core/quant_blocks.h; both kernel sets give
   // the same bits). false: f32 activations against the exactly dequantized weights, equal bit
   // for bit to the same model with f32 weights (slower).
   bool int8_activations = true;

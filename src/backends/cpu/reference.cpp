@@ -32,6 +32,7 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
         y[m * n_out + n] =
             w.dtype == DType::kQ8_0 ? quant::DotQ8_0(row, {q.data(), d.data()}, k_in)
             : w.dtype == DType::kQ4_K ? quant::DotQ4_K(row, {q.data(), d.data(), bsum.data()}, k_in)
+            : w.dtype == DType::kQ5_K ? quant::DotQ5_K(row, {q.data(), d.data(), bsum.data()}, k_in)
                                       : quant::DotQ6_K(row, {q.data(), d.data(), bsum.data()}, k_in);
       }
     }
