@@ -179,12 +179,18 @@ float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
-float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+namespace {
+
+// Q4_K and Q5_K (kFifthBit): the 4-bit nibbles at qs, with Q5_K's fifth bits from qh.
+template <bool kFifthBit>
+float DotQ45_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+  constexpr int64_t kBytes = kFifthBit ? kQ5_KBytes : kQ4_KBytes;
   float lane[8] = {};
   float acc_m = 0.0f;
   for (int64_t b = 0; b < k / kQKBlock; ++b) {
-    const uint8_t* blk = w_row + b * kQ4_KBytes;
-    const uint8_t* qs = blk + 16;
+    const uint8_t* blk = w_row + b * kBytes;
+    const uint8_t* qh = blk + 16;
+    const uint8_t* qs = blk + (kFifthBit ? 48 : 16);
     const int8_t* qx = x.q + b * kQKBlock;
     int32_t lane_int[8] = {};
     int32_t summ = 0;
@@ -194,7 +200,11 @@ float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
       const int c = g / 2, shift = (g % 2) * 4;
       for (int j = 0; j < 8; ++j) {
         int32_t p = 0;
-        for (int l = 4 * j; l < 4 * j + 4; ++l) p += ((qs[32 * c + l] >> shift) & 0xF) * int32_t{qx[32 * g + l]};
+        for (int l = 4 * j; l < 4 * j + 4; ++l) {
+          int q = (qs[32 * c + l] >> shift) & 0xF;
+          if constexpr (kFifthBit) q |= ((qh[l] >> g) & 1) << 4;
+          p += q * int32_t{qx[32 * g + l]};
+        }
         lane_int[j] += sc * p;
       }
       summ += m * (x.bsum[b * 16 + 2 * g] + x.bsum[b * 16 + 2 * g + 1]);
@@ -209,38 +219,14 @@ float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
   return sum - acc_m;
 }
 
+}  // namespace
+
+float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+  return DotQ45_K<false>(w_row, x, k);
+}
+
 float DotQ5_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
-  float lane[8] = {};
-  float acc_m = 0.0f;
-  for (int64_t b = 0; b < k / kQKBlock; ++b) {
-    const uint8_t* blk = w_row + b * kQ5_KBytes;
-    const uint8_t* qh = blk + 16;
-    const uint8_t* qs = blk + 48;
-    const int8_t* qx = x.q + b * kQKBlock;
-    int32_t lane_int[8] = {};
-    int32_t summ = 0;
-    for (int g = 0; g < 8; ++g) {
-      int sc, m;
-      Q4KScaleMin(blk + 4, g, &sc, &m);
-      const int c = g / 2, shift = (g % 2) * 4;
-      for (int j = 0; j < 8; ++j) {
-        int32_t p = 0;
-        for (int l = 4 * j; l < 4 * j + 4; ++l) {
-          const int q5 = ((qs[32 * c + l] >> shift) & 0xF) | (((qh[l] >> g) & 1) << 4);
-          p += q5 * int32_t{qx[32 * g + l]};
-        }
-        lane_int[j] += sc * p;
-      }
-      summ += m * (x.bsum[b * 16 + 2 * g] + x.bsum[b * 16 + 2 * g + 1]);
-    }
-    const float scale = x.d[b] * LoadF16(blk);
-    for (int j = 0; j < 8; ++j) lane[j] = std::fma(scale, static_cast<float>(lane_int[j]), lane[j]);
-    const float m = (x.d[b] * LoadF16(blk + 2)) * static_cast<float>(summ);
-    acc_m = acc_m + m;
-  }
-  const float sum =
-      ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-  return sum - acc_m;
+  return DotQ45_K<true>(w_row, x, k);
 }
 
 float DotQ6_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {

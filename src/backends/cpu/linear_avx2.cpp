@@ -314,11 +314,15 @@ template <int R>
   for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]);
 }
 
-template <int R>
-[[gnu::optimize("fp-contract=off")]] void DotQ4_K(const uint8_t* w_base, int64_t row_bytes, ActsView x,
-                                                 int64_t k, float* out) {
+// Q4_K (kFifthBit false) and Q5_K: 8 groups of 32 with 6-bit scales and mins; Q5_K gives each
+// nibble its fifth bit from qh: bit g of qh[l] for element l of group g.
+template <int R, bool kFifthBit>
+[[gnu::optimize("fp-contract=off")]] void DotQ45_K(const uint8_t* w_base, int64_t row_bytes,
+                                                  ActsView x, int64_t k, float* out) {
+  constexpr int kBlockBytes = kFifthBit ? 176 : 144;
+  constexpr int kQsOffset = kFifthBit ? 48 : 16;
   const int64_t ahead = PrefetchAhead(R, row_bytes);
-  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   // Byte shuffles that broadcast 16-bit scale g of a register of eight to every lane.
   __m256i pick[8];
   for (int g = 0; g < 8; ++g) pick[g] = _mm256_set1_epi16(static_cast<int16_t>((2 * g) | ((2 * g + 1) << 8)));
@@ -327,10 +331,10 @@ template <int R>
     __m256 acc = _mm256_setzero_ps();
     float acc_m = 0.0f;
     for (int64_t b = 0; b < k / 256; ++b) {
-      for (int line = 0; line < 144; line += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + b * 144 + line), _MM_HINT_T0);
+      for (int line = 0; line < kBlockBytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + b * kBlockBytes + line), _MM_HINT_T0);
       }
-      const uint8_t* blk = w + b * 144;
+      const uint8_t* blk = w + b * kBlockBytes;
       // The 12 bytes of 6-bit scales and mins as two words each (ggml's packing).
       uint32_t u[3];
       std::memcpy(u, blk + 4, 12);
@@ -341,9 +345,17 @@ template <int R>
       const int8_t* qx = x.q + 256 * b;
       __m256i isum = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = Load32(blk + 16 + 32 * c);
-        const __m256i lo = _mm256_and_si256(v, low);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        const __m256i v = Load32(blk + kQsOffset + 32 * c);
+        __m256i lo = _mm256_and_si256(v, low);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if constexpr (kFifthBit) {
+          // Bit 2c (2c + 1) of each qh byte to bit 4: a 16-bit shift moves no bit across bytes
+          // into bit 0 of a byte, the only one kept. q < 32, |q_x| <= 127: the pair sums of
+          // maddubs stay within int16.
+          const __m256i qh = Load32(blk + 16);
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+        }
         const __m256i plo = _mm256_maddubs_epi16(lo, Load32(qx + 64 * c));
         const __m256i phi = _mm256_maddubs_epi16(hi, Load32(qx + 64 * c + 32));
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(scales, pick[2 * c])));
@@ -351,62 +363,6 @@ template <int R>
       }
       acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d[b] * HalfToFloat(blk)), _mm256_cvtepi32_ps(isum), acc);
       // summ = sum_g m_g * (bsum[2g] + bsum[2g + 1])
-      const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b));
-      const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b + 8));
-      const __m128i pair = _mm_hadd_epi16(bs_lo, bs_hi);
-      const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mw)));
-      __m128i mm4 = _mm_madd_epi16(mins, pair);
-      mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(1, 0, 3, 2)));
-      mm4 = _mm_add_epi32(mm4, _mm_shuffle_epi32(mm4, _MM_SHUFFLE(2, 3, 0, 1)));
-      const float mm = (x.d[b] * HalfToFloat(blk + 2)) * static_cast<float>(_mm_cvtsi128_si32(mm4));
-      acc_m = acc_m + mm;
-    }
-    out[r] = HorizontalSum(acc) - acc_m;
-  }
-}
-
-// As DotQ4_K, each nibble given its fifth bit from qh: bit g of qh[l] for element l of group g.
-template <int R>
-[[gnu::optimize("fp-contract=off")]] void DotQ5_K(const uint8_t* w_base, int64_t row_bytes, ActsView x,
-                                                 int64_t k, float* out) {
-  const int64_t ahead = PrefetchAhead(R, row_bytes);
-  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256i pick[8];
-  for (int g = 0; g < 8; ++g) pick[g] = _mm256_set1_epi16(static_cast<int16_t>((2 * g) | ((2 * g + 1) << 8)));
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* w = w_base + r * row_bytes;
-    __m256 acc = _mm256_setzero_ps();
-    float acc_m = 0.0f;
-    for (int64_t b = 0; b < k / 256; ++b) {
-      for (int line = 0; line < 176; line += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + b * 176 + line), _MM_HINT_T0);
-      }
-      const uint8_t* blk = w + b * 176;
-      uint32_t u[3];
-      std::memcpy(u, blk + 4, 12);
-      const uint32_t sw[2] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4)};
-      const uint32_t mw[2] = {u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
-      const __m256i scales = _mm256_broadcastsi128_si256(
-          _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sw))));
-      const __m256i qh = Load32(blk + 16);
-      const int8_t* qx = x.q + 256 * b;
-      __m256i isum = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        const __m256i v = Load32(blk + 48 + 32 * c);
-        // Bit 2c (2c + 1) of each qh byte to bit 4: a 16-bit shift moves no bit across bytes
-        // into bit 0 of a byte, the only one kept.
-        const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
-        const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
-        const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_slli_epi16(h0, 4));
-        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
-                                           _mm256_slli_epi16(h1, 4));
-        // q < 32, |q_x| <= 127: the pair sums of maddubs stay within int16.
-        const __m256i plo = _mm256_maddubs_epi16(lo, Load32(qx + 64 * c));
-        const __m256i phi = _mm256_maddubs_epi16(hi, Load32(qx + 64 * c + 32));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(scales, pick[2 * c])));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(scales, pick[2 * c + 1])));
-      }
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d[b] * HalfToFloat(blk)), _mm256_cvtepi32_ps(isum), acc);
       const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b));
       const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b + 8));
       const __m128i pair = _mm_hadd_epi16(bs_lo, bs_hi);
@@ -479,8 +435,8 @@ void IntDotRange(const void* w, int64_t k_in, int64_t n_out, int64_t n_begin, in
     float out[R];
     const uint8_t* row = base + n * row_bytes;
     if constexpr (T == DType::kQ8_0) DotQ8_0<R>(row, row_bytes, acts[t], k_in, out);
-    else if constexpr (T == DType::kQ4_K) DotQ4_K<R>(row, row_bytes, acts[t], k_in, out);
-    else if constexpr (T == DType::kQ5_K) DotQ5_K<R>(row, row_bytes, acts[t], k_in, out);
+    else if constexpr (T == DType::kQ4_K) DotQ45_K<R, false>(row, row_bytes, acts[t], k_in, out);
+    else if constexpr (T == DType::kQ5_K) DotQ45_K<R, true>(row, row_bytes, acts[t], k_in, out);
     else DotQ6_K<R>(row, row_bytes, acts[t], k_in, out);
     for (int r = 0; r < R; ++r) y[t * n_out + n + r] = out[r];
   };
