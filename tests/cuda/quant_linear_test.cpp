@@ -10,6 +10,7 @@
 // to bf16 once, several tiles per segment).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -63,9 +64,10 @@ HostWeight MakeWeight(DType dtype, int64_t rows, int64_t k, int group, uint64_t 
       }
       break;
     case DType::kQ4_K:
+    case DType::kQ5_K:
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t b = 0; b < k / 256; ++b) {
-          uint8_t* blk = &w.data[r * row_bytes + b * 144];
+          uint8_t* blk = &w.data[r * row_bytes + b * (dtype == DType::kQ4_K ? 144 : 176)];
           put_f16(blk, pos(rng) / 8);
           put_f16(blk + 2, pos(rng) / 8);
         }
@@ -248,6 +250,50 @@ TEST(CudaQuantLinear, GgufBlocks) {
   RunCase({"q8_0", {{DType::kQ8_0, 150}}, 0, 512, "int8-affine", 1});
   RunCase({"q4_k", {{DType::kQ4_K, 150}}, 0, 512, "int4-affine", 1});
   RunCase({"q6_k", {{DType::kQ6_K, 150}}, 0, 512, "int8-affine", 1});
+  RunCase({"q5_k", {{DType::kQ5_K, 150}}, 0, 512, "int8-affine", 1});
+  // A Q5_K_M-style q|k|v (v in Q6_K): 8-bit codes of groups 32 and 16, two segments.
+  RunCase({"q5_k|q5_k|q6_k", {{DType::kQ5_K, 256}, {DType::kQ5_K, 64}, {DType::kQ6_K, 64}}, 0, 512,
+           "int8-affine", 2});
+}
+
+// On the host (no GPU needed): the weights the device formats describe,
+// (1 + q / 2^bits) * scale + bias, are within f32 rounding of the CPU dequantization for every
+// GGUF block type; a misread code, scale, min or fifth bit is off by whole steps.
+TEST(CudaWeightPlanOnTheHost, GgufBlocksBecomeTheCpuWeights) {
+  const int64_t rows = 24, k = 512;
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const HostWeight w = MakeWeight(dtype, rows, k, 0, 31);
+    CudaWeightPlan plan;
+    const CudaWeightPlan::Linear lin = plan.PlaceLinear({&w.view});
+    ASSERT_EQ(lin.size(), 1u);
+    const CudaWeightPlan::Segment& seg = lin[0];
+    const bool four = seg.format == cuda::WeightFormat::kAffine4;
+    ASSERT_TRUE(four || seg.format == cuda::WeightFormat::kAffine8);
+    auto host = [&](size_t offset) -> const uint8_t* {
+      for (const CudaWeightPlan::Piece& p : plan.pieces()) {
+        if (p.offset == offset) return static_cast<const uint8_t*>(p.data);
+      }
+      return nullptr;
+    };
+    const uint8_t* codes = host(seg.data);
+    const auto* scale = reinterpret_cast<const float*>(host(seg.scale));
+    const auto* bias = reinterpret_cast<const float*>(host(seg.bias));
+    ASSERT_TRUE(codes != nullptr && scale != nullptr && bias != nullptr);
+    std::vector<float> ref(static_cast<size_t>(k));
+    double worst = 0, max_ref = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      quant::DequantizeMatrixRow(w.view, r, ref.data());
+      for (int64_t j = 0; j < k; ++j) {
+        const int q = four ? (codes[r * k / 2 + j / 2] >> (4 * (j % 2))) & 0xF : codes[r * k + j];
+        const int64_t g = r * (k / seg.group) + j / seg.group;
+        const double v = (1.0 + q / (four ? 16.0 : 256.0)) * scale[g] + bias[g];
+        worst = std::max(worst, std::fabs(v - ref[static_cast<size_t>(j)]));
+        max_ref = std::max(max_ref, static_cast<double>(std::fabs(ref[static_cast<size_t>(j)])));
+      }
+    }
+    EXPECT_LT(worst, 1e-5 * max_ref) << "max |affine - cpu| " << worst << " of max " << max_ref;
+  }
 }
 
 TEST(CudaQuantLinear, MixedFormatsInOneFusedWeight) {
