@@ -113,67 +113,56 @@ def k_quant_groups(w, levels):
     return d, dmin, sc, m, q
 
 
-def quantize_q4_k(w):
+def quantize_k(w, fifth_bit):
+    """Q4_K (144-byte blocks: d, dmin, 12 scale bytes, the nibbles) and Q5_K (176 bytes: the
+    same with qh[32] before the nibbles, bit g of qh[l] the fifth bit of element 32g + l)."""
     rows, cols = w.shape
     nb = rows * cols // 256
-    d, dmin, sc, m, q = k_quant_groups(w, 15)
-    out = np.zeros((nb, 144), np.uint8)
+    d, dmin, sc, m, q = k_quant_groups(w, 31 if fifth_bit else 15)
+    out = np.zeros((nb, 176 if fifth_bit else 144), np.uint8)
     out[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
     out[:, 2:4] = dmin.view(np.uint8).reshape(nb, 2)
     out[:, 4:16] = pack_q4k_scales(sc, m)
-    qg = q.reshape(nb, 4, 2, 32)
-    out[:, 16:] = (qg[:, :, 0, :] | (qg[:, :, 1, :] << 4)).reshape(nb, 128)
+    if fifth_bit:
+        high = (q >> 4).astype(np.int64)  # [nb, 8, 32]
+        out[:, 16:48] = (high << np.arange(8)[None, :, None]).sum(axis=1).astype(np.uint8)
+    low = (q & 0xF).reshape(nb, 4, 2, 32)
+    out[:, 48 if fifth_bit else 16:] = (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(nb, 128)
     return out.reshape(rows, -1)
+
+
+def dequantize_k(b, cols, fifth_bit):
+    rows = b.shape[0]
+    nb = rows * cols // 256
+    b = b.reshape(nb, 176 if fifth_bit else 144)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
+    sc, m = unpack_q4k_scales(b[:, 4:16])
+    d1 = (d[:, None] * sc.astype(np.float32)).astype(np.float32)  # [nb, 8]
+    m1 = (dmin[:, None] * m.astype(np.float32)).astype(np.float32)
+    qs = b[:, 48 if fifth_bit else 16:].reshape(nb, 4, 32).astype(np.int64)
+    q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(nb, 8, 32)
+    if fifth_bit:
+        qh = b[:, 16:48].astype(np.int64)  # [nb, 32]
+        q = q | (((qh[:, None, :] >> np.arange(8)[None, :, None]) & 1) << 4)
+    y = (d1[..., None] * q.astype(np.float32)).astype(np.float32) - m1[..., None]
+    return y.astype(np.float32).reshape(rows, cols)
+
+
+def quantize_q4_k(w):
+    return quantize_k(w, False)
 
 
 def dequantize_q4_k(b, cols):
-    rows = b.shape[0]
-    nb = rows * cols // 256
-    b = b.reshape(nb, 144)
-    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
-    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
-    sc, m = unpack_q4k_scales(b[:, 4:16])
-    d1 = (d[:, None] * sc.astype(np.float32)).astype(np.float32)  # [nb, 8]
-    m1 = (dmin[:, None] * m.astype(np.float32)).astype(np.float32)
-    qs = b[:, 16:].reshape(nb, 4, 32)
-    q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(nb, 8, 32).astype(np.float32)
-    y = (d1[..., None] * q).astype(np.float32) - m1[..., None]
-    return y.astype(np.float32).reshape(rows, cols)
+    return dequantize_k(b, cols, False)
 
 
 def quantize_q5_k(w):
-    """176-byte blocks: d, dmin, the Q4_K scale bytes, qh[32] (bit g of qh[l]: the fifth bit of
-    element 32g + l), then the low nibbles in Q4_K's layout."""
-    rows, cols = w.shape
-    nb = rows * cols // 256
-    d, dmin, sc, m, q = k_quant_groups(w, 31)
-    out = np.zeros((nb, 176), np.uint8)
-    out[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
-    out[:, 2:4] = dmin.view(np.uint8).reshape(nb, 2)
-    out[:, 4:16] = pack_q4k_scales(sc, m)
-    high = (q >> 4).astype(np.int64)  # [nb, 8, 32]
-    out[:, 16:48] = (high << np.arange(8)[None, :, None]).sum(axis=1).astype(np.uint8)
-    low = (q & 0xF).reshape(nb, 4, 2, 32)
-    out[:, 48:] = (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(nb, 128)
-    return out.reshape(rows, -1)
+    return quantize_k(w, True)
 
 
 def dequantize_q5_k(b, cols):
-    rows = b.shape[0]
-    nb = rows * cols // 256
-    b = b.reshape(nb, 176)
-    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
-    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
-    sc, m = unpack_q4k_scales(b[:, 4:16])
-    d1 = (d[:, None] * sc.astype(np.float32)).astype(np.float32)  # [nb, 8]
-    m1 = (dmin[:, None] * m.astype(np.float32)).astype(np.float32)
-    qh = b[:, 16:48].astype(np.int64)  # [nb, 32]
-    qs = b[:, 48:].reshape(nb, 4, 32).astype(np.int64)
-    low = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(nb, 8, 32)
-    high = (qh[:, None, :] >> np.arange(8)[None, :, None]) & 1
-    q = (low | (high << 4)).astype(np.float32)
-    y = (d1[..., None] * q).astype(np.float32) - m1[..., None]
-    return y.astype(np.float32).reshape(rows, cols)
+    return dequantize_k(b, cols, True)
 
 
 def quantize_q6_k(w):

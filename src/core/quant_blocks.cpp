@@ -13,43 +13,39 @@ void DequantizeQ8_0Block(const uint8_t* block, float* out) {
   for (int i = 0; i < kQ8_0Block; ++i) out[i] = static_cast<float>(q[i]) * d;
 }
 
-void DequantizeQ4_KBlock(const uint8_t* block, float* out) {
-  const float d = LoadF16(block);
-  const float dmin = LoadF16(block + 2);
-  const uint8_t* scales = block + 4;
-  const uint8_t* q = block + 16;
-  for (int c = 0; c < 4; ++c) {
-    int sc, m;
-    Q4KScaleMin(scales, 2 * c, &sc, &m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    Q4KScaleMin(scales, 2 * c + 1, &sc, &m);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
-    for (int l = 0; l < 32; ++l) out[64 * c + l] = d1 * static_cast<float>(q[32 * c + l] & 0xF) - m1;
-    for (int l = 0; l < 32; ++l) out[64 * c + 32 + l] = d2 * static_cast<float>(q[32 * c + l] >> 4) - m2;
-  }
-}
+namespace {
 
-void DequantizeQ5_KBlock(const uint8_t* block, float* out) {
+// Q4_K and Q5_K (kFifthBit: the fifth bit of element l of group g is bit g of qh[l]).
+template <bool kFifthBit>
+void DequantizeQ45_KBlock(const uint8_t* block, float* out) {
   const float d = LoadF16(block);
   const float dmin = LoadF16(block + 2);
   const uint8_t* scales = block + 4;
   const uint8_t* qh = block + 16;
-  const uint8_t* q = block + 48;
+  const uint8_t* q = block + (kFifthBit ? 48 : 16);
   for (int c = 0; c < 4; ++c) {
-    int sc, m;
-    Q4KScaleMin(scales, 2 * c, &sc, &m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    Q4KScaleMin(scales, 2 * c + 1, &sc, &m);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
-    for (int l = 0; l < 32; ++l) {
-      const int q5 = (q[32 * c + l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4);
-      out[64 * c + l] = d1 * static_cast<float>(q5) - m1;
-    }
-    for (int l = 0; l < 32; ++l) {
-      const int q5 = (q[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
-      out[64 * c + 32 + l] = d2 * static_cast<float>(q5) - m2;
+    for (int half = 0; half < 2; ++half) {
+      const int g = 2 * c + half;
+      int sc, m;
+      Q4KScaleMin(scales, g, &sc, &m);
+      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+      for (int l = 0; l < 32; ++l) {
+        int v = (q[32 * c + l] >> (4 * half)) & 0xF;
+        if constexpr (kFifthBit) v |= ((qh[l] >> g) & 1) << 4;
+        out[32 * g + l] = d1 * static_cast<float>(v) - m1;
+      }
     }
   }
+}
+
+}  // namespace
+
+void DequantizeQ4_KBlock(const uint8_t* block, float* out) {
+  DequantizeQ45_KBlock<false>(block, out);
+}
+
+void DequantizeQ5_KBlock(const uint8_t* block, float* out) {
+  DequantizeQ45_KBlock<true>(block, out);
 }
 
 void DequantizeQ6_KBlock(const uint8_t* block, float* out) {

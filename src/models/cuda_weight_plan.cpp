@@ -121,59 +121,40 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
       }
       break;
     }
-    case DType::kQ4_K: {
-      // Per 256-block, sub-block j of 32: d*sc_j * q - dmin*m_j; codes re-packed so element e
-      // is the nibble (e & 1) of byte e/2.
-      p.codes.resize(static_cast<size_t>(rows * k / 2));
-      for (int64_t r = 0; r < rows; ++r) {
-        const uint8_t* row = src + r * t.row_bytes();
-        uint8_t* out = p.codes.data() + r * k / 2;
-        for (int64_t blk = 0; blk < k / quant::kQKBlock; ++blk) {
-          const uint8_t* b = row + blk * quant::kQ4_KBytes;
-          const float d = quant::LoadF16(b), dmin = quant::LoadF16(b + 2);
-          const uint8_t* q = b + 16;
-          uint8_t vals[quant::kQKBlock];
-          for (int c = 0; c < 4; ++c) {
-            for (int l = 0; l < 32; ++l) {
-              vals[64 * c + l] = q[32 * c + l] & 0xF;
-              vals[64 * c + 32 + l] = q[32 * c + l] >> 4;
-            }
-          }
-          for (int j = 0; j < 8; ++j) {
-            int sc, m;
-            quant::Q4KScaleMin(b + 4, j, &sc, &m);
-            const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-            PushAffine(d1, -m1, 4, &p);
-          }
-          uint8_t* o = out + blk * quant::kQKBlock / 2;
-          for (int e = 0; e < quant::kQKBlock; e += 2) {
-            o[e / 2] = static_cast<uint8_t>(vals[e] | (vals[e + 1] << 4));
-          }
-        }
-      }
-      break;
-    }
+    case DType::kQ4_K:
     case DType::kQ5_K: {
-      // Per 256-block, sub-block j of 32: d*sc_j * q - dmin*m_j, q 5-bit, one code per byte.
-      p.codes.resize(static_cast<size_t>(rows * k));
+      // Per 256-block, sub-block j of 32: d*sc_j * q - dmin*m_j. Q4_K: 4-bit codes re-packed so
+      // element e is the nibble (e & 1) of byte e/2; Q5_K: the fifth bit of element l of group j
+      // is bit j of qh[l], one code per byte.
+      const bool five = t.dtype == DType::kQ5_K;
+      p.codes.resize(static_cast<size_t>(five ? rows * k : rows * k / 2));
       for (int64_t r = 0; r < rows; ++r) {
         const uint8_t* row = src + r * t.row_bytes();
         for (int64_t blk = 0; blk < k / quant::kQKBlock; ++blk) {
-          const uint8_t* b = row + blk * quant::kQ5_KBytes;
+          const uint8_t* b = row + blk * (five ? quant::kQ5_KBytes : quant::kQ4_KBytes);
           const float d = quant::LoadF16(b), dmin = quant::LoadF16(b + 2);
           const uint8_t* qh = b + 16;
-          const uint8_t* q = b + 48;
-          uint8_t* out = p.codes.data() + r * k + blk * quant::kQKBlock;
+          const uint8_t* q = b + (five ? 48 : 16);
+          uint8_t vals[quant::kQKBlock];
           for (int j = 0; j < 8; ++j) {
             const int c = j / 2, shift = (j % 2) * 4;
             for (int l = 0; l < 32; ++l) {
-              out[32 * j + l] =
-                  static_cast<uint8_t>(((q[32 * c + l] >> shift) & 0xF) | (((qh[l] >> j) & 1) << 4));
+              vals[32 * j + l] = static_cast<uint8_t>(((q[32 * c + l] >> shift) & 0xF) |
+                                                      (five ? ((qh[l] >> j) & 1) << 4 : 0));
             }
             int sc, m;
             quant::Q4KScaleMin(b + 4, j, &sc, &m);
             const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-            PushAffine(d1, -m1, 8, &p);
+            PushAffine(d1, -m1, five ? 8 : 4, &p);
+          }
+          const int64_t e0 = r * k + blk * quant::kQKBlock;  // first element of the block
+          if (five) {
+            std::memcpy(p.codes.data() + e0, vals, quant::kQKBlock);
+          } else {
+            for (int e = 0; e < quant::kQKBlock; e += 2) {
+              p.codes[static_cast<size_t>((e0 + e) / 2)] =
+                  static_cast<uint8_t>(vals[e] | (vals[e + 1] << 4));
+            }
           }
         }
       }

@@ -110,35 +110,14 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
       const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * j)));
       out[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
     }
-  } else if constexpr (T == DType::kQ4_K) {
-    const uint8_t* b = row + k / 256 * 144;
-    const int j256 = static_cast<int>(k % 256);
-    const int c = j256 >> 6, hi = (j256 >> 5) & 1, g = 2 * c + hi;
-    const uint8_t* sc = b + 4;
-    int s, m;
-    if (g < 4) {
-      s = sc[g] & 63;
-      m = sc[g + 4] & 63;
-    } else {
-      s = (sc[g + 4] & 0xF) | ((sc[g - 4] >> 6) << 4);
-      m = (sc[g + 4] >> 4) | ((sc[g] >> 6) << 4);
-    }
-    const __m256 d1 = _mm256_set1_ps(HalfToFloat(b) * static_cast<float>(s));
-    const __m256 m1 = _mm256_set1_ps(HalfToFloat(b + 2) * static_cast<float>(m));
-    const uint8_t* q = b + 16 + 32 * c;
-    const __m256i low = _mm256_set1_epi32(0xF);
-    for (int j = 0; j < 4; ++j) {
-      __m256i v = Bytes8ToI32(q + 8 * j);
-      v = hi ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, low);
-      // d1 * q is exact (an f16 times 6 bits times 4 bits), so the fused form rounds as the
-      // definition's d1 * q - m1 does.
-      out[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), d1, m1);
-    }
-  } else if constexpr (T == DType::kQ5_K) {
-    const uint8_t* b = row + k / 256 * 176;
+  } else if constexpr (T == DType::kQ4_K || T == DType::kQ5_K) {
+    // Q5_K: Q4_K's nibbles (at byte 48, after qh) with the fifth bit g of qh[l] for element l of
+    // group g.
+    constexpr bool kFifthBit = T == DType::kQ5_K;
+    const uint8_t* b = row + k / 256 * (kFifthBit ? 176 : 144);
     const int g = static_cast<int>(k % 256) >> 5, c = g >> 1, hi = g & 1;
-    int s, m;
     const uint8_t* sc = b + 4;
+    int s, m;
     if (g < 4) {
       s = sc[g] & 63;
       m = sc[g + 4] & 63;
@@ -149,15 +128,18 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
     const __m256 d1 = _mm256_set1_ps(HalfToFloat(b) * static_cast<float>(s));
     const __m256 m1 = _mm256_set1_ps(HalfToFloat(b + 2) * static_cast<float>(m));
     const uint8_t* qh = b + 16;
-    const uint8_t* q = b + 48 + 32 * c;
+    const uint8_t* q = b + (kFifthBit ? 48 : 16) + 32 * c;
     const __m256i low = _mm256_set1_epi32(0xF), one = _mm256_set1_epi32(1);
     const __m128i qh_shift = _mm_cvtsi32_si128(g);
     for (int j = 0; j < 4; ++j) {
       __m256i v = Bytes8ToI32(q + 8 * j);
       v = hi ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, low);
-      const __m256i h = _mm256_and_si256(_mm256_srl_epi32(Bytes8ToI32(qh + 8 * j), qh_shift), one);
-      v = _mm256_or_si256(v, _mm256_slli_epi32(h, 4));
-      // d1 * q is exact (an f16 times 6 bits times 5 bits): the fused form rounds as d1 * q - m1.
+      if constexpr (kFifthBit) {
+        const __m256i h = _mm256_and_si256(_mm256_srl_epi32(Bytes8ToI32(qh + 8 * j), qh_shift), one);
+        v = _mm256_or_si256(v, _mm256_slli_epi32(h, 4));
+      }
+      // d1 * q is exact (an f16 times 6 bits times 4 or 5 bits), so the fused form rounds as the
+      // definition's d1 * q - m1 does.
       out[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), d1, m1);
     }
   } else if constexpr (T == DType::kF8E4M3) {
