@@ -54,7 +54,7 @@ inline constexpr const char* kFp8ActivationsHelp =
 inline constexpr const char* kF32ActivationsHelp =
     "Quantized (GGUF) weights: multiply f32 activations by the exactly dequantized weights instead of int8 ones (slower; equals the dequantized model bit for bit)";
 inline constexpr const char* kDeterministicHelp =
-    "Batch-invariant kernels: a request's logits do not depend on what else is batched with it (CPU; slower prefill)";
+    "Batch-invariant kernels: a request's logits do not depend on what else is batched with it (CPU; CUDA for dense bf16 models; slower prefill)";
 inline constexpr const char* kDeviceHelp =
     "cpu, cuda, or auto (cuda when a GPU is present)";
 

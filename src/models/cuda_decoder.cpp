@@ -525,9 +525,12 @@ void CudaDecoder::Attention(const LayerWeights& w, const DeviceBatchView& v, con
   ap.block_size = kv.block_size;
   ap.scale = attention_scale_;
   ap.sliding_window = w.sliding_window;
-  // Pure decode beyond the decode workspace: the prefill kernel handles one-token rows too.
+  // Pure decode beyond the decode workspace, and every batch in batch-invariant mode: the
+  // prefill kernel handles one-token rows too.
   ap.max_query_len =
-      v.max_query_len == 1 && v.n_tokens > kMaxDecodeAttentionRows ? 2 : v.max_query_len;
+      v.max_query_len == 1 && (v.n_tokens > kMaxDecodeAttentionRows || batch_invariant_)
+          ? 2
+          : v.max_query_len;
   ap.max_context_len = v.max_context_len;
   cuda::PagedAttention(ap, attention_workspace_, attention_workspace_bytes_, stream);
   if (c.attention_output_gate) cuda::SigmoidGate(attn_, gate_, n * q_dim_, stream);

@@ -132,6 +132,14 @@ class CudaDecoder {
   static Result<std::unique_ptr<CudaDecoder>> Create(const ModelConfig& config,
                                                      const DecoderWeights& weights);
 
+  // Batch-invariant mode (`--deterministic`): attention takes the prefill kernel for every
+  // batch, decode rows included, so a row's result depends on its own sequence only (the decode
+  // kernel's split-K order and the mixed batch's prefill kernel differ in the last bits). The
+  // runner pairs it with LinearEngine::set_batch_invariant and refuses the layers that have no
+  // batch-invariant form here (recurrent, MoE).
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
+
   // Weights: the runner collects the placement of every tensor, uploads them, then hands the
   // base address back.
   void PlanWeights(CudaWeightPlan* plan);
@@ -260,6 +268,7 @@ class CudaDecoder {
   cuda::DeviceBuffer inv_freq_;  // [rotary_dim/2] f32
   float rope_attention_scale_ = 1.0f;
   float attention_scale_ = 1.0f;
+  bool batch_invariant_ = false;
 
   // Activations (inside the runner's allocation).
   float* x_ = nullptr;                // [n, hidden] residual stream

@@ -309,6 +309,14 @@ Result<std::unique_ptr<Model>> LoadCudaModel(ModelConfig config, WeightStore sto
   std::unique_ptr<CudaRunner> m(new CudaRunner(std::move(config), std::move(store), std::move(w)));
   // Layers this backend cannot run are refused before the device is touched.
   KASSIGN(m->decoder_, CudaDecoder::Create(m->config_, m->weights_host_));
+  if (options.deterministic &&
+      (m->config_.n_layers_of(LayerType::kLinearAttention) > 0 || m->config_.has_moe())) {
+    // The chunked delta rule's sums follow the prefill chunk boundaries, and the MoE kernels
+    // change with the tokens routed to each expert.
+    return Unsupported("--deterministic on CUDA runs dense attention models; this one has " +
+                       std::string(m->config_.has_moe() ? "MoE" : "Gated DeltaNet") +
+                       " layers (use --device cpu)");
+  }
   KASSIGN(m->device_, cuda::OpenDevice(options.cuda_device));
   const cuda::DeviceInfo& dev = m->device_;
   m->kv_type_ = kv_type;
@@ -329,6 +337,14 @@ Result<std::unique_ptr<Model>> LoadCudaModel(ModelConfig config, WeightStore sto
   KASSIGN(m->linear_, cuda::LinearEngine::Create(
                           32 << 20, m->weight_formats_ == "bf16" ? 0 : size_t{64} << 20));
   m->linear_->set_fp8_activations(options.fp8_activations);
+  if (options.deterministic) {
+    if (m->weight_formats_ != "bf16") {
+      return Unsupported("--deterministic on CUDA takes bf16/f16/f32 checkpoints; these weights "
+                         "are " + m->weight_formats_ + " (use --device cpu)");
+    }
+    m->linear_->set_batch_invariant(true);
+    m->decoder_->set_batch_invariant(true);
+  }
 
   // Activations before the KV pool, so the default KV budget is what is left after them.
   const ModelConfig& c = m->config_;

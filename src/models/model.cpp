@@ -35,10 +35,6 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
   KASSIGN(ModelConfig config, LoadModelConfig(model_dir));
   KASSIGN(WeightStore store, WeightStore::Open(model_dir));
   if (options.device == Device::kCuda) {
-    if (options.deterministic) {
-      return Unsupported("--deterministic (batch-invariant kernels) runs on --device cpu only so "
-                         "far; the CUDA kernels split their sums by batch size");
-    }
 #ifdef KESTREL_HAS_CUDA
     return LoadCudaModel(std::move(config), std::move(store), options);
 #else

@@ -74,6 +74,7 @@ struct LinearEngine::Impl {
   // W8A8 FP8 (set_fp8_activations): e4m3 x e4m3 -> f32 with 128x128 block scales on W and
   // 1x128 scales on x; an algorithm per shape, or none (then the bf16 tiles are used).
   bool fp8_activations = false;
+  bool batch_invariant = false;  // set_batch_invariant
   cublasLtMatmulDesc_t fp8_desc = nullptr;
   struct Fp8Plan {
     Plan plan;
@@ -261,7 +262,14 @@ void LinearEngine::RunCublasLtStrided(const __nv_bfloat16* x, int64_t m, int64_t
 void LinearEngine::Run(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
                        int64_t n, float* y, cudaStream_t stream) {
   KCHECK(m >= 1);
-  if (m <= kSkinnyMaxRows) {
+  if (impl_->batch_invariant) {
+    // One kernel for every row count: the tensor-core skinny kernel, whose row i does not depend
+    // on the other rows of its call, over chunks of at most kSkinnyKernelMaxRows rows.
+    for (int64_t m0 = 0; m0 < m; m0 += kSkinnyKernelMaxRows) {
+      SkinnyLinearVariant(kBatchInvariantSkinnyVariant, x + m0 * k,
+                          std::min(kSkinnyKernelMaxRows, m - m0), k, w, n, y + m0 * n, stream);
+    }
+  } else if (m <= kSkinnyMaxRows) {
     SkinnyLinear(x, m, k, w, n, y, stream);
   } else {
     RunCublasLt(x, m, k, w, n, y, stream);
@@ -275,6 +283,7 @@ void LinearEngine::Run(const __nv_bfloat16* x, int64_t m, int64_t k, const Weigh
     Run(x, m, k, w.bf16(), n, y, stream);
     return;
   }
+  KCHECK_MSG(!impl_->batch_invariant, "batch-invariant linear layers take bf16 weights only");
   int64_t row0 = 0;
   for (int i = 0; i < w.n_segments; ++i) {
     const WeightSegment& s = w.seg[i];
@@ -310,6 +319,8 @@ void LinearEngine::Run(const __nv_bfloat16* x, int64_t m, int64_t k, const Weigh
 }
 
 void LinearEngine::set_fp8_activations(bool on) { impl_->fp8_activations = on; }
+
+void LinearEngine::set_batch_invariant(bool on) { impl_->batch_invariant = on; }
 
 bool LinearEngine::RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w,
                           int64_t n, float* y, int64_t ldy, cudaStream_t stream) {

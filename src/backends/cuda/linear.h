@@ -29,6 +29,9 @@ inline constexpr int64_t kSkinnyMaxRows = 1;
 // The largest m SkinnyLinear accepts (8 tensor-core column tiles of 8 rows).
 inline constexpr int64_t kSkinnyKernelMaxRows = 64;
 
+// The skinny variant LinearEngine's batch-invariant mode runs at every m: 0, "tc16".
+inline constexpr int kBatchInvariantSkinnyVariant = 0;
+
 // The hand-written kernel, forced (tests and benchmark; Run calls it for m <= kSkinnyMaxRows).
 //   x [m, k] bf16 row-major;  w [n, k] bf16 row-major;  y [m, n] f32 row-major
 // Preconditions (KCHECK): 1 <= m <= kSkinnyKernelMaxRows, k > 0 and a multiple of 8, n > 0,
@@ -110,6 +113,14 @@ class LinearEngine {
   // The W8A8 product of one FP8 segment; false (nothing written) when cuBLASLt has no algorithm.
   bool RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w, int64_t n,
               float* y, int64_t ldy, cudaStream_t stream);
+
+  // Batch-invariant mode (`--deterministic`): Run takes one kernel at every m, the tensor-core
+  // skinny kernel ("tc16", whose row i is bitwise independent of the other rows) over chunks of
+  // kSkinnyKernelMaxRows rows, so a token's output does not depend on how many rows share its
+  // call. Prefill-sized m reads W once per chunk (slower than cuBLASLt). bf16 weights only:
+  // Run with a quantized Weight fails a check. Off by default; not to be switched during a
+  // graph capture.
+  void set_batch_invariant(bool on);
 
   // "skinny" or "cublaslt": the path Run takes for m rows (labels in the benchmark).
   static const char* PathName(int64_t m);
