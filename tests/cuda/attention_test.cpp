@@ -580,5 +580,32 @@ TEST(CudaAttention, QuantizedKvCacheDecodeBatchInvariance) {
   }
 }
 
+// The tensor-core decode kernel's blocks may compute several consecutive splits (a ring of
+// copies running across them for quantized caches): 1, 2, 3 and 8 splits per block must give
+// the same bits, for every cache type, with and without a window, over contexts that leave the
+// last block of a sequence partly empty.
+TEST(CudaAttention, DecodeSplitsPerBlockChangeNoBit) {
+  KESTREL_REQUIRE_CUDA();
+  const int saved = DecodeSplitsPerBlock();
+  for (KvCacheType kv : {KvCacheType::kBf16, KvCacheType::kFp8, KvCacheType::kInt8}) {
+    for (int32_t window : {0, 700}) {
+      SCOPED_TRACE(std::string(KvCacheTypeName(kv)) + " window " + std::to_string(window));
+      AttnConfig c;
+      c.kv = kv;
+      c.window = window;
+      c.context_bucket = 8192;
+      const std::vector<SeqSpec> seqs =
+          DecodeSeqs({5000, 1, 300, 4097, 2049, 700, 16, 7777}, 1300);
+      SetDecodeSplitsPerBlock(1);
+      const std::vector<uint16_t> one = RunAndCheck(c, seqs);
+      for (int n : {2, 3, 8}) {
+        SetDecodeSplitsPerBlock(n);
+        EXPECT_TRUE(RunAndCheck(c, seqs) == one) << n << " splits per block";
+      }
+    }
+  }
+  SetDecodeSplitsPerBlock(saved);
+}
+
 }  // namespace
 }  // namespace kestrel::cuda

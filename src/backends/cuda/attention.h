@@ -85,4 +85,11 @@ const char* DecodeAttentionVariantName(int variant);  // e.g. "cp_async_s4"
 void SetDecodeAttentionVariant(int variant);  // 0 <= variant < Count(); default "tensor_cores"
 int DecodeAttentionVariant();
 
+// Tuning of the "tensor_cores" decode kernel: the consecutive splits of a (sequence, kv head)
+// that one block computes, 1..8, or 0 (the default) to choose by the grid size. It moves work
+// between blocks, never changes it: each split's partial is the same bits whatever the value.
+// The initial value comes from KESTREL_DECODE_SPLITS_PER_BLOCK. Same threading rules as above.
+void SetDecodeSplitsPerBlock(int n);
+int DecodeSplitsPerBlock();
+
 }  // namespace kestrel::cuda

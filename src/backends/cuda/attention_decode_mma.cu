@@ -35,8 +35,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backends/cuda/attention.h"
@@ -57,6 +59,10 @@ constexpr int kChunk = 16;  // keys per mma step (one 16-row chunk of a physical
 constexpr int kChunksPerSplit = kDecodeSplitTokens / kChunk;
 constexpr int kChunksPerWarp = kChunksPerSplit / kWarps;
 constexpr int kMaxGroup = 16;  // mma rows
+// A block walks up to this many consecutive splits of its (sequence, kv head) (see
+// SplitsPerBlock): the prologue (sequence metadata, Q fragments) is paid once, and the staged
+// path keeps its copies in flight across the splits' boundaries.
+constexpr int kMaxSplitsPerBlock = 8;
 // Resident blocks per SM the register allocation must allow (65536 / (3 x 128) = 170 registers):
 // the loads in flight per SM bound this kernel, so 3 blocks with one chunk in flight per warp beat
 // 2 blocks with two (measured on the H200, 64 x 8k fp8: 26.0 vs 28.2 ms per step).
@@ -168,18 +174,23 @@ struct MmaGeometry {
   static constexpr int kDimTiles = D / 8;
   using VVec = std::conditional_t<kVBytes == 16, uint4, uint2>;
   using Elem = std::conditional_t<kQuant, uint8_t, __nv_bfloat16>;
-  // Quantized caches at head_dim 128: a warp's four chunks staged in shared memory by cp.async,
-  // all in flight at once (16 KB per warp). A stage is the chunk's 16 K rows, its 16 V rows
-  // (16-byte pieces placed by StagedPiece) and its 16 K then 16 V scales. (bf16 chunks, twice
-  // the bytes, would need the fragments filled piece by piece to stay within 3 blocks' registers;
-  // they load straight into registers.)
+  // Quantized caches at head_dim 128: a warp's chunks staged in shared memory by cp.async, a
+  // ring of kStages chunks in flight that runs on across the block's splits (12 KB per warp). A
+  // stage is the chunk's 16 K rows, its 16 V rows (16-byte pieces placed by StagedPiece) and its
+  // 16 K then 16 V scales. (bf16 chunks, twice the bytes, would need the fragments filled piece
+  // by piece to stay within 3 blocks' registers; they load straight into registers.)
   static constexpr bool kStaged = D == 128 && kQuant;
   static constexpr int kRowBytes = D * kElemBytes;
   static constexpr int kStageBytes = 2 * kChunk * kRowBytes + 2 * kChunk * 4;
-  static constexpr int kStages = kStaged ? 4 : 0;
-  static constexpr size_t kMergeBytes = size_t{kWarps} * kMaxGroup * D * sizeof(float);
+  static constexpr int kStages = kStaged ? 3 : 0;
   static constexpr size_t kStagingBytes = size_t{kWarps} * kStages * kStageBytes;
-  static constexpr size_t kSmemBytes = kStagingBytes > kMergeBytes ? kStagingBytes : kMergeBytes;
+  // The cross-warp merge [kWarps][rows][D] after the staging buffers (the ring is still in
+  // flight while a split is merged): 8 rows for groups of up to 8 heads, else 16. 3 blocks per
+  // SM fit at 8 rows (66 KB each at head_dim 128).
+  static constexpr int MergeRows(bool top) { return top ? 8 : kMaxGroup; }
+  static constexpr size_t SmemBytes(bool top) {
+    return kStagingBytes + size_t{kWarps} * MergeRows(top) * D * sizeof(float);
+  }
   static_assert(kKPieces >= 1 && kVPieces >= 1 && kSteps == kKPieces * kStepsPerPiece);
 };
 
@@ -187,8 +198,8 @@ struct MmaGeometry {
 // kTop: the group has at most 8 heads (mma rows 8-15 are never computed).
 template <int D, KvCacheType KV, bool kTop>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    DecodeSplitMmaKernel(const PagedAttentionParams p, int32_t n_splits, int32_t group,
-                         float* __restrict__ part_o, float* __restrict__ part_m,
+    DecodeSplitMmaKernel(const PagedAttentionParams p, int32_t n_splits, int32_t splits_per_block,
+                         int32_t group, float* __restrict__ part_o, float* __restrict__ part_m,
                          float* __restrict__ part_l) {
   PdlWait();
   PdlLaunchDependents();
@@ -197,31 +208,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   using Elem = typename G::Elem;
   using VVec = typename G::VVec;
   constexpr int kRows = kTop ? 1 : 2;  // rows g (+ g + 8) of this lane
+  constexpr int kMergeRows = G::MergeRows(kTop);
 
-  __shared__ int64_t s_chunk_offset[kChunksPerSplit];  // element offset of each chunk's row 0
-  __shared__ float s_m[kWarps][kMaxGroup];
-  __shared__ float s_l[kWarps][kMaxGroup];
-  // Dynamic: the warps' staging buffers (head_dim 128), then, once every warp is done with
-  // them, the cross-warp merge [kWarps][kMaxGroup][D].
+  // Element offset of each chunk's row 0, for the block's splits.
+  __shared__ int64_t s_chunk_offset[kMaxSplitsPerBlock * kChunksPerSplit];
+  __shared__ float s_m[kWarps][kMergeRows];
+  __shared__ float s_l[kWarps][kMergeRows];
+  // Dynamic: the warps' staging buffers (head_dim 128), then the cross-warp merge
+  // [kWarps][kMergeRows][D].
   extern __shared__ __align__(16) unsigned char smem[];
-  float* s_o = reinterpret_cast<float*>(smem);
+  float* s_o = reinterpret_cast<float*>(smem + G::kStagingBytes);
 
   const int tid = threadIdx.x;
   const int seq = blockIdx.x;
   const int kv_head = blockIdx.y;
   const int head0 = kv_head * group;
-  const int split = blockIdx.z;
   const int token = p.seq_starts[seq];
   if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
   const int pos = p.positions[token];
-  const int split_begin = split * kDecodeSplitTokens;
   const int first = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
-  const int lo = max(first, split_begin);
-  const int hi = min(pos, split_begin + kDecodeSplitTokens - 1);
-  if (lo > hi) return;  // the combine reads only splits that intersect [first, pos]
+  // The block's splits [split0, split_end), less those outside [first, pos]: the combine reads
+  // only splits that intersect it. Every split is computed exactly as a block of its own would.
+  const int split0 = max(static_cast<int>(blockIdx.z) * splits_per_block,
+                         first / kDecodeSplitTokens);
+  const int split_end = min(min((static_cast<int>(blockIdx.z) + 1) * splits_per_block, n_splits),
+                            pos / kDecodeSplitTokens + 1);
+  if (split0 >= split_end) return;
+  const int n_block_splits = split_end - split0;
 
-  if (tid < kChunksPerSplit) {
-    const int chunk_begin = split_begin + tid * kChunk;
+  if (tid < n_block_splits * kChunksPerSplit) {
+    const int split_begin = (split0 + tid / kChunksPerSplit) * kDecodeSplitTokens;
+    const int lo = max(first, split_begin);
+    const int hi = min(pos, split_begin + kDecodeSplitTokens - 1);
+    const int chunk_begin = split_begin + (tid % kChunksPerSplit) * kChunk;
     int64_t offset = 0;
     // Only chunks holding attended keys: table entries past the context may be garbage.
     if (chunk_begin <= hi && chunk_begin + kChunk > lo) {
@@ -265,19 +284,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   __syncthreads();  // s_chunk_offset
 
 
+  // The running state of the current split.
   float o[G::kDimTiles][4];
-#pragma unroll
-  for (int n = 0; n < G::kDimTiles; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
-  }
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.0f, 0.0f};
+  float m_run[2], l_run[2];
+  // Quantized caches: O is in units of v_units, the largest V scale of the last chunk.
+  float v_units;
   const Elem* k_cache = static_cast<const Elem*>(p.k_cache);
   const Elem* v_cache = static_cast<const Elem*>(p.v_cache);
-
-  // Quantized caches: O is in units of v_units, the largest V scale of the last chunk.
-  float v_units = 1.0f;
+  // The split being computed: its first position, attended range [lo, hi], and its chunks'
+  // entries in s_chunk_offset.
+  int split_begin = 0, lo = 0, hi = -1, chunk_base = 0;
 
   // One chunk's registers: K rows key0 + g (n-tile 0) and key0 + 8 + g (n-tile 1), this lane's
   // pieces; V rows 2t, 2t+1, 2t+8, 2t+9 (this lane's B-fragment k rows, and its S columns) with
@@ -291,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   };
   auto load = [&](int chunk, ChunkRegs& r) {
     const int key0 = split_begin + chunk * kChunk;
-    const int64_t offset = s_chunk_offset[chunk];
+    const int64_t offset = s_chunk_offset[chunk_base + chunk];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int j = n * 8 + g;
@@ -413,21 +429,32 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     }
   };
 
-  if constexpr (G::kStaged) {
-    // Issue every stage's copies up front, then per chunk: wait for its group, fill the
-    // fragments from shared memory, compute, refill the stage with the chunk kStages ahead.
-    unsigned char* stages = smem + warp * G::kStages * G::kStageBytes;
-    auto issue = [&](int c) {
-      const int chunk = warp * kChunksPerWarp + c;
-      const int key0 = split_begin + chunk * kChunk;
-      if (key0 > hi || key0 + kChunk - 1 < lo) return;
-      unsigned char* st = stages + (c % G::kStages) * G::kStageBytes;
-      const int64_t offset = s_chunk_offset[chunk];
+  // Split si of the block (0 .. n_block_splits - 1): first position and attended range.
+  auto split_range = [&](int si, int& begin, int& r_lo, int& r_hi) {
+    begin = (split0 + si) * kDecodeSplitTokens;
+    r_lo = max(first, begin);
+    r_hi = min(pos, begin + kDecodeSplitTokens - 1);
+  };
+  // The staged path's ring: the warp's chunks of every split of the block in one sequence
+  // (q = si * kChunksPerWarp + c), kStages of them in flight.
+  unsigned char* stages = smem + warp * G::kStages * G::kStageBytes;
+  const int n_ring = n_block_splits * kChunksPerWarp;
+  auto issue = [&](int q) {
+    if constexpr (G::kStaged) {
+      if (q >= n_ring) return;
+      const int si = q / kChunksPerWarp;
+      const int chunk = warp * kChunksPerWarp + q % kChunksPerWarp;
+      int begin, r_lo, r_hi;
+      split_range(si, begin, r_lo, r_hi);
+      const int key0 = begin + chunk * kChunk;
+      if (key0 > r_hi || key0 + kChunk - 1 < r_lo) return;
+      unsigned char* st = stages + (q % G::kStages) * G::kStageBytes;
+      const int64_t offset = s_chunk_offset[si * kChunksPerSplit + chunk];
       constexpr int kRowPieces = G::kRowBytes / 16;
       for (int idx = lane; idx < kChunk * kRowPieces; idx += 32) {
         const int row = idx / kRowPieces;
         const int piece = idx % kRowPieces;
-        const bool valid = key0 + row >= lo && key0 + row <= hi;
+        const bool valid = key0 + row >= r_lo && key0 + row <= r_hi;
         const int64_t src = offset + row * D + piece * (16 / G::kElemBytes);
         const int dst = row * G::kRowBytes;
         CpAsync16(st + dst + StagedPiece<false>(row, piece) * 16, k_cache + src, valid);
@@ -438,110 +465,161 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         const float* src = (lane < 4 ? p.k_scale : p.v_scale) + offset / D + (lane % 4) * 4;
         CpAsync16(st + 2 * kChunk * G::kRowBytes + lane * 16, src, true);
       }
-    };
+    }
+  };
+  if constexpr (G::kStaged) {
 #pragma unroll
-    for (int c = 0; c < G::kStages; ++c) {
-      if (c < kChunksPerWarp) issue(c);
+    for (int q = 0; q < G::kStages; ++q) {
+      issue(q);
       CpAsyncCommit();
-    }
-#pragma unroll 1
-    for (int c = 0; c < kChunksPerWarp; ++c) {
-      CpAsyncWait<G::kStages - 1>();  // chunk c's group (all but the newest kStages - 1)
-      __syncwarp();                   // ... for every lane's copies
-      const int chunk = warp * kChunksPerWarp + c;
-      const int key0 = split_begin + chunk * kChunk;
-      if (key0 <= hi && key0 + kChunk - 1 >= lo) {  // warp-uniform
-        const unsigned char* st = stages + (c % G::kStages) * G::kStageBytes;
-        ChunkRegs r;
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          const int row = n * 8 + g;
-#pragma unroll
-          for (int i = 0; i < G::kKPieces; ++i) {
-            r.k[n][i] = *reinterpret_cast<const uint4*>(
-                st + row * G::kRowBytes + StagedPiece<false>(row, i * 4 + t) * 16);
-          }
-        }
-        const float* scales = reinterpret_cast<const float*>(st + 2 * kChunk * G::kRowBytes);
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
-          r.valid[jj] = key0 + j >= lo && key0 + j <= hi;
-#pragma unroll
-          for (int i = 0; i < G::kVPieces; ++i) {
-            r.v[jj][i] = *reinterpret_cast<const VVec*>(st + kChunk * G::kRowBytes +
-                                                        j * G::kRowBytes +
-                                                        StagedPiece<true>(j, i * 8 + g) * 16);
-          }
-          // Rows past the context may hold any bits.
-          r.k_scale[jj] = r.valid[jj] ? scales[j] : 0.0f;
-          r.v_scale[jj] = r.valid[jj] ? scales[kChunk + j] : 0.0f;
-        }
-        compute(r);
-      }
-      __syncwarp();  // every lane is done with the stage before it is refilled
-      if (c + G::kStages < kChunksPerWarp) issue(c + G::kStages);
-      CpAsyncCommit();
-    }
-    CpAsyncWait<0>();
-  } else {
-#pragma unroll 1
-    for (int c = 0; c < kChunksPerWarp; ++c) {
-      const int chunk = warp * kChunksPerWarp + c;
-      const int key0 = split_begin + chunk * kChunk;
-      if (key0 > hi || key0 + kChunk - 1 < lo) continue;  // warp-uniform
-      ChunkRegs r;
-      load(chunk, r);
-      compute(r);
-    }
-  }
-  if constexpr (kQuant) {
-#pragma unroll
-    for (int n = 0; n < G::kDimTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][e] *= v_units;
     }
   }
 
-  // This warp's rows into shared memory (the row sums quad-reduced), then the warps merged in a
-  // fixed order into the split's (m, l, acc) rows, as DecodeSplitKernel writes them. A warp that
-  // saw no key has m = -inf, l = 0, acc = 0 and contributes exactly nothing. The merge buffer
-  // aliases the staging buffers: every warp must be done with those first.
-  __syncthreads();
-#pragma unroll
-  for (int h = 0; h < kRows; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = g + 8 * h;
-    if (row >= group) continue;
-    if (t == 0) {
-      s_m[warp][row] = m_run[h];
-      s_l[warp][row] = l;
-    }
+#pragma unroll 1
+  for (int si = 0; si < n_block_splits; ++si) {
+    split_range(si, split_begin, lo, hi);
+    chunk_base = si * kChunksPerSplit;
 #pragma unroll
     for (int n = 0; n < G::kDimTiles; ++n) {
-      const int i = n / G::kVE;
-      const int e = n % G::kVE;
 #pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        s_o[(warp * kMaxGroup + row) * D + (i * 8 + 2 * t + cc) * G::kVE + e] = o[n][2 * h + cc];
+      for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+    }
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.0f;
+    v_units = 1.0f;
+
+    if constexpr (G::kStaged) {
+      // Per chunk: wait for its group, fill the fragments from shared memory, compute, refill
+      // the stage with the chunk kStages ahead in the ring (the next split's, near the end).
+#pragma unroll 1
+      for (int c = 0; c < kChunksPerWarp; ++c) {
+        const int q = si * kChunksPerWarp + c;
+        CpAsyncWait<G::kStages - 1>();  // chunk q's group (all but the newest kStages - 1)
+        __syncwarp();                   // ... for every lane's copies
+        const int chunk = warp * kChunksPerWarp + c;
+        const int key0 = split_begin + chunk * kChunk;
+        if (key0 <= hi && key0 + kChunk - 1 >= lo) {  // warp-uniform
+          const unsigned char* st = stages + (q % G::kStages) * G::kStageBytes;
+          ChunkRegs r;
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const int row = n * 8 + g;
+#pragma unroll
+            for (int i = 0; i < G::kKPieces; ++i) {
+              r.k[n][i] = *reinterpret_cast<const uint4*>(
+                  st + row * G::kRowBytes + StagedPiece<false>(row, i * 4 + t) * 16);
+            }
+          }
+          const float* scales = reinterpret_cast<const float*>(st + 2 * kChunk * G::kRowBytes);
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
+            r.valid[jj] = key0 + j >= lo && key0 + j <= hi;
+#pragma unroll
+            for (int i = 0; i < G::kVPieces; ++i) {
+              r.v[jj][i] = *reinterpret_cast<const VVec*>(st + kChunk * G::kRowBytes +
+                                                          j * G::kRowBytes +
+                                                          StagedPiece<true>(j, i * 8 + g) * 16);
+            }
+            // Rows past the context may hold any bits.
+            r.k_scale[jj] = r.valid[jj] ? scales[j] : 0.0f;
+            r.v_scale[jj] = r.valid[jj] ? scales[kChunk + j] : 0.0f;
+          }
+          compute(r);
+        }
+        __syncwarp();  // every lane is done with the stage before it is refilled
+        issue(q + G::kStages);
+        CpAsyncCommit();
+      }
+    } else {
+#pragma unroll 1
+      for (int c = 0; c < kChunksPerWarp; ++c) {
+        const int chunk = warp * kChunksPerWarp + c;
+        const int key0 = split_begin + chunk * kChunk;
+        if (key0 > hi || key0 + kChunk - 1 < lo) continue;  // warp-uniform
+        ChunkRegs r;
+        load(chunk, r);
+        compute(r);
       }
     }
+    if constexpr (kQuant) {
+#pragma unroll
+      for (int n = 0; n < G::kDimTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] *= v_units;
+      }
+    }
+
+    // This warp's rows into shared memory (the row sums quad-reduced), then the warps merged in
+    // a fixed order into the split's (m, l, acc) rows, as DecodeSplitKernel writes them. A warp
+    // that saw no key has m = -inf, l = 0, acc = 0 and contributes exactly nothing. The merge
+    // buffer lies beside the staging ring, whose copies for the next split stay in flight.
+#pragma unroll
+    for (int h = 0; h < kRows; ++h) {
+      float l = l_run[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = g + 8 * h;
+      if (row >= group) continue;
+      if (t == 0) {
+        s_m[warp][row] = m_run[h];
+        s_l[warp][row] = l;
+      }
+#pragma unroll
+      for (int n = 0; n < G::kDimTiles; ++n) {
+        const int i = n / G::kVE;
+        const int e = n % G::kVE;
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          s_o[(warp * kMergeRows + row) * D + (i * 8 + 2 * t + cc) * G::kVE + e] =
+              o[n][2 * h + cc];
+        }
+      }
+    }
+    __syncthreads();
+    const int64_t row_base =
+        (int64_t{token} * p.n_heads + head0) * n_splits + split0 + si;
+    MergeWarpPartials<kWarps, kMergeRows, D, kThreads>(s_o, s_m, s_l, group, row_base, n_splits,
+                                                       part_o, part_m, part_l);
+    __syncthreads();  // the merge buffer is read before the next split writes it
   }
-  __syncthreads();
-  const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
-  MergeWarpPartials<kWarps, kMaxGroup, D, kThreads>(s_o, s_m, s_l, group, row_base, n_splits,
-                                                    part_o, part_m, part_l);
+  if constexpr (G::kStaged) CpAsyncWait<0>();
+}
+
+// Splits per block: the largest of 1, 2, 4, 8 that still leaves at least 4 waves of blocks on
+// the GPU with the last wave at least 90 % full (a block of S splits runs S times as long, so a
+// partial last wave costs more). The value changes which block computes a split, never how:
+// each split's partial is the same bits whatever it is (so it may depend on the batch).
+// SetDecodeSplitsPerBlock / KESTREL_DECODE_SPLITS_PER_BLOCK (1..8) force it (tuning, tests).
+std::atomic<int> g_splits_per_block{-1};  // -1: not read from the environment yet
+
+int SplitsPerBlock(int32_t n_seqs, int32_t n_kv_heads, int32_t n_splits) {
+  const int forced = DecodeSplitsPerBlock();
+  if (forced > 0) return forced;
+  static const int64_t slots = [] {
+    int device = 0, sms = 0;
+    KCUDA_CHECK(cudaGetDevice(&device));
+    KCUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return int64_t{sms} * kMinBlocksPerSm;
+  }();
+  const int64_t heads = int64_t{n_seqs} * n_kv_heads;
+  int best = 1;
+  for (int s = 2; s <= kMaxSplitsPerBlock && s <= n_splits; s *= 2) {
+    const int64_t blocks = heads * ((n_splits + s - 1) / s);
+    const int64_t waves = (blocks + slots - 1) / slots;
+    if (blocks >= 4 * slots && blocks * 10 >= waves * slots * 9) best = s;
+  }
+  return best;
 }
 
 template <int D, KvCacheType KV>
 void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, float* part_o,
             float* part_m, float* part_l, cudaStream_t stream) {
-  const dim3 grid(p.n_seqs, p.n_kv_heads, n_splits);
+  const int32_t per_block = SplitsPerBlock(p.n_seqs, p.n_kv_heads, n_splits);
+  const dim3 grid(p.n_seqs, p.n_kv_heads, (n_splits + per_block - 1) / per_block);
   KCHECK(grid.y <= 65535 && grid.z <= 65535);
   auto go = [&]<bool kTop>() {
-    constexpr size_t kSmem = MmaGeometry<D, KV>::kSmemBytes;
+    constexpr size_t kSmem = MmaGeometry<D, KV>::SmemBytes(kTop);
     auto* kernel = &DecodeSplitMmaKernel<D, KV, kTop>;
     if constexpr (kSmem > 48 * 1024) {
       // Once per instantiation (not a stream operation: fine under graph capture).
@@ -552,8 +630,8 @@ void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, floa
       }();
       (void)raised;
     }
-    LaunchPdl(kernel, grid, dim3(kThreads), kSmem, stream, p, n_splits, group, part_o, part_m,
-              part_l);
+    LaunchPdl(kernel, grid, dim3(kThreads), kSmem, stream, p, n_splits, per_block, group, part_o,
+              part_m, part_l);
   };
   if (group <= 8) {
     go.template operator()<true>();
@@ -563,6 +641,30 @@ void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, floa
 }
 
 }  // namespace
+
+}  // namespace kestrel::cuda::detail
+
+namespace kestrel::cuda {
+
+void SetDecodeSplitsPerBlock(int n) {
+  KCHECK(n >= 0 && n <= detail::kMaxSplitsPerBlock);
+  detail::g_splits_per_block.store(n, std::memory_order_relaxed);
+}
+
+int DecodeSplitsPerBlock() {
+  int v = detail::g_splits_per_block.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  const char* env = std::getenv("KESTREL_DECODE_SPLITS_PER_BLOCK");
+  const int e = env != nullptr ? std::atoi(env) : 0;
+  v = e >= 1 && e <= detail::kMaxSplitsPerBlock ? e : 0;
+  int expected = -1;
+  detail::g_splits_per_block.compare_exchange_strong(expected, v, std::memory_order_relaxed);
+  return detail::g_splits_per_block.load(std::memory_order_relaxed);
+}
+
+}  // namespace kestrel::cuda
+
+namespace kestrel::cuda::detail {
 
 bool DecodeSplitMmaSupported(const PagedAttentionParams& p) {
   const int32_t group = p.n_heads / p.n_kv_heads;
