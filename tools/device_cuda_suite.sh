@@ -12,7 +12,12 @@
 # At most 8 files come back from $OUT: suite.log (the GPU, each step's summary, timings),
 # test_cuda.txt, memcheck.txt, racecheck.txt, bench.json, bench_pdl_off.json, bench_attn_db.json,
 # bench.log (every benchmark's stderr).
-#   tools/device_cuda_suite.sh [tests] [sanitize] [bench] [compare] [hf]     (default: all but hf)
+#   tools/device_cuda_suite.sh [tests] [sanitize] [bench] [compare] [splits] [det] [serve] [hf]
+# (default: tests sanitize bench compare). `serve` starts `kestrel serve` on the random model
+# and runs `kestrel bench-serve` against it: SERVE_CONC closed-loop streams (default 256),
+# SERVE_REQ measured requests after as many warm-up ones (default 256), SERVE_IN prompt and
+# SERVE_OUT output tokens (default 1000 / 1000), once per KV dtype in SERVE_KV (default
+# "auto"), SERVE_FLAGS added to the server's flags (serve_<dtype>.json, serve_<dtype>.log).
 # PRESET=qwen3.5-27b (a tools/make_random_model.py preset) benchmarks another model; BENCH_FLAGS
 # replaces the benchmark's flags, MODEL_SET adds generator flags (e.g. "--set num_hidden_layers=20"
 # where the full model would not fit the machine's disk), RACECHECK_FILTER / MEMCHECK_FILTER
@@ -43,9 +48,9 @@ smem_filter=${RACECHECK_FILTER:-'CudaMoe.*:CudaDeltaNet.*:CudaAddRmsNorm.*:CudaG
 kernel_filter=${MEMCHECK_FILTER:-$kernel_filter}
 
 pids=()
-if has bench || has compare || has hf; then
+if has bench || has compare || has splits || has det || has serve || has hf; then
   if [[ ! -f $model/config.json ]]; then
-    (t0=$SECONDS; python3 tools/make_random_model.py --preset "$PRESET" ${MODEL_SET:-} --out $model --no-tokenizer \
+    (t0=$SECONDS; python3 tools/make_random_model.py --preset "$PRESET" ${MODEL_SET:-} --out $model --tokenizer-dir models/kestrel-tiny \
        --no-verify > /tmp/make_model.txt 2>&1; echo "random $PRESET: exit $? in $((SECONDS - t0)) s" >> /tmp/make_model.txt) &
     model_pid=$!
   fi
@@ -120,12 +125,55 @@ for d in ${KV_DTYPES:-}; do
   # shellcheck disable=SC2086
   bench bench_kv_$d -- --kv-cache-dtype $d ${BENCH_FLAGS:---prefill 2048 --decode-context 128,2048 --batch 1,64 --engine-batch 1,64}
 done
+# splits: decode with the tensor-core attention's splits per block forced
+# (KESTREL_DECODE_SPLITS_PER_BLOCK), one benchmark per SPLITS entry "n:kv-dtype:batch:context"
+# (default "1:bf16:64:8192", then 1:<d>:64:8192 for each of KV_DTYPES); bench_splits_<entry>.json.
+if has splits; then
+  entries=${SPLITS:-"1:bf16:64:8192 $(for d in ${KV_DTYPES:-}; do printf '1:%s:64:8192 ' "$d"; done)"}
+  for e in $entries; do
+    IFS=: read -r n d b c <<< "$e"
+    bench "bench_splits_${n}_${d}_${b}x$c" KESTREL_DECODE_SPLITS_PER_BLOCK=$n -- --kv-cache-dtype $d \
+      --prefill 128 --decode-context $c --batch $b --engine-batch 0 --no-profile
+  done
+fi
+# det: the cost of --deterministic (batch-invariant kernels): prefill 2k, decode 1 and 64 x 2k.
+if has det; then
+  bench bench_det -- --deterministic --prefill 2048 --decode-context 2048 --batch 1,64 \
+    --engine-batch 0 --no-profile
+fi
 if has compare; then
   # Short contexts only: filling 64 sequences' K/V at 2k copies 19 GB (about 9 s).
   bench bench_pdl_off KESTREL_PDL=0 -- --prefill 2048 --decode-context 128 --batch 1,64 \
     --engine-batch 0 --no-profile
   bench bench_attn_db KESTREL_DECODE_ATTENTION_VARIANT=registers_db -- --prefill 128 \
     --decode-context 2048 --batch 64 --engine-batch 0 --no-profile
+fi
+if has serve; then
+  port=8377
+  for d in ${SERVE_KV:-auto}; do
+    # shellcheck disable=SC2086
+    .devbin/kestrel serve --device cuda --model $model --port $port --max-num-seqs "${SERVE_SEQS:-256}" \
+      --kv-cache-dtype "$d" ${SERVE_FLAGS:-} > "$OUT/serve_$d.log" 2>&1 &
+    server=$!
+    for _ in $(seq 240); do
+      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health')" \
+        2> /dev/null && break
+      sleep 0.5
+    done
+    log "serve $d up"
+    timeout "${SERVE_S:-300}" .devbin/kestrel bench-serve --url "http://127.0.0.1:$port" \
+      --concurrency "${SERVE_CONC:-256}" --requests-per-level "${SERVE_REQ:-256}" \
+      --input-tokens "${SERVE_IN:-1000}" --output-tokens "${SERVE_OUT:-1000}" \
+      --json "$OUT/serve_$d.json" 2>> "$OUT/bench.log"
+    log "bench-serve $d exit $?: $(python3 -c "
+import json, sys
+r = json.load(open('$OUT/serve_$d.json'))['levels'][0]['servers'][0]['runs'][0]
+f = lambda k: {q: round(r[k][q], 1) for q in ('p50', 'p90', 'p99')}
+print('out tok/s', round(r['output_tok_per_s']), 'ttft', f('ttft_ms'), 'itl', f('itl_ms'),
+      'tpot', f('tpot_ms'), 'completed', r['completed'], 'failed', r['failed'],
+      '429s', r['rate_limited'])" 2>&1 | tail -3)"
+    kill -INT $server; wait $server
+  done
 fi
 if has sanitize; then
   timeout "${RACECHECK_S:-120}" compute-sanitizer --tool racecheck --error-exitcode 9 .devbin/test_cuda \
