@@ -531,6 +531,11 @@ void CudaDecoder::Attention(const LayerWeights& w, const DeviceBatchView& v, con
       v.max_query_len == 1 && (v.n_tokens > kMaxDecodeAttentionRows || batch_invariant_)
           ? 2
           : v.max_query_len;
+  // Mixed steps: their decode rows take the decode kernel (which reads each K/V row once per
+  // GQA group, and gives them the bits of an all-decode step), the prefill chunks the prefill
+  // kernel. Not in batch-invariant mode, whose rows all take the prefill kernel.
+  ap.decode_rows_apart =
+      !batch_invariant_ && v.max_query_len > 1 && v.n_seqs <= kMaxDecodeAttentionRows;
   ap.max_context_len = v.max_context_len;
   cuda::PagedAttention(ap, attention_workspace_, attention_workspace_bytes_, stream);
   if (c.attention_output_gate) cuda::SigmoidGate(attn_, gate_, n * q_dim_, stream);

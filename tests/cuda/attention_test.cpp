@@ -59,6 +59,7 @@ struct AttnConfig {
   bool force_prefill = false;  // max_query_len >= 2 even for one-token sequences
   uint64_t table_seed = 1;     // shuffle of the physical blocks
   KvCacheType kv = KvCacheType::kBf16;
+  bool decode_rows_apart = false;  // PagedAttentionParams::decode_rows_apart
 };
 
 
@@ -253,6 +254,7 @@ std::vector<uint16_t> RunGpu(const AttnConfig& c, const HostBatch& b, const Devi
   p.sliding_window = c.window;
   p.max_query_len = b.max_query_len;
   p.max_context_len = b.max_context_len;
+  p.decode_rows_apart = c.decode_rows_apart;
   PagedAttention(p, ws.get(), ws_bytes, /*stream=*/nullptr);
   KCUDA_CHECK(cudaGetLastError());
   return kt::Download<uint16_t>(out, n_out);
@@ -461,6 +463,44 @@ TEST(CudaAttention, MixedBatch) {
       RunAndCheck(c, seqs);
     }
   }
+}
+
+// decode_rows_apart: in a mixed batch the one-token sequences take the decode path and the
+// others the prefill kernel. Every row agrees with the reference, and the decode rows are
+// bitwise the rows of the same sequences in an all-decode batch, for every decode variant and
+// cache type, with and without a window.
+TEST(CudaAttention, MixedBatchDecodeRowsTakeTheDecodePath) {
+  KESTREL_REQUIRE_CUDA();
+  const std::vector<SeqSpec> mixed = {{0, 1, 900},     {0, 70, 901},   {15, 1, 902},
+                                      {300, 129, 904}, {2048, 1, 906}, {5000, 1, 907}};
+  const std::vector<size_t> decode_seqs = {0, 2, 4, 5};
+  const std::vector<size_t> decode_tokens = {0, 71, 201, 202};  // their rows in `mixed`
+  ForEachDecodeVariant([&] {
+    for (KvCacheType kv : {KvCacheType::kBf16, KvCacheType::kFp8, KvCacheType::kInt8}) {
+      for (int32_t window : {0, 100}) {
+        SCOPED_TRACE(std::string(KvCacheTypeName(kv)) + " window " + std::to_string(window));
+        AttnConfig c;
+        c.kv = kv;
+        c.window = window;
+        c.n_heads = 32;
+        c.n_kv_heads = 8;
+        c.decode_rows_apart = true;
+        const std::vector<uint16_t> out = RunAndCheck(c, mixed);
+        AttnConfig d = c;
+        d.decode_rows_apart = false;
+        d.table_seed = 7;
+        std::vector<SeqSpec> alone;
+        for (size_t i : decode_seqs) alone.push_back(mixed[i]);
+        const std::vector<uint16_t> ref = RunAndCheck(d, alone);
+        const size_t row = static_cast<size_t>(c.n_heads) * c.head_dim;
+        for (size_t j = 0; j < decode_seqs.size(); ++j) {
+          EXPECT_TRUE(std::equal(ref.begin() + j * row, ref.begin() + (j + 1) * row,
+                                 out.begin() + decode_tokens[j] * row))
+              << "decode row of sequence " << decode_seqs[j];
+        }
+      }
+    }
+  });
 }
 
 // A sequence alone and as the 4th of a batch of 8 (other contexts, a larger bucket, other

@@ -14,7 +14,8 @@
 //   == 1  decode: split-K flash-decoding (attention_decode.cu). Each split covers a fixed range
 //         of kDecodeSplitTokens absolute positions, so a sequence's result depends only on its
 //         own context: bitwise the same alone or inside any batch (batch invariance).
-//   >  1  prefill / mixed: FlashAttention-2 style on tensor cores (attention_prefill.cu).
+//   >  1  prefill / mixed: FlashAttention-2 style on tensor cores (attention_prefill.cu); with
+//         decode_rows_apart the one-token sequences of a mixed batch take the decode path.
 // Both are deterministic (no atomics, fixed reduction orders) and CUDA-graph capturable: all
 // per-step data are read from device memory, and the grids depend only on n_tokens, n_seqs,
 // n_heads and max_context_len.
@@ -51,15 +52,20 @@ struct PagedAttentionParams {
   float scale = 1.0f;                                 // multiplies q.k
   int32_t sliding_window = 0;                         // > 0: attend (p - window, p]; 0: [0, p]
   int32_t max_query_len = 0;    // host-known: max tokens of one sequence in the batch (1 = decode)
+  // max_query_len > 1: the sequences with exactly one token in this batch (decodes beside
+  // prefill chunks) take the decode path, as in an all-decode step, and the prefill kernel the
+  // others. Needs a decode workspace of n_seqs rows (PagedAttentionWorkspaceBytes(n_seqs, ...)).
+  bool decode_rows_apart = false;
   int32_t max_context_len = 0;  // host-known: upper bound of every position + 1 (graph bucket)
 };
 
 // Positions covered by one decode split (a constant: see the batch-invariance note above).
 inline constexpr int32_t kDecodeSplitTokens = 256;
 
-// Bytes of device workspace PagedAttention needs: the split-K partials of the decode path
-// (the prefill path uses none). max_tokens, max_context_len: the largest values any call with
-// this workspace will pass as n_tokens and max_context_len.
+// Bytes of device workspace PagedAttention needs: the split-K partials of the decode path, one
+// row per sequence (the prefill path uses none). max_tokens, max_context_len: the largest values
+// any call with this workspace will pass as max(n_tokens, n_seqs) (n_seqs with
+// decode_rows_apart) and max_context_len.
 size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_heads, int32_t head_dim,
                                     int32_t max_context_len);
 

@@ -287,6 +287,7 @@ __global__ void __launch_bounds__(kThreads)
   const int split = blockIdx.z;
   const int token = p.seq_starts[seq];
   if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
+  if (p.decode_rows_apart && p.seq_starts[seq + 1] - token != 1) return;  // a prefill chunk
   const int pos = p.positions[token];
   const int split_begin = split * kDecodeSplitTokens;
   const int lo = max(FirstPosition(pos, p.sliding_window), split_begin);
@@ -393,7 +394,7 @@ __global__ void __launch_bounds__(kThreads)
       consume(k_raw, v_raw, k_scale, v_scale, valid);
     }
   }
-  const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
+  const int64_t row_base = (int64_t{seq} * p.n_heads + head0) * n_splits + split;
   MergeAndStore<D, HPB>(m, l, acc, s_o, s_m, s_l, row_base, n_splits, part_o, part_m, part_l);
 }
 
@@ -457,6 +458,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int token = p.seq_starts[seq];
   if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
+  if (p.decode_rows_apart && p.seq_starts[seq + 1] - token != 1) return;  // a prefill chunk
   const int pos = p.positions[token];
   const int lo = max(FirstPosition(pos, p.sliding_window), split_begin);
   const int hi = min(pos, split_begin + kDecodeSplitTokens - 1);
@@ -552,7 +554,7 @@ __global__ void __launch_bounds__(kThreads)
     CpAsyncCommit();
   }
   CpAsyncWait<0>();  // only empty groups remain; the buffer is reused for the merge below
-  const int64_t row_base = (int64_t{token} * p.n_heads + head0) * n_splits + split;
+  const int64_t row_base = (int64_t{seq} * p.n_heads + head0) * n_splits + split;
   MergeAndStore<D, HPB>(m, l, acc, reinterpret_cast<float*>(s_raw), s_m, s_l, row_base, n_splits,
                         part_o, part_m, part_l);
 }
@@ -570,12 +572,13 @@ __global__ void DecodeCombineKernel(const PagedAttentionParams p, int32_t n_spli
   const int d = threadIdx.x;
   const int token = p.seq_starts[seq];
   if (p.seq_starts[seq + 1] <= token) return;
+  if (p.decode_rows_apart && p.seq_starts[seq + 1] - token != 1) return;  // a prefill chunk
   const int pos = p.positions[token];
   const int split_lo = FirstPosition(pos, p.sliding_window) / kDecodeSplitTokens;
   const int split_hi = pos / kDecodeSplitTokens;
   // A position past max_context_len had no split launched for it: a caller bug, never silent.
   if (split_hi >= n_splits) __trap();
-  const int64_t row0 = (int64_t{token} * p.n_heads + head) * n_splits;
+  const int64_t row0 = (int64_t{seq} * p.n_heads + head) * n_splits;
   float m_max = -INFINITY;
 #pragma unroll 4
   for (int z = split_lo; z <= split_hi; ++z) m_max = fmaxf(m_max, part_m[row0 + z]);
@@ -593,18 +596,20 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
                            cudaStream_t stream) {
   KCHECK(p.max_context_len >= 1);
   KCHECK(workspace != nullptr);
+  // Partials: one row per sequence (seq == token in an all-decode batch).
+  const int32_t rows = p.decode_rows_apart ? p.n_seqs : std::max(p.n_tokens, p.n_seqs);
   KCHECK(workspace_bytes >=
-         PagedAttentionWorkspaceBytes(p.n_tokens, p.n_heads, p.head_dim, p.max_context_len));
+         PagedAttentionWorkspaceBytes(rows, p.n_heads, p.head_dim, p.max_context_len));
   const int32_t n_splits = NumSplits(p.max_context_len);
   const int32_t group = p.n_heads / p.n_kv_heads;
   // Heads per block: the largest of 8, 4, 2, 1 dividing the group (registers cap it at 8; a
   // group of 16 runs as two chunks, each reading the group's K/V, the second mostly from L2).
   const int32_t hpb = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
   const int32_t n_head_chunks = group / hpb;
-  const size_t n_rows = static_cast<size_t>(p.n_tokens) * p.n_heads * n_splits;
-  float* part_o = static_cast<float*>(workspace);  // [n_tokens, n_heads, n_splits, D]
-  float* part_m = part_o + n_rows * p.head_dim;    // [n_tokens, n_heads, n_splits]
-  float* part_l = part_m + n_rows;                 // [n_tokens, n_heads, n_splits]
+  const size_t n_rows = static_cast<size_t>(rows) * p.n_heads * n_splits;
+  float* part_o = static_cast<float*>(workspace);  // [rows, n_heads, n_splits, D]
+  float* part_m = part_o + n_rows * p.head_dim;    // [rows, n_heads, n_splits]
+  float* part_l = part_m + n_rows;                 // [rows, n_heads, n_splits]
   const dim3 grid(p.n_seqs, p.n_kv_heads * n_head_chunks, n_splits);
   KCHECK(grid.y <= 65535 && grid.z <= 65535);
   const int variant = DecodeAttentionVariant();
@@ -731,8 +736,11 @@ void PagedAttention(const PagedAttentionParams& p, void* workspace, size_t works
   KCHECK(Aligned16(p.q) && Aligned16(p.k_cache) && Aligned16(p.v_cache) && Aligned16(p.out));
   KCHECK(!KvCacheQuantized(p.kv_type) || (p.k_scale != nullptr && p.v_scale != nullptr));
   if (p.max_query_len == 1) {
-    LaunchDecodeAttention(p, workspace, workspace_bytes, stream);
+    PagedAttentionParams d = p;
+    d.decode_rows_apart = false;  // every sequence is a decode
+    LaunchDecodeAttention(d, workspace, workspace_bytes, stream);
   } else {
+    if (p.decode_rows_apart) LaunchDecodeAttention(p, workspace, workspace_bytes, stream);
     detail::LaunchPrefillAttention(p, stream);
   }
 }

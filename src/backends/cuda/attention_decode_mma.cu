@@ -225,6 +225,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int head0 = kv_head * group;
   const int token = p.seq_starts[seq];
   if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
+  if (p.decode_rows_apart && p.seq_starts[seq + 1] - token != 1) return;  // a prefill chunk
   const int pos = p.positions[token];
   const int first = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
   // The block's splits [split0, split_end), less those outside [first, pos]: the combine reads
@@ -577,8 +578,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       }
     }
     __syncthreads();
-    const int64_t row_base =
-        (int64_t{token} * p.n_heads + head0) * n_splits + split0 + si;
+    const int64_t row_base = (int64_t{seq} * p.n_heads + head0) * n_splits + split0 + si;
     MergeWarpPartials<kWarps, kMergeRows, D, kThreads>(s_o, s_m, s_l, group, row_base, n_splits,
                                                        part_o, part_m, part_l);
     __syncthreads();  // the merge buffer is read before the next split writes it

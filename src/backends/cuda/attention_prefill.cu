@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(kThreads)
   const int local_tile = tile - (seq_begin / kTileM + seq);
   const int row0 = seq_begin + local_tile * kTileM;  // first token of this tile
   if (local_tile < 0 || row0 >= seq_end) return;     // an idle tile (U over-counts)
+  if (p.decode_rows_apart && seq_end - seq_begin == 1) return;  // the decode path's row
   const int n_rows = min(kTileM, seq_end - row0);
 
   const int tid = threadIdx.x;
