@@ -130,8 +130,7 @@ namespace {
 TensorView RowSlice(const TensorView& t, int64_t row0, int64_t rows) {
   TensorView v = t;
   v.shape[0] = rows;
-  v.data = static_cast<const uint8_t*>(t.data) +
-           row0 * t.shape[1] * static_cast<int64_t>(DTypeSize(t.dtype));
+  v.data = static_cast<const uint8_t*>(t.data) + row0 * t.row_bytes();  // block types too
   return v;
 }
 }  // namespace
