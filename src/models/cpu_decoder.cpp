@@ -10,6 +10,7 @@
 #include "backends/cpu/deltanet.h"
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/quant_blocks.h"
 #include "models/rope.h"
 
 namespace kestrel {
@@ -130,9 +131,39 @@ void CpuDecoder::EnsureScratch(int64_t n, int64_t max_context) {
   }
 }
 
+const TensorView* CpuDecoder::Bf16Weight(const TensorView* w) {
+  if (w->dtype == DType::kBF16) return w;
+  if (w->dtype != DType::kF32 && w->dtype != DType::kF16 && !round_quantized_) return w;
+  auto it = rounded_weights_.find(w);
+  if (it == rounded_weights_.end()) {
+    RoundedWeight r;
+    r.values.resize(static_cast<size_t>(w->numel()));
+    const int64_t cols = w->shape[w->n_dims - 1];
+    const int64_t rows = w->numel() / cols;
+    for (int64_t i = 0; i < rows; ++i) {
+      if (w->n_dims == 2) {
+        quant::DequantizeMatrixRow(*w, i, r.values.data() + i * cols);  // side scales too
+      } else {
+        quant::DequantizeRow(w->dtype, static_cast<const uint8_t*>(w->data) + i * w->row_bytes(),
+                             cols, r.values.data() + i * cols);
+      }
+    }
+    RoundToBf16(r.values.data(), w->numel());
+    r.view = *w;  // the shape; plain f32 values, no side scales
+    r.view.dtype = DType::kF32;
+    r.view.data = r.values.data();
+    r.view.block_scale = nullptr;
+    r.view.group_bias = nullptr;
+    r.view.block_rows = r.view.block_cols = 0;
+    it = rounded_weights_.emplace(w, std::move(r)).first;
+  }
+  return &it->second.view;
+}
+
 void CpuDecoder::LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJob> jobs) {
   const Clock::time_point t0 = Clock::now();
-  if (bf16_activations_) {  // the same GEMMs over bf16-rounded copies of their inputs
+  if (bf16_activations_) {  // the same GEMMs over bf16-rounded copies of their inputs (and of
+                            // the weights CUDA holds in bf16: Bf16Weight)
     cpu::LinearJob rounded[cpu::kMaxLinearGroup];
     KCHECK(jobs.size() <= cpu::kMaxLinearGroup);
     size_t j = 0;
@@ -141,6 +172,7 @@ void CpuDecoder::LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJo
       copy.assign(job.x, job.x + m_rows * job.w->shape[1]);
       RoundToBf16(copy.data(), static_cast<int64_t>(copy.size()));
       rounded[j] = job;
+      rounded[j].w = Bf16Weight(job.w);
       rounded[j++].x = copy.data();
     }
     cpu::LinearGroup(ops_, m_rows, std::span<const cpu::LinearJob>(rounded, j));
@@ -155,7 +187,8 @@ void CpuDecoder::LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJo
 }
 
 void CpuDecoder::Norm(const float* x, int64_t n, const TensorView& w, float* y) {
-  cpu::RmsNorm(x, n, w.shape[0], w, static_cast<float>(c_.rms_norm_eps), y, norm_offset_);
+  const TensorView& wr = bf16_activations_ ? *Bf16Weight(&w) : w;  // CUDA: bf16 norm weights
+  cpu::RmsNorm(x, n, wr.shape[0], wr, static_cast<float>(c_.rms_norm_eps), y, norm_offset_);
 }
 
 void CpuDecoder::Forward(const Batch& batch, float* hidden) {
@@ -167,6 +200,8 @@ void CpuDecoder::Forward(const Batch& batch, float* hidden) {
   // Token embeddings and the RoPE tables of this batch's positions.
   Clock::time_point t0 = Clock::now();
   cpu::EmbeddingGather(w_.embed, batch.token_ids, s_.x.data());  // [n, hidden]
+  // CUDA holds the embedding table in bf16 (a no-op for bf16 checkpoints).
+  if (bf16_activations_) RoundToBf16(s_.x.data(), n * c_.hidden_size);
   stats_->weight_bytes_read += n * w_.embed.row_bytes();
   cpu::RopeTables(batch.positions, inv_freq_, rope_attention_scale_, s_.rope_cos.data(),
                   s_.rope_sin.data());
@@ -240,8 +275,10 @@ void CpuDecoder::Attention(int64_t layer, const Batch& batch) {
     }
   }
   if (c_.qk_norm) {  // RMSNorm over head_dim of every head, before RoPE
-    cpu::RmsNorm(s.q.data(), n * c_.n_heads, hd, w.q_norm, eps, s.q.data(), norm_offset_);
-    cpu::RmsNorm(s.k.data(), n * c_.n_kv_heads, hd, w.k_norm, eps, s.k.data(), norm_offset_);
+    const TensorView& qn = bf16_activations_ ? *Bf16Weight(&w.q_norm) : w.q_norm;
+    const TensorView& kn = bf16_activations_ ? *Bf16Weight(&w.k_norm) : w.k_norm;
+    cpu::RmsNorm(s.q.data(), n * c_.n_heads, hd, qn, eps, s.q.data(), norm_offset_);
+    cpu::RmsNorm(s.k.data(), n * c_.n_kv_heads, hd, kn, eps, s.k.data(), norm_offset_);
   }
   cpu::ApplyRope(s.q.data(), n, c_.n_heads, hd, s.rope_cos.data(), s.rope_sin.data(), n_half);
   cpu::ApplyRope(s.k.data(), n, c_.n_kv_heads, hd, s.rope_cos.data(), s.rope_sin.data(), n_half);
@@ -460,7 +497,10 @@ void CpuDecoder::Moe(int64_t layer, int64_t n) {
       std::copy(src, src + hidden, s.gathered.data() + int64_t{i} * hidden);
     }
     stats_->other_s += SecondsSince(t0);
+    // CUDA holds every expert weight in bf16, quantized ones included.
+    round_quantized_ = bf16_activations_;
     Mlp(w.experts[static_cast<size_t>(e)], m, s.gathered.data(), s.expert_out.data());
+    round_quantized_ = false;
     t0 = Clock::now();
     for (int32_t i = 0; i < m; ++i) {
       const float wt = s.expert_row_w[first + i];

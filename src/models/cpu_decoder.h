@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <vector>
 
 #include "backends/cpu/deltanet.h"
@@ -89,6 +90,16 @@ class CpuDecoder {
   float norm_offset_ = 0.0f;  // 1 for zero-centred RMSNorm weights
   bool bf16_activations_ = false;
   std::vector<float> rounded_[cpu::kMaxLinearGroup];  // bf16-rounded GEMM inputs
+  // bf16_activations: f32 / f16 weights (linear layers, norms) rounded to bf16, as the CUDA
+  // weight plan places them, and the MoE experts' weights of any type (made on first use, keyed
+  // by the weight's view).
+  struct RoundedWeight {
+    std::vector<float> values;
+    TensorView view;
+  };
+  std::map<const TensorView*, RoundedWeight> rounded_weights_;
+  bool round_quantized_ = false;  // set around the MoE experts: quantized weights rounded too
+  const TensorView* Bf16Weight(const TensorView* w);
   std::vector<int64_t> cache_index_;  // [n_layers] index among layers of the same type
   std::vector<float> inv_freq_;       // [rotary_dim/2]
   float rope_attention_scale_ = 1.0f;
