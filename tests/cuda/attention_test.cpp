@@ -331,6 +331,20 @@ void ForEachDecodeVariant(F&& fn) {
   SetDecodeAttentionVariant(saved);
 }
 
+// Runs fn(c) for each cache type (bf16, fp8, int8) and each of `windows`, c having both set.
+template <class F>
+void ForEachCacheAndWindow(std::initializer_list<int32_t> windows, F&& fn) {
+  for (KvCacheType kv : {KvCacheType::kBf16, KvCacheType::kFp8, KvCacheType::kInt8}) {
+    for (int32_t window : windows) {
+      SCOPED_TRACE(std::string(KvCacheTypeName(kv)) + " window " + std::to_string(window));
+      AttnConfig c;
+      c.kv = kv;
+      c.window = window;
+      fn(c);
+    }
+  }
+}
+
 const std::vector<int32_t> kDecodeContexts = {1, 15, 16, 17, 300, 2049, 5000};
 
 struct HeadCounts {
@@ -476,30 +490,24 @@ TEST(CudaAttention, MixedBatchDecodeRowsTakeTheDecodePath) {
   const std::vector<size_t> decode_seqs = {0, 2, 4, 5};
   const std::vector<size_t> decode_tokens = {0, 71, 201, 202};  // their rows in `mixed`
   ForEachDecodeVariant([&] {
-    for (KvCacheType kv : {KvCacheType::kBf16, KvCacheType::kFp8, KvCacheType::kInt8}) {
-      for (int32_t window : {0, 100}) {
-        SCOPED_TRACE(std::string(KvCacheTypeName(kv)) + " window " + std::to_string(window));
-        AttnConfig c;
-        c.kv = kv;
-        c.window = window;
-        c.n_heads = 32;
-        c.n_kv_heads = 8;
-        c.decode_rows_apart = true;
-        const std::vector<uint16_t> out = RunAndCheck(c, mixed);
-        AttnConfig d = c;
-        d.decode_rows_apart = false;
-        d.table_seed = 7;
-        std::vector<SeqSpec> alone;
-        for (size_t i : decode_seqs) alone.push_back(mixed[i]);
-        const std::vector<uint16_t> ref = RunAndCheck(d, alone);
-        const size_t row = static_cast<size_t>(c.n_heads) * c.head_dim;
-        for (size_t j = 0; j < decode_seqs.size(); ++j) {
-          EXPECT_TRUE(std::equal(ref.begin() + j * row, ref.begin() + (j + 1) * row,
-                                 out.begin() + decode_tokens[j] * row))
-              << "decode row of sequence " << decode_seqs[j];
-        }
+    ForEachCacheAndWindow({0, 100}, [&](AttnConfig c) {
+      c.n_heads = 32;
+      c.n_kv_heads = 8;
+      c.decode_rows_apart = true;
+      const std::vector<uint16_t> out = RunAndCheck(c, mixed);
+      AttnConfig d = c;
+      d.decode_rows_apart = false;
+      d.table_seed = 7;
+      std::vector<SeqSpec> alone;
+      for (size_t i : decode_seqs) alone.push_back(mixed[i]);
+      const std::vector<uint16_t> ref = RunAndCheck(d, alone);
+      const size_t row = static_cast<size_t>(c.n_heads) * c.head_dim;
+      for (size_t j = 0; j < decode_seqs.size(); ++j) {
+        EXPECT_TRUE(std::equal(ref.begin() + j * row, ref.begin() + (j + 1) * row,
+                               out.begin() + decode_tokens[j] * row))
+            << "decode row of sequence " << decode_seqs[j];
       }
-    }
+    });
   });
 }
 
@@ -627,23 +635,16 @@ TEST(CudaAttention, QuantizedKvCacheDecodeBatchInvariance) {
 TEST(CudaAttention, DecodeSplitsPerBlockChangeNoBit) {
   KESTREL_REQUIRE_CUDA();
   const int saved = DecodeSplitsPerBlock();
-  for (KvCacheType kv : {KvCacheType::kBf16, KvCacheType::kFp8, KvCacheType::kInt8}) {
-    for (int32_t window : {0, 700}) {
-      SCOPED_TRACE(std::string(KvCacheTypeName(kv)) + " window " + std::to_string(window));
-      AttnConfig c;
-      c.kv = kv;
-      c.window = window;
-      c.context_bucket = 8192;
-      const std::vector<SeqSpec> seqs =
-          DecodeSeqs({5000, 1, 300, 4097, 2049, 700, 16, 7777}, 1300);
-      SetDecodeSplitsPerBlock(1);
-      const std::vector<uint16_t> one = RunAndCheck(c, seqs);
-      for (int n : {2, 3, 8}) {
-        SetDecodeSplitsPerBlock(n);
-        EXPECT_TRUE(RunAndCheck(c, seqs) == one) << n << " splits per block";
-      }
+  ForEachCacheAndWindow({0, 700}, [&](AttnConfig c) {
+    c.context_bucket = 8192;
+    const std::vector<SeqSpec> seqs = DecodeSeqs({5000, 1, 300, 4097, 2049, 700, 16, 7777}, 1300);
+    SetDecodeSplitsPerBlock(1);
+    const std::vector<uint16_t> one = RunAndCheck(c, seqs);
+    for (int n : {2, 3, 8}) {
+      SetDecodeSplitsPerBlock(n);
+      EXPECT_TRUE(RunAndCheck(c, seqs) == one) << n << " splits per block";
     }
-  }
+  });
   SetDecodeSplitsPerBlock(saved);
 }
 
