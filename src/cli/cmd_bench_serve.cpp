@@ -34,6 +34,7 @@ struct BenchServeFlags {
   int64_t requests_per_level = 0;  // 0: the default (100) unless --duration
   double duration_s = 0;
   int64_t warmup = -1;  // -1: one request per worker
+  double ramp_up_s = 0;
   int repeats = 0;      // 0: 1 with one server, 3 with two
   std::string workload = "fixed";
   int64_t input_tokens = 512;
@@ -148,6 +149,9 @@ Status CheckFlags(BenchServeFlags* f) {
   if (f->requests_per_level < 0) return InvalidArgument("--requests-per-level must be >= 1");
   if (f->duration_s == 0 && f->requests_per_level == 0) f->requests_per_level = 100;
   if (f->warmup < -1) return InvalidArgument("--warmup must be >= 0");
+  if (!(f->ramp_up_s >= 0 && f->ramp_up_s <= 3600)) {
+    return InvalidArgument("--ramp-up must be in [0, 3600] seconds");
+  }
   if (f->repeats < 0 || f->repeats > 1000) return InvalidArgument("--repeats must be in [1, 1000]");
   if (f->repeats == 0) f->repeats = f->urls.size() == 2 ? 3 : 1;
   if (f->input_tokens < 1 || f->output_tokens < 1) {
@@ -181,6 +185,7 @@ Result<bench::RunOptions> RunOptionsFromFlags(const BenchServeFlags& f) {
   ro.requests = f.requests_per_level;
   ro.duration_s = f.duration_s;
   ro.timeout_s = f.timeout_s;
+  ro.ramp_up_s = f.ramp_up_s;
   ro.api_key = f.api_key;
   ro.body.endpoint = f.endpoint == "chat" ? bench::Endpoint::kChat : bench::Endpoint::kCompletions;
   ro.body.ignore_eos = !f.no_ignore_eos;
@@ -294,6 +299,7 @@ json ReportHeader(const BenchServeFlags& f, const std::vector<Server>& servers,
                  {"requests_per_level", f.requests_per_level},
                  {"duration_s", f.duration_s},
                  {"warmup", f.warmup < 0 ? json("one per worker") : json(f.warmup)},
+                 {"ramp_up_s", f.ramp_up_s},
                  {"timeout_s", f.timeout_s}};
   out["statistics"] = {
       {"repeats", f.repeats},
@@ -371,6 +377,9 @@ void RegisterBenchServe(CLI::App& app, int& exit_code) {
   cmd->add_option("--duration", f.duration_s, "Seconds per level and repeat instead of a count");
   cmd->add_option("--warmup", f.warmup,
                   "Requests per level discarded first (default: concurrency)");
+  cmd->add_option("--ramp-up", f.ramp_up_s,
+                  "Seconds over which the workers' first requests are spread (default 0: all "
+                  "at once)");
   cmd->add_option("--repeats", f.repeats, "Repeats per level (default 1; 3 with two servers)");
   cmd->add_option("--workload", f.workload, "fixed or agent-trace")->capture_default_str();
   cmd->add_option("--input-tokens", f.input_tokens, "fixed: prompt tokens")->capture_default_str();

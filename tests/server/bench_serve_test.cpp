@@ -281,6 +281,23 @@ TEST_F(BenchServeE2E, UnreachableUrlIsOneLine) {
   EXPECT_TRUE(r.out.empty());
 }
 
+// --ramp-up 2 with 4 workers: worker i sends its first request 0.5 * i seconds in, so the run
+// cannot end before 1.5 s (these requests take milliseconds), and the JSON says so.
+TEST_F(BenchServeE2E, RampUpSpreadsTheWorkersFirstRequests) {
+  ProcessRun run;
+  const auto t0 = std::chrono::steady_clock::now();
+  const json j = Bench({"--url", server_->url(), "--concurrency", "4", "--requests-per-level",
+                        "8", "--warmup", "0", "--ramp-up", "2", "--input-tokens", "16",
+                        "--output-tokens", "2"},
+                       &run);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_GE(elapsed, 1.5);
+  EXPECT_DOUBLE_EQ(j["load"]["ramp_up_s"].get<double>(), 2.0);
+  EXPECT_EQ(j["levels"][0]["servers"][0]["runs"][0]["completed"], 8);
+}
+
 TEST_F(BenchServeE2E, BadFlagsAreOneLine) {
   const std::vector<std::vector<std::string>> cases = {
       {"bench-serve"},
@@ -290,6 +307,7 @@ TEST_F(BenchServeE2E, BadFlagsAreOneLine) {
       {"bench-serve", "--url", server_->url(), "--input-dist", "gauss:3"},
       {"bench-serve", "--url", server_->url(), "--duration", "5", "--requests-per-level", "3"},
       {"bench-serve", "--url", server_->url(), "--concurrency", "x"},
+      {"bench-serve", "--url", server_->url(), "--ramp-up", "-1"},
       {"bench-serve", "--url", server_->url(), "--model", "no-such-model"},
   };
   for (const auto& args : cases) {

@@ -17,7 +17,12 @@ RunRecord RunClosedLoop(const ServerUrl& url, const Workload& workload, Workload
   const Clock::time_point epoch = Clock::now();
   const std::string path = EndpointPath(options.body.endpoint);
 
-  auto worker = [&] {
+  auto worker = [&](int32_t w) {
+    if (options.ramp_up_s > 0) {
+      std::this_thread::sleep_until(
+          epoch + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                      options.ramp_up_s * w / options.concurrency)));
+    }
     StreamClient client(url, options.api_key, options.timeout_s);
     std::optional<Workload::Conversation> conversation;
     while (true) {
@@ -59,7 +64,7 @@ RunRecord RunClosedLoop(const ServerUrl& url, const Workload& workload, Workload
     }
   };
   std::vector<std::thread> workers;
-  for (int32_t i = 0; i < options.concurrency; ++i) workers.emplace_back(worker);
+  for (int32_t i = 0; i < options.concurrency; ++i) workers.emplace_back(worker, i);
   for (std::thread& t : workers) t.join();
   return run;
 }

@@ -1,6 +1,8 @@
 // One closed-loop run of `kestrel bench-serve`: N workers, each with its own connection, issue
 // requests back to back against one server until the run's budget (a request count or a
-// duration) is spent. The first `warmup` requests issued are discarded.
+// duration) is spent. The first `warmup` requests issued are discarded. With a ramp-up, worker
+// i sends its first request i * ramp_up_s / N seconds after the start: closed-loop clients whose
+// requests all take about as long otherwise stay in step, arriving in waves of N.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@ struct RunOptions {
   double duration_s = 0;   // measured window when requests == 0
   int64_t warmup = 0;      // requests issued first and discarded
   double timeout_s = 600;  // per request
+  double ramp_up_s = 0;    // the workers' first requests spread over this many seconds
   std::string api_key;
   BodyOptions body;
   // Pause of a worker after a failed request, so a dead server is not hammered in a tight loop
