@@ -17,7 +17,8 @@
 # and runs `kestrel bench-serve` against it: SERVE_CONC closed-loop streams (default 256),
 # SERVE_REQ measured requests after as many warm-up ones (default 256), SERVE_IN prompt and
 # SERVE_OUT output tokens (default 1000 / 1000), once per KV dtype in SERVE_KV (default
-# "auto"), SERVE_FLAGS added to the server's flags (serve_<dtype>.json, serve_<dtype>.log).
+# "auto"), SERVE_FLAGS added to the server's flags, SERVE_RAMP the clients' --ramp-up seconds
+# (default 0) (serve_<dtype>.json, serve_<dtype>.log).
 # PRESET=qwen3.5-27b (a tools/make_random_model.py preset) benchmarks another model; BENCH_FLAGS
 # replaces the benchmark's flags, MODEL_SET adds generator flags (e.g. "--set num_hidden_layers=20"
 # where the full model would not fit the machine's disk), RACECHECK_FILTER / MEMCHECK_FILTER
@@ -164,6 +165,7 @@ if has serve; then
     timeout "${SERVE_S:-300}" .devbin/kestrel bench-serve --url "http://127.0.0.1:$port" \
       --concurrency "${SERVE_CONC:-256}" --requests-per-level "${SERVE_REQ:-256}" \
       --input-tokens "${SERVE_IN:-1000}" --output-tokens "${SERVE_OUT:-1000}" \
+      --ramp-up "${SERVE_RAMP:-0}" \
       --json "$OUT/serve_$d.json" 2>> "$OUT/bench.log"
     log "bench-serve $d exit $?: $(python3 -c "
 import json, sys
