@@ -64,8 +64,8 @@ inline constexpr int32_t kDecodeSplitTokens = 256;
 
 // Bytes of device workspace PagedAttention needs: the split-K partials of the decode path, one
 // row per sequence (the prefill path uses none). max_tokens, max_context_len: the largest values
-// any call with this workspace will pass as max(n_tokens, n_seqs) (n_seqs with
-// decode_rows_apart) and max_context_len.
+// any call with this workspace will pass as n_seqs (= n_tokens in an all-decode batch) and
+// max_context_len.
 size_t PagedAttentionWorkspaceBytes(int32_t max_tokens, int32_t n_heads, int32_t head_dim,
                                     int32_t max_context_len);
 

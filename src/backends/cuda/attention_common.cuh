@@ -1,14 +1,26 @@
 // Device helpers shared by the attention kernels (attention_decode.cu, attention_decode_mma.cu,
-// attention_prefill.cu): the log2-domain online softmax over mma accumulator rows, and the
-// fixed-order merge of per-warp partial states into a decode split's (m, l, acc) rows.
+// attention_prefill.cu): the log2-domain online softmax over mma accumulator rows, the
+// fixed-order merge of per-warp partial states into a decode split's (m, l, acc) rows, and which
+// token of a sequence the decode path computes.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include "backends/cuda/attention.h"
+
 namespace kestrel::cuda {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
+
+// The token of sequence `seq` that the decode path computes, or -1 for none: the sequence has no
+// token in this batch, or (decode_rows_apart) more than one, a prefill chunk the prefill kernel
+// computes.
+__device__ __forceinline__ int DecodeToken(const PagedAttentionParams& p, int seq) {
+  const int token = p.seq_starts[seq];
+  const int n = p.seq_starts[seq + 1] - token;
+  return n <= 0 || (p.decode_rows_apart && n != 1) ? -1 : token;
+}
 
 // Running max to subtract: an all-masked state (m = -inf) uses 0 so exp2(-inf - 0) = 0 instead
 // of exp2(-inf + inf) = NaN.

@@ -285,9 +285,8 @@ __global__ void __launch_bounds__(kThreads)
   const int kv_head = blockIdx.y / n_head_chunks;
   const int head0 = kv_head * (p.n_heads / p.n_kv_heads) + (blockIdx.y % n_head_chunks) * HPB;
   const int split = blockIdx.z;
-  const int token = p.seq_starts[seq];
-  if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
-  if (p.decode_rows_apart && p.seq_starts[seq + 1] - token != 1) return;  // a prefill chunk
+  const int token = DecodeToken(p, seq);
+  if (token < 0) return;
   const int pos = p.positions[token];
   const int split_begin = split * kDecodeSplitTokens;
   const int lo = max(FirstPosition(pos, p.sliding_window), split_begin);
@@ -456,9 +455,8 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < kChunksPerSplit && chunk_begin / p.block_size < p.max_blocks_per_seq) {
     block = __ldg(p.block_tables + int64_t{seq} * p.max_blocks_per_seq + chunk_begin / p.block_size);
   }
-  const int token = p.seq_starts[seq];
-  if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
-  if (p.decode_rows_apart && p.seq_starts[seq + 1] - token != 1) return;  // a prefill chunk
+  const int token = DecodeToken(p, seq);
+  if (token < 0) return;
   const int pos = p.positions[token];
   const int lo = max(FirstPosition(pos, p.sliding_window), split_begin);
   const int hi = min(pos, split_begin + kDecodeSplitTokens - 1);
@@ -570,9 +568,8 @@ __global__ void DecodeCombineKernel(const PagedAttentionParams p, int32_t n_spli
   const int seq = blockIdx.x;
   const int head = blockIdx.y;
   const int d = threadIdx.x;
-  const int token = p.seq_starts[seq];
-  if (p.seq_starts[seq + 1] <= token) return;
-  if (p.decode_rows_apart && p.seq_starts[seq + 1] - token != 1) return;  // a prefill chunk
+  const int token = DecodeToken(p, seq);
+  if (token < 0) return;
   const int pos = p.positions[token];
   const int split_lo = FirstPosition(pos, p.sliding_window) / kDecodeSplitTokens;
   const int split_hi = pos / kDecodeSplitTokens;
@@ -597,7 +594,7 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
   KCHECK(p.max_context_len >= 1);
   KCHECK(workspace != nullptr);
   // Partials: one row per sequence (seq == token in an all-decode batch).
-  const int32_t rows = p.decode_rows_apart ? p.n_seqs : std::max(p.n_tokens, p.n_seqs);
+  const int32_t rows = p.n_seqs;
   KCHECK(workspace_bytes >=
          PagedAttentionWorkspaceBytes(rows, p.n_heads, p.head_dim, p.max_context_len));
   const int32_t n_splits = NumSplits(p.max_context_len);
@@ -736,9 +733,7 @@ void PagedAttention(const PagedAttentionParams& p, void* workspace, size_t works
   KCHECK(Aligned16(p.q) && Aligned16(p.k_cache) && Aligned16(p.v_cache) && Aligned16(p.out));
   KCHECK(!KvCacheQuantized(p.kv_type) || (p.k_scale != nullptr && p.v_scale != nullptr));
   if (p.max_query_len == 1) {
-    PagedAttentionParams d = p;
-    d.decode_rows_apart = false;  // every sequence is a decode
-    LaunchDecodeAttention(d, workspace, workspace_bytes, stream);
+    LaunchDecodeAttention(p, workspace, workspace_bytes, stream);
   } else {
     if (p.decode_rows_apart) LaunchDecodeAttention(p, workspace, workspace_bytes, stream);
     detail::LaunchPrefillAttention(p, stream);

@@ -223,9 +223,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int seq = blockIdx.x;
   const int kv_head = blockIdx.y;
   const int head0 = kv_head * group;
-  const int token = p.seq_starts[seq];
-  if (p.seq_starts[seq + 1] <= token) return;  // no token of this sequence in the batch
-  if (p.decode_rows_apart && p.seq_starts[seq + 1] - token != 1) return;  // a prefill chunk
+  const int token = DecodeToken(p, seq);
+  if (token < 0) return;
   const int pos = p.positions[token];
   const int first = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
   // The block's splits [split0, split_end), less those outside [first, pos]: the combine reads
@@ -642,30 +641,6 @@ void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, floa
 
 }  // namespace
 
-}  // namespace kestrel::cuda::detail
-
-namespace kestrel::cuda {
-
-void SetDecodeSplitsPerBlock(int n) {
-  KCHECK(n >= 0 && n <= detail::kMaxSplitsPerBlock);
-  detail::g_splits_per_block.store(n, std::memory_order_relaxed);
-}
-
-int DecodeSplitsPerBlock() {
-  int v = detail::g_splits_per_block.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  const char* env = std::getenv("KESTREL_DECODE_SPLITS_PER_BLOCK");
-  const int e = env != nullptr ? std::atoi(env) : 0;
-  v = e >= 1 && e <= detail::kMaxSplitsPerBlock ? e : 0;
-  int expected = -1;
-  detail::g_splits_per_block.compare_exchange_strong(expected, v, std::memory_order_relaxed);
-  return detail::g_splits_per_block.load(std::memory_order_relaxed);
-}
-
-}  // namespace kestrel::cuda
-
-namespace kestrel::cuda::detail {
-
 bool DecodeSplitMmaSupported(const PagedAttentionParams& p) {
   const int32_t group = p.n_heads / p.n_kv_heads;
   return (p.head_dim == 64 || p.head_dim == 128) && group <= kMaxGroup;
@@ -696,3 +671,23 @@ void LaunchDecodeSplitMma(const PagedAttentionParams& p, int32_t n_splits, float
 }
 
 }  // namespace kestrel::cuda::detail
+
+namespace kestrel::cuda {
+
+void SetDecodeSplitsPerBlock(int n) {
+  KCHECK(n >= 0 && n <= detail::kMaxSplitsPerBlock);
+  detail::g_splits_per_block.store(n, std::memory_order_relaxed);
+}
+
+int DecodeSplitsPerBlock() {
+  int v = detail::g_splits_per_block.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  const char* env = std::getenv("KESTREL_DECODE_SPLITS_PER_BLOCK");
+  const int e = env != nullptr ? std::atoi(env) : 0;
+  v = e >= 1 && e <= detail::kMaxSplitsPerBlock ? e : 0;
+  int expected = -1;
+  detail::g_splits_per_block.compare_exchange_strong(expected, v, std::memory_order_relaxed);
+  return detail::g_splits_per_block.load(std::memory_order_relaxed);
+}
+
+}  // namespace kestrel::cuda
