@@ -132,7 +132,7 @@ void CpuDecoder::EnsureScratch(int64_t n, int64_t max_context) {
 }
 
 const TensorView* CpuDecoder::Bf16Weight(const TensorView* w) {
-  if (w->dtype == DType::kBF16) return w;
+  if (!bf16_activations_ || w->dtype == DType::kBF16) return w;
   if (w->dtype != DType::kF32 && w->dtype != DType::kF16 && !round_quantized_) return w;
   auto it = rounded_weights_.find(w);
   if (it == rounded_weights_.end()) {
@@ -187,7 +187,7 @@ void CpuDecoder::LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJo
 }
 
 void CpuDecoder::Norm(const float* x, int64_t n, const TensorView& w, float* y) {
-  const TensorView& wr = bf16_activations_ ? *Bf16Weight(&w) : w;  // CUDA: bf16 norm weights
+  const TensorView& wr = *Bf16Weight(&w);  // CUDA: bf16 norm weights
   cpu::RmsNorm(x, n, wr.shape[0], wr, static_cast<float>(c_.rms_norm_eps), y, norm_offset_);
 }
 
@@ -275,8 +275,8 @@ void CpuDecoder::Attention(int64_t layer, const Batch& batch) {
     }
   }
   if (c_.qk_norm) {  // RMSNorm over head_dim of every head, before RoPE
-    const TensorView& qn = bf16_activations_ ? *Bf16Weight(&w.q_norm) : w.q_norm;
-    const TensorView& kn = bf16_activations_ ? *Bf16Weight(&w.k_norm) : w.k_norm;
+    const TensorView& qn = *Bf16Weight(&w.q_norm);
+    const TensorView& kn = *Bf16Weight(&w.k_norm);
     cpu::RmsNorm(s.q.data(), n * c_.n_heads, hd, qn, eps, s.q.data(), norm_offset_);
     cpu::RmsNorm(s.k.data(), n * c_.n_kv_heads, hd, kn, eps, s.k.data(), norm_offset_);
   }
@@ -498,7 +498,7 @@ void CpuDecoder::Moe(int64_t layer, int64_t n) {
     }
     stats_->other_s += SecondsSince(t0);
     // CUDA holds every expert weight in bf16, quantized ones included.
-    round_quantized_ = bf16_activations_;
+    round_quantized_ = true;
     Mlp(w.experts[static_cast<size_t>(e)], m, s.gathered.data(), s.expert_out.data());
     round_quantized_ = false;
     t0 = Clock::now();

@@ -92,7 +92,7 @@ class CpuDecoder {
   std::vector<float> rounded_[cpu::kMaxLinearGroup];  // bf16-rounded GEMM inputs
   // bf16_activations: f32 / f16 weights (linear layers, norms) rounded to bf16, as the CUDA
   // weight plan places them, and the MoE experts' weights of any type (made on first use, keyed
-  // by the weight's view).
+  // by the weight's view). Bf16Weight returns w itself without bf16_activations.
   struct RoundedWeight {
     std::vector<float> values;
     TensorView view;

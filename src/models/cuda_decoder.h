@@ -138,7 +138,6 @@ class CudaDecoder {
   // runner pairs it with LinearEngine::set_batch_invariant and refuses the layers that have no
   // batch-invariant form here (recurrent, MoE).
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
-  bool batch_invariant() const { return batch_invariant_; }
 
   // Weights: the runner collects the placement of every tensor, uploads them, then hands the
   // base address back.
