@@ -27,12 +27,6 @@ Result<std::unique_ptr<Model>> Load(const std::string& dir, bool deterministic) 
   return Model::Load(dir, opts);
 }
 
-std::vector<int32_t> Blocks(const Model& m) {
-  std::vector<int32_t> b(m.n_kv_blocks());
-  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int32_t>(b.size() - 1 - i);
-  return b;
-}
-
 std::vector<int32_t> Tokens(size_t n, uint32_t mul, uint32_t add, int64_t vocab) {
   std::vector<int32_t> t(n);
   for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * mul + add) % vocab);
@@ -48,20 +42,20 @@ std::vector<std::vector<float>> FiveWays(Model* m, const std::vector<int32_t>& a
   const int64_t vocab = m->config().vocab_size;
   std::vector<std::vector<float>> rows;
   {  // alone: 23 tokens, then the 24th as a one-row decode step
-    testing::SeqRunner r(m, Blocks(*m));
+    testing::SeqRunner r(m, testing::ReversedBlocks(*m));
     const int s = r.AddSequence(a);
     r.Step({{s, 23}});
     rows.push_back(r.Step({{s, 1}})[0][0]);
   }
   {  // beside a 100-token prefill chunk of another sequence
-    testing::SeqRunner r(m, Blocks(*m));
+    testing::SeqRunner r(m, testing::ReversedBlocks(*m));
     const int s = r.AddSequence(a);
     const int b = r.AddSequence(Tokens(100, 17, 3, vocab));
     r.Step({{s, 23}});
     rows.push_back(r.Step({{s, 1}, {b, 100}})[0][0]);
   }
   {  // one of 71 decode rows
-    testing::SeqRunner r(m, Blocks(*m));
+    testing::SeqRunner r(m, testing::ReversedBlocks(*m));
     std::vector<testing::SeqRunner::Work> prefill, decode;
     const int s = r.AddSequence(a);
     prefill.push_back({s, 23});
@@ -75,7 +69,7 @@ std::vector<std::vector<float>> FiveWays(Model* m, const std::vector<int32_t>& a
     rows.push_back(r.Step(decode)[0][0]);
   }
   {  // the prompt in chunks of 5, 13 and 5 tokens, then the decode step
-    testing::SeqRunner r(m, Blocks(*m));
+    testing::SeqRunner r(m, testing::ReversedBlocks(*m));
     const int s = r.AddSequence(a);
     r.Step({{s, 5}});
     r.Step({{s, 13}});
@@ -83,7 +77,7 @@ std::vector<std::vector<float>> FiveWays(Model* m, const std::vector<int32_t>& a
     rows.push_back(r.Step({{s, 1}})[0][0]);
   }
   {  // the whole prompt in one chunk: its last row
-    testing::SeqRunner r(m, Blocks(*m));
+    testing::SeqRunner r(m, testing::ReversedBlocks(*m));
     const int s = r.AddSequence(a);
     rows.push_back(r.Step({{s, 24}})[0].back());
   }

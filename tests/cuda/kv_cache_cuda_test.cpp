@@ -36,12 +36,6 @@ std::unique_ptr<Model> Load(const std::string& dir, Device device, KvDType kv, i
   return std::move(m).value();
 }
 
-std::vector<int32_t> Blocks(const Model& m) {
-  std::vector<int32_t> b(m.n_kv_blocks());
-  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int32_t>(b.size() - 1 - i);
-  return b;
-}
-
 // Logit rows of a 1507-token sequence: the last 32 of a 1400-token prefill chunk and of a
 // 99-token chunk over the cached prefix, then 8 decode steps (the split-K path over several
 // splits).
@@ -49,7 +43,7 @@ std::vector<std::vector<float>> LongPromptRows(Model* m) {
   std::mt19937 rng(5);
   std::vector<int32_t> prompt(1400 + 99 + 8);
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 8000);
-  testing::SeqRunner runner(m, Blocks(*m));
+  testing::SeqRunner runner(m, testing::ReversedBlocks(*m));
   const int seq = runner.AddSequence(prompt);
   std::vector<std::vector<float>> rows;
   for (int32_t n : {1400, 99}) {

@@ -51,13 +51,6 @@ std::unique_ptr<Model> LoadCuda(const std::string& dir, int64_t kv_tokens) {
   return std::move(m).value();
 }
 
-std::vector<int32_t> ReversedBlocks(const Model& m) {
-  std::vector<int32_t> blocks(m.n_kv_blocks());
-  for (size_t b = 0; b < blocks.size(); ++b)
-    blocks[b] = static_cast<int32_t>(blocks.size() - 1 - b);
-  return blocks;
-}
-
 TEST(CudaModel, FixturesMatchTransformers) {
   KESTREL_REQUIRE_CUDA();
   const fs::path root = fs::path(KESTREL_SOURCE_DIR) / "tests" / "data" / "models";
@@ -112,10 +105,10 @@ TEST(CudaModel, FixturesMatchTransformers) {
     int n_exact = 0, n_near_ties = 0, n_outside = 0, n_positions = 0, n_ties = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
       SCOPED_TRACE("prompt " + std::to_string(i));
-      testing::SeqRunner runner(model.get(), ReversedBlocks(*model));
+      testing::SeqRunner runner(model.get(), testing::ReversedBlocks(*model));
       const int seq = runner.AddSequence(prompts[i]);
       const auto out = runner.Step({{seq, static_cast<int64_t>(prompts[i].size())}});
-      testing::SeqRunner cpu_runner(emulated->get(), ReversedBlocks(**emulated));
+      testing::SeqRunner cpu_runner(emulated->get(), testing::ReversedBlocks(**emulated));
       const int cpu_seq = cpu_runner.AddSequence(prompts[i]);
       const auto cpu_out = cpu_runner.Step({{cpu_seq, static_cast<int64_t>(prompts[i].size())}});
       for (size_t p = 0; p < prompts[i].size(); ++p) {
@@ -185,7 +178,7 @@ TEST(CudaModel, KestrelTinyGreedyMatchesTransformers) {
     const auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
     const auto want = c["output_ids"].get<std::vector<int32_t>>();
     const auto margins = c["output_margins"].get<std::vector<double>>();
-    testing::SeqRunner runner(model.get(), ReversedBlocks(*model));
+    testing::SeqRunner runner(model.get(), testing::ReversedBlocks(*model));
     const int seq = runner.AddSequence(prompt);
     std::vector<float> last = runner.Step({{seq, static_cast<int64_t>(prompt.size())}})[0].back();
     // The reference continuation fed back token by token (decode graphs): where transformers'
@@ -227,10 +220,10 @@ TEST(CudaModel, HybridChunkedPrefillAgreesWithOneStep) {
     const auto prompt = json::parse(ref_file).at("prompts").back().get<std::vector<int32_t>>();
     const int64_t split = 64, n = static_cast<int64_t>(prompt.size());
     std::unique_ptr<Model> model = LoadCuda(dir, 1024);
-    testing::SeqRunner one(model.get(), ReversedBlocks(*model));
+    testing::SeqRunner one(model.get(), testing::ReversedBlocks(*model));
     const int a = one.AddSequence(prompt);
     const auto whole = one.Step({{a, n}})[0];
-    testing::SeqRunner two(model.get(), ReversedBlocks(*model));
+    testing::SeqRunner two(model.get(), testing::ReversedBlocks(*model));
     const int b = two.AddSequence(prompt);
     two.Step({{b, split}});
     const auto rest = two.Step({{b, n - split}})[0];
@@ -269,7 +262,7 @@ TEST(CudaModel, GreedyTokensIndependentOfBatchSize) {
   std::vector<std::vector<int32_t>> results;
   std::vector<std::vector<float>> last_logits;
   for (int batch : {1, 8, 64}) {
-    testing::SeqRunner runner(model.get(), ReversedBlocks(*model));
+    testing::SeqRunner runner(model.get(), testing::ReversedBlocks(*model));
     std::vector<int> seqs;
     seqs.push_back(runner.AddSequence(prompt));
     for (int b = 1; b < batch; ++b) {
@@ -319,7 +312,7 @@ TEST(CudaModel, GraphReplayAndPdlEqualEagerDecode) {
       cuda::SetPdlEnabled(pdl);
       std::unique_ptr<Model> model = LoadCuda(dir, 4096);
       model->set_use_graphs(graphs);
-      testing::SeqRunner runner(model.get(), ReversedBlocks(*model));
+      testing::SeqRunner runner(model.get(), testing::ReversedBlocks(*model));
       std::vector<int> seqs;
       for (int b = 0; b < n_rows; ++b) {
         std::vector<int32_t> p(static_cast<size_t>(30 + 7 * b));
@@ -370,7 +363,7 @@ TEST(CudaModel, LongContextAgreesWithCpuReference) {
   std::vector<std::vector<float>> rows[2];
   for (int which = 0; which < 2; ++which) {
     Model* m = which == 0 ? cpu->get() : gpu.get();
-    testing::SeqRunner runner(m, ReversedBlocks(*m));
+    testing::SeqRunner runner(m, testing::ReversedBlocks(*m));
     const int seq = runner.AddSequence(prompt);
     auto out = runner.Step({{seq, 1400}});  // prefill chunk
     rows[which].push_back(out[0].back());

@@ -18,6 +18,14 @@ namespace kestrel::testing {
 
 using nlohmann::json;
 
+std::vector<int32_t> ReversedBlocks(const Model& m) {
+  std::vector<int32_t> blocks(m.n_kv_blocks());
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    blocks[b] = static_cast<int32_t>(blocks.size() - 1 - b);
+  }
+  return blocks;
+}
+
 std::string MakeTempDir(const std::string& tag) {
   static int counter = 0;
   std::filesystem::path p = std::filesystem::temp_directory_path() /

@@ -69,6 +69,9 @@ std::vector<std::vector<double>> NaiveForward(const TinyModelSpec& spec, const T
 // A fresh empty directory under the system temp dir.
 std::string MakeTempDir(const std::string& tag);
 
+// Every physical KV block of the model, last first (so block ids differ from sequence order).
+std::vector<int32_t> ReversedBlocks(const Model& m);
+
 // Drives Forward with several sequences at once; each Step entry takes the next n tokens of a
 // sequence (prompt first, then appended tokens) and returns the logits of each of those tokens.
 class SeqRunner {
