@@ -11,7 +11,14 @@
 // Every figure is the median of --reps timed calls (CUDA events, queued back to back after a
 // warm-up), on random data with fixed seeds. Inputs and outputs rotate over sets that together
 // exceed 256 MB, so a timed call never finds its data in the 60 MB L2.
-// Usage: bench_cuda_kernels [--reps N]
+// Usage: bench_cuda_kernels [--reps N] [--only FAMILY[,FAMILY...]] [--kv-cache-dtype bf16|fp8|int8]
+//                           [--decode-shapes BxC[,BxC...]]
+// --only runs those families (the names above); --kv-cache-dtype stores the attention benchmarks'
+// K/V pool in that dtype (random codes, per-row scales in [0.001, 0.02]; qkv_rope writes bf16
+// rows and is skipped); --decode-shapes replaces attention_decode's batch x context grid
+// (default 1,8,64 x 128,2048,8192). Example, one shape to profile:
+//   ncu --kernel-name regex:DecodeSplitMma --launch-skip 10 --launch-count 1 --set full
+//       bench_cuda_kernels --only attention_decode --kv-cache-dtype fp8 --decode-shapes 64x8192
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -35,6 +42,7 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/device_buffer.h"
 #include "backends/cuda/embedding.h"
+#include "backends/cuda/kv_cache.h"
 #include "backends/cuda/norm.h"
 #include "backends/cuda/roofline.h"
 #include "backends/cuda/rope.h"
@@ -57,8 +65,8 @@ constexpr int32_t kBlockTokens = 16;
 constexpr int64_t kQkvCols = int64_t{kHeads + 2 * kKvHeads} * kHeadDim;  // 6144
 constexpr float kRmsEps = 1e-6f;
 constexpr double kRopeTheta = 1e6;
-// Bytes of K (or V) in one KV block: [n_kv_heads, block_size, head_dim] bf16.
-constexpr size_t kKBlockBytes = size_t{kKvHeads} * kBlockTokens * kHeadDim * 2;
+// Rows (kv head, token) of K (or V) in one KV block, each head_dim elements.
+constexpr size_t kRowsPerBlock = size_t{kKvHeads} * kBlockTokens;
 // Data a kernel's rotating sets span together: over 4x the L2.
 constexpr size_t kRotateBytes = size_t{256} << 20;
 
@@ -291,17 +299,56 @@ void BenchSiluMul(Bench& bench) {
 
 struct KvPool {
   int32_t n_blocks = 0;
-  DeviceBuffer k, v;              // [n_blocks, n_kv_heads, block_size, head_dim] bf16
+  KvCacheType type = KvCacheType::kBf16;
+  DeviceBuffer k, v;              // [n_blocks, n_kv_heads, block_size, head_dim] of type
+  DeviceBuffer k_scale, v_scale;  // quantized types: [n_blocks, n_kv_heads, block_size] f32
   std::vector<int32_t> shuffled;  // every block id once, in random order
+  // Bytes of K and V per token and kv head, scales included.
+  double bytes_per_row() const {
+    return 2.0 * (kHeadDim * KvCacheElementBytes(type) + (KvCacheQuantized(type) ? 4 : 0));
+  }
 };
 
-KvPool MakeKvPool(int32_t n_blocks) {
+// Random e4m3 / int8 codes: bit 6 clear, so no e4m3 NaN (its codes are s1111111) and |x| < 2.
+const std::vector<uint8_t>& CodeBlock() {
+  static const std::vector<uint8_t> block = [] {
+    std::mt19937_64 rng(4);
+    std::vector<uint8_t> b(size_t{16} << 20);
+    for (uint8_t& x : b) x = static_cast<uint8_t>(rng() & 0xBF);
+    return b;
+  }();
+  return block;
+}
+
+const std::vector<float>& ScaleBlock() {  // K/V row scales in [0.001, 0.02]
+  static const std::vector<float> block = [] {
+    std::mt19937_64 rng(5);
+    std::uniform_real_distribution<float> dist(0.001f, 0.02f);
+    std::vector<float> b(size_t{1} << 20);
+    for (float& x : b) x = dist(rng);
+    return b;
+  }();
+  return block;
+}
+
+KvPool MakeKvPool(int32_t n_blocks, KvCacheType type) {
   KvPool pool;
   pool.n_blocks = n_blocks;
-  pool.k = MustAllocate(n_blocks * kKBlockBytes, "K pool");
-  pool.v = MustAllocate(n_blocks * kKBlockBytes, "V pool");
-  FillRandomBf16(pool.k, 50);
-  FillRandomBf16(pool.v, 51);
+  pool.type = type;
+  const size_t elems = n_blocks * kRowsPerBlock * kHeadDim;
+  pool.k = MustAllocate(elems * KvCacheElementBytes(type), "K pool");
+  pool.v = MustAllocate(elems * KvCacheElementBytes(type), "V pool");
+  if (KvCacheQuantized(type)) {
+    FillTiled(pool.k.get(), elems, CodeBlock(), 50);
+    FillTiled(pool.v.get(), elems, CodeBlock(), 51);
+    pool.k_scale = MustAllocate(n_blocks * kRowsPerBlock * 4, "K scales");
+    pool.v_scale = MustAllocate(n_blocks * kRowsPerBlock * 4, "V scales");
+    FillTiled(pool.k_scale.get(), n_blocks * kRowsPerBlock, ScaleBlock(), 53);
+    FillTiled(pool.v_scale.get(), n_blocks * kRowsPerBlock, ScaleBlock(), 54);
+  } else {
+    FillRandomBf16(pool.k, 50);
+    FillRandomBf16(pool.v, 51);
+  }
   pool.shuffled.resize(static_cast<size_t>(n_blocks));
   std::iota(pool.shuffled.begin(), pool.shuffled.end(), 0);
   std::shuffle(pool.shuffled.begin(), pool.shuffled.end(), std::mt19937(52));
@@ -414,8 +461,13 @@ AttentionInputs MakeAttentionInputs(const KvPool& pool, int32_t n_seqs, int32_t 
   a.block_tables = Upload(tables, "block tables");  // [n_sets, n_seqs, blocks_per_seq]
   PagedAttentionParams& p = a.p;
   p.q = a.q.as<__nv_bfloat16>();
-  p.k_cache = pool.k.as<__nv_bfloat16>();
-  p.v_cache = pool.v.as<__nv_bfloat16>();
+  p.k_cache = pool.k.get();
+  p.v_cache = pool.v.get();
+  p.kv_type = pool.type;
+  if (KvCacheQuantized(pool.type)) {
+    p.k_scale = pool.k_scale.as<float>();
+    p.v_scale = pool.v_scale.as<float>();
+  }
   p.out = a.out.as<__nv_bfloat16>();
   p.positions = a.positions.as<int32_t>();
   p.seq_starts = a.seq_starts.as<int32_t>();
@@ -442,12 +494,16 @@ double TimeAttention(Bench& bench, AttentionInputs& a, DeviceBuffer& workspace) 
   });
 }
 
-void BenchAttentionDecode(Bench& bench, const KvPool& pool, DeviceBuffer& workspace) {
-  const double kv_bytes_per_token = 2.0 * kKvHeads * kHeadDim * 2;  // K and V, bf16
-  for (const int32_t batch : {1, 8, 64}) {
-    for (const int32_t ctx : {128, 2048, 8192}) {
+struct Shape {
+  int32_t batch, context;
+};
+
+void BenchAttentionDecode(Bench& bench, const KvPool& pool, DeviceBuffer& workspace,
+                          const std::vector<Shape>& shapes) {
+  const double kv_bytes_per_token = kKvHeads * pool.bytes_per_row();  // K and V (+ scales)
+  for (const auto [batch, ctx] : shapes) {
+    {
       const double kv_bytes = kv_bytes_per_token * ctx * batch;
-      if (kv_bytes > 40e9) continue;  // more than a real batch's layer holds
       const double bytes = kv_bytes + 2.0 * batch * kHeads * kHeadDim * 2;  // + q + out
       AttentionInputs a =
           MakeAttentionInputs(pool, batch, ctx - 1, 1, bench.RotationSets(bytes), 70);
@@ -458,8 +514,9 @@ void BenchAttentionDecode(Bench& bench, const KvPool& pool, DeviceBuffer& worksp
         const double sec = TimeAttention(bench, a, workspace);
         char fields[160];
         std::snprintf(fields, sizeof fields,
-                      "\"batch\": %d, \"context\": %d, \"variant\": \"%s\"", batch, ctx,
-                      DecodeAttentionVariantName(v));
+                      "\"batch\": %d, \"context\": %d, \"kv_cache_dtype\": \"%s\", "
+                      "\"variant\": \"%s\"",
+                      batch, ctx, KvCacheTypeName(pool.type), DecodeAttentionVariantName(v));
         bench.PrintBandwidth("attention_decode", fields, bytes, sec);
       }
       SetDecodeAttentionVariant(saved);
@@ -475,15 +532,17 @@ void BenchAttentionPrefill(Bench& bench, const KvPool& pool, DeviceBuffer& works
     // Query i (position n_cached + i) attends n_cached + i + 1 keys.
     const double keys = static_cast<double>(c.n_new) * c.n_cached + 0.5 * c.n_new * (c.n_new + 1.0);
     const double flops = 4.0 * kHeads * kHeadDim * keys;
-    const double kv_bytes = 2.0 * kKvHeads * kHeadDim * 2 * (c.n_cached + c.n_new);
+    const double kv_bytes = kKvHeads * pool.bytes_per_row() * (c.n_cached + c.n_new);
     AttentionInputs a =
         MakeAttentionInputs(pool, 1, c.n_cached, c.n_new, bench.RotationSets(kv_bytes), 80);
     const double sec = TimeAttention(bench, a, workspace);
     const double tflops = flops / sec / 1e12;
     std::printf(
-        "{\"kernel\": \"attention_prefill\", \"cached\": %d, \"new\": %d, \"flops\": %.0f, "
-        "\"us\": %.2f, \"tflop_per_s\": %.1f, \"frac_gemm_peak\": %.3f}\n",
-        c.n_cached, c.n_new, flops, sec * 1e6, tflops, tflops / bench.roofline().gemm_tflop_per_s);
+        "{\"kernel\": \"attention_prefill\", \"cached\": %d, \"new\": %d, "
+        "\"kv_cache_dtype\": \"%s\", \"flops\": %.0f, \"us\": %.2f, \"tflop_per_s\": %.1f, "
+        "\"frac_gemm_peak\": %.3f}\n",
+        c.n_cached, c.n_new, KvCacheTypeName(pool.type), flops, sec * 1e6, tflops,
+        tflops / bench.roofline().gemm_tflop_per_s);
     std::fflush(stdout);
   }
 }
@@ -567,8 +626,81 @@ void BenchSampling(Bench& bench) {
   }
 }
 
+struct Options {
+  int reps = 30;
+  KvCacheType kv_type = KvCacheType::kBf16;
+  std::vector<std::string> only;  // empty: every family
+  std::vector<Shape> decode_shapes = {{1, 128},  {1, 2048},  {1, 8192},  {8, 128}, {8, 2048},
+                                      {8, 8192}, {64, 128}, {64, 2048}, {64, 8192}};
+  bool Runs(const char* family) const {
+    return only.empty() || std::find(only.begin(), only.end(), family) != only.end();
+  }
+};
+
+std::vector<std::string> SplitCommas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t end = std::min(s.find(',', start), s.size());
+    out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// The flags of the usage line; anything else is an error (one line, exit 2).
+bool ParseOptions(int argc, char** argv, Options* o) {
+  static const char* const kFamilies[] = {"embedding_gather", "add_rms_norm",   "gather_rms_norm",
+                                          "silu_mul",         "qkv_rope",       "attention_decode",
+                                          "attention_prefill", "gpu_sample"};
+  auto fail = [](const std::string& msg) {
+    std::fprintf(stderr, "bench_cuda_kernels: %s\n", msg.c_str());
+    return false;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) return fail(flag + " needs a value (or is not a flag)");
+    const std::string value = argv[++i];
+    if (flag == "--reps") {
+      o->reps = std::max(1, std::atoi(value.c_str()));
+    } else if (flag == "--kv-cache-dtype") {
+      if (value == "bf16") {
+        o->kv_type = KvCacheType::kBf16;
+      } else if (value == "fp8") {
+        o->kv_type = KvCacheType::kFp8;
+      } else if (value == "int8") {
+        o->kv_type = KvCacheType::kInt8;
+      } else {
+        return fail("--kv-cache-dtype must be bf16, fp8 or int8, not '" + value + "'");
+      }
+    } else if (flag == "--only") {
+      for (const std::string& f : SplitCommas(value)) {
+        if (std::find(std::begin(kFamilies), std::end(kFamilies), f) == std::end(kFamilies)) {
+          return fail("--only: unknown family '" + f + "'");
+        }
+        o->only.push_back(f);
+      }
+    } else if (flag == "--decode-shapes") {
+      o->decode_shapes.clear();
+      for (const std::string& item : SplitCommas(value)) {
+        int batch = 0, ctx = 0;
+        char tail = 0;
+        if (std::sscanf(item.c_str(), "%dx%d%c", &batch, &ctx, &tail) != 2 || batch < 1 ||
+            ctx < 1) {
+          return fail("--decode-shapes: '" + item + "' is not BATCHxCONTEXT");
+        }
+        o->decode_shapes.push_back({batch, ctx});
+      }
+    } else {
+      return fail("unknown flag " + flag);
+    }
+  }
+  return true;
+}
+
 int Main(int argc, char** argv) {
-  const int reps = bench::ParseReps(argc, argv);
+  Options opt;
+  if (!ParseOptions(argc, argv, &opt)) return 2;
   auto info = OpenDevice(0);
   if (!info.ok()) {
     std::printf("{\"skipped\": \"%s\"}\n", info.status().message().c_str());
@@ -587,21 +719,34 @@ int Main(int argc, char** argv) {
       static_cast<long>(roof.gemm_size), roof.gemm_tflop_per_s);
   std::fflush(stdout);
 
-  Bench bench(reps, roof);
-  BenchEmbeddingGather(bench);
-  BenchAddRmsNorm(bench);
-  BenchGatherRmsNorm(bench);
-  BenchSiluMul(bench);
-  {
-    // One layer's pool: 64 sequences of 8192 tokens (2 GiB of K and V).
-    KvPool pool = MakeKvPool(64 * 8192 / kBlockTokens);
-    DeviceBuffer workspace = MustAllocate(PagedAttentionWorkspaceBytes(64, kHeads, kHeadDim, 8192),
-                                          "attention workspace");
-    BenchQkvRope(bench, pool);
-    BenchAttentionDecode(bench, pool, workspace);
-    BenchAttentionPrefill(bench, pool, workspace);
+  Bench bench(opt.reps, roof);
+  if (opt.Runs("embedding_gather")) BenchEmbeddingGather(bench);
+  if (opt.Runs("add_rms_norm")) BenchAddRmsNorm(bench);
+  if (opt.Runs("gather_rms_norm")) BenchGatherRmsNorm(bench);
+  if (opt.Runs("silu_mul")) BenchSiluMul(bench);
+  const bool rope = opt.Runs("qkv_rope") && opt.kv_type == KvCacheType::kBf16;
+  if (opt.Runs("qkv_rope") && !rope) {
+    std::fprintf(stderr, "bench_cuda_kernels: qkv_rope skipped (it writes a bf16 pool)\n");
   }
-  BenchSampling(bench);
+  if (rope || opt.Runs("attention_decode") || opt.Runs("attention_prefill")) {
+    // One layer's pool: at least 64 sequences of 8192 tokens (2 GiB of bf16 K and V), more
+    // when a decode shape needs it.
+    int64_t tokens = int64_t{64} * 8192;
+    int32_t max_ctx = 8192, max_batch = 64;
+    for (const Shape& sh : opt.decode_shapes) {
+      tokens = std::max(tokens, int64_t{sh.batch} * ((sh.context + kBlockTokens - 1) /
+                                                     kBlockTokens * kBlockTokens));
+      max_ctx = std::max(max_ctx, sh.context);
+      max_batch = std::max(max_batch, sh.batch);
+    }
+    KvPool pool = MakeKvPool(static_cast<int32_t>(tokens / kBlockTokens), opt.kv_type);
+    DeviceBuffer workspace = MustAllocate(
+        PagedAttentionWorkspaceBytes(max_batch, kHeads, kHeadDim, max_ctx), "attention workspace");
+    if (rope) BenchQkvRope(bench, pool);
+    if (opt.Runs("attention_decode")) BenchAttentionDecode(bench, pool, workspace, opt.decode_shapes);
+    if (opt.Runs("attention_prefill")) BenchAttentionPrefill(bench, pool, workspace);
+  }
+  if (opt.Runs("gpu_sample")) BenchSampling(bench);
   KCUDA_CHECK(cudaDeviceSynchronize());
   return 0;
 }

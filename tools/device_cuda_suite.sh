@@ -16,9 +16,10 @@
 # (default: tests sanitize bench compare). `serve` starts `kestrel serve` on the random model
 # and runs `kestrel bench-serve` against it: SERVE_CONC closed-loop streams (default 256),
 # SERVE_REQ measured requests after as many warm-up ones (default 256), SERVE_IN prompt and
-# SERVE_OUT output tokens (default 1000 / 1000), once per KV dtype in SERVE_KV (default
-# "auto"), SERVE_FLAGS added to the server's flags, SERVE_RAMP the clients' --ramp-up seconds
-# (default 0) (serve_<dtype>.json, serve_<dtype>.log).
+# SERVE_OUT output tokens (default 1000 / 1000), once per entry of SERVE_KV (default "auto"; a
+# KV dtype, or "dtype:tokens" to set the server's --max-batched-tokens too), SERVE_FLAGS added to the server's flags, SERVE_RAMP the clients' --ramp-up seconds
+# (default 0), SERVE_WARMUP their --warmup requests (default: bench-serve's) (serve_<dtype>.json, serve_<dtype>.log, and the server's /metrics at the end in
+# serve_<dtype>.metrics).
 # PRESET=qwen3.5-27b (a tools/make_random_model.py preset) benchmarks another model; BENCH_FLAGS
 # replaces the benchmark's flags, MODEL_SET adds generator flags (e.g. "--set num_hidden_layers=20"
 # where the full model would not fit the machine's disk), RACECHECK_FILTER / MEMCHECK_FILTER
@@ -151,10 +152,14 @@ if has compare; then
 fi
 if has serve; then
   port=8377
-  for d in ${SERVE_KV:-auto}; do
+  for entry in ${SERVE_KV:-auto}; do
+    # An entry is a KV dtype, or "dtype:tokens" with the server's --max-batched-tokens.
+    IFS=: read -r kv tokens <<< "$entry"
+    d=${entry/:/_}
     # shellcheck disable=SC2086
     .devbin/kestrel serve --device cuda --model $model --port $port --max-num-seqs "${SERVE_SEQS:-256}" \
-      --kv-cache-dtype "$d" ${SERVE_FLAGS:-} > "$OUT/serve_$d.log" 2>&1 &
+      --kv-cache-dtype "$kv" ${tokens:+--max-batched-tokens $tokens} ${SERVE_FLAGS:-} \
+      > "$OUT/serve_$d.log" 2>&1 &
     server=$!
     for _ in $(seq 240); do
       python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health')" \
@@ -165,7 +170,7 @@ if has serve; then
     timeout "${SERVE_S:-300}" .devbin/kestrel bench-serve --url "http://127.0.0.1:$port" \
       --concurrency "${SERVE_CONC:-256}" --requests-per-level "${SERVE_REQ:-256}" \
       --input-tokens "${SERVE_IN:-1000}" --output-tokens "${SERVE_OUT:-1000}" \
-      --ramp-up "${SERVE_RAMP:-0}" \
+      --ramp-up "${SERVE_RAMP:-0}" ${SERVE_WARMUP:+--warmup $SERVE_WARMUP} \
       --json "$OUT/serve_$d.json" 2>> "$OUT/bench.log"
     log "bench-serve $d exit $?: $(python3 -c "
 import json, sys
@@ -174,6 +179,17 @@ f = lambda k: {q: round(r[k][q], 1) for q in ('p50', 'p90', 'p99')}
 print('out tok/s', round(r['output_tok_per_s']), 'ttft', f('ttft_ms'), 'itl', f('itl_ms'),
       'tpot', f('tpot_ms'), 'completed', r['completed'], 'failed', r['failed'],
       '429s', r['rate_limited'])" 2>&1 | tail -3)"
+    # The engine's step times (decode-only steps, steps with prompt chunks) over the whole run.
+    python3 -c "
+import re, urllib.request
+text = urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode()
+open('$OUT/serve_$d.metrics', 'w').write(text)
+v = {m[0]: float(m[1]) for m in re.findall(r'^(\S+) (\S+)$', text, re.M)}
+for kind in ('decode', 'mixed'):
+    n = v.get('kestrel_%s_step_seconds_count' % kind, 0)
+    print(kind, 'steps', int(n), 'mean ms', round(1e3 * v.get('kestrel_%s_step_seconds_sum' % kind, 0) / max(n, 1), 2))
+print('tokens per mixed step', round(v.get('kestrel_mixed_step_tokens_total', 0) / max(v.get('kestrel_mixed_step_seconds_count', 0), 1)))
+" 2>&1 | tee -a "$OUT/suite.log"
     kill -INT $server; wait $server
   done
 fi

@@ -4,15 +4,21 @@
 # -dev packages. .devbin/ is ignored by git (.git/info/exclude) and travels as a carried path.
 #   tools/pack_device_bundle.sh [build-dir]      (default build/release)
 # KERNEL_BENCHES=0 leaves out bench_cuda_linear / bench_cuda_kernels (30 MB of the 64 MiB that
-# may travel) when the run does not need them.
+# may travel) when the run does not need them; KERNEL_BENCHES="bench_cuda_kernels" takes only
+# the ones named; TEST_BINARIES=0 leaves out test_cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
 grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >> .git/info/exclude
 rm -rf .devbin && mkdir -p .devbin/lib
 bins=("$build/kestrel")
-extra=("$build"/tests/test_cuda)
-[[ ${KERNEL_BENCHES:-1} == 0 ]] || extra+=("$build"/bench_cuda_linear "$build"/bench_cuda_kernels)
+extra=()
+[[ ${TEST_BINARIES:-1} == 0 ]] || extra+=("$build"/tests/test_cuda)
+case ${KERNEL_BENCHES:-1} in
+  0) ;;
+  1) extra+=("$build"/bench_cuda_linear "$build"/bench_cuda_kernels) ;;
+  *) for b in $KERNEL_BENCHES; do extra+=("$build/$b"); done ;;
+esac
 for t in "${extra[@]}"; do [[ -x $t ]] && bins+=("$t"); done
 for b in "${bins[@]}"; do
   strip --strip-debug -o ".devbin/$(basename "$b")" "$b"

@@ -213,6 +213,11 @@ struct Engine::Impl {
   // The sampling in flight: the sequence of each row (null where the sequence had finished by
   // launch time, sampled with `scratch_sampler`), the samplers handed to the model, the results.
   bool sampling_in_flight = false;
+  // The step whose sampling is in flight: when it was launched, whether it carried prompt
+  // chunks, its tokens; when the last step ended (EngineMetrics::decode_step / mixed_step).
+  Clock::time_point in_flight_launched, last_step_done;
+  bool in_flight_mixed = false, any_step_done = false;
+  int32_t in_flight_tokens = 0;
   std::vector<std::shared_ptr<EngineSequence>> sampled_seqs;
   std::vector<Sampler*> sampled_samplers;
   std::vector<SampleResult> sampled_results;
@@ -368,11 +373,15 @@ void Engine::Impl::Step() {
   batch.state_copies = state_copies;
   batch.state_snapshots = state_snapshots;
   // The logits stay with the model (on the GPU for CUDA); only token ids (and logprobs) return.
+  const Clock::time_point launched = Clock::now();
   model->Forward(batch, nullptr);
   FinishSampling();  // step N-1's tokens, while step N runs
   scheduler.Commit();
   ++live.steps;
   LaunchSampling(out);
+  in_flight_launched = launched;
+  in_flight_mixed = out.n_tokens > static_cast<int32_t>(out.scheduled.size());
+  in_flight_tokens = out.n_tokens;
   if (!async_scheduling.load(std::memory_order_relaxed)) FinishSampling();
   step_refs.clear();
 }
@@ -481,6 +490,13 @@ void Engine::Impl::FinishSampling() {
   if (!sampling_in_flight) return;
   model->FinishSampling(sampled_results);
   sampling_in_flight = false;
+  const Clock::time_point done = Clock::now();
+  const Clock::time_point began =
+      any_step_done ? std::max(in_flight_launched, last_step_done) : in_flight_launched;
+  (in_flight_mixed ? live.mixed_step : live.decode_step).Observe(Seconds(done - began));
+  if (in_flight_mixed) live.mixed_step_tokens += static_cast<uint64_t>(in_flight_tokens);
+  last_step_done = done;
+  any_step_done = true;
   finished_this_step.clear();
   for (size_t row = 0; row < sampled_seqs.size(); ++row) {
     EngineSequence* seq = sampled_seqs[row].get();

@@ -51,6 +51,13 @@ struct EngineMetrics {
   Histogram time_to_first_token;
   Histogram inter_token_latency;
   Histogram e2e_latency;
+  // Wall time of each engine step, from the later of its launch and the previous step's end to
+  // its end (its sampled tokens back): the device's time per step while steps queue back to
+  // back. Steps where every sequence computes one token, and steps that carry prompt chunks
+  // (with the tokens those computed in all).
+  Histogram decode_step;
+  Histogram mixed_step;
+  uint64_t mixed_step_tokens = 0;
 };
 
 }  // namespace kestrel

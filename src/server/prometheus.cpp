@@ -165,6 +165,14 @@ std::string FormatPrometheus(const EngineMetrics& m,
                 "Time between consecutive generated tokens of a sequence.", m.inter_token_latency);
   HistogramText(&out, "kestrel_e2e_request_latency_seconds",
                 "Time from arrival to the end of a request.", m.e2e_latency);
+  HistogramText(&out, "kestrel_decode_step_seconds",
+                "Engine steps where every sequence computed one token: time per step.",
+                m.decode_step);
+  HistogramText(&out, "kestrel_mixed_step_seconds",
+                "Engine steps that carried prompt chunks: time per step.", m.mixed_step);
+  Scalar(&out, "kestrel_mixed_step_tokens_total", "counter",
+         "Tokens computed by the steps that carried prompt chunks.",
+         static_cast<double>(m.mixed_step_tokens));
   return out;
 }
 

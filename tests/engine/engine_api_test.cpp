@@ -314,6 +314,15 @@ TEST_F(EngineApiTest, MetricsAddUp) {
   EXPECT_EQ(m.e2e_latency.count, got.size());
   EXPECT_EQ(m.inter_token_latency.count, n_tokens - got.size());
   EXPECT_GT(m.steps, 0u);
+  // Every step is timed once, as a decode step or as one that carried prompt chunks (all of
+  // these prompts are several tokens long, so some did); the mixed steps computed at least the
+  // prompt tokens the cache did not hold, less one per request whose last prompt token ran in a
+  // decode step.
+  EXPECT_EQ(m.decode_step.count + m.mixed_step.count, m.steps);
+  EXPECT_GT(m.mixed_step.count, 0u);
+  EXPECT_GT(m.decode_step.count, 0u);
+  EXPECT_GE(m.mixed_step_tokens + got.size(), n_prompt - n_cached);
+  EXPECT_GT(m.mixed_step.sum, 0.0);
   EXPECT_EQ(m.running, 0);
   EXPECT_EQ(m.waiting, 0);
   EXPECT_EQ(m.kv_blocks_used, 0);

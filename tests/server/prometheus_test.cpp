@@ -33,6 +33,10 @@ EngineMetrics SampleMetrics() {
   m.time_to_first_token.Observe(0.02);
   m.time_to_first_token.Observe(100.0);  // +Inf only
   m.inter_token_latency.Observe(0.004);
+  m.decode_step.Observe(0.02);
+  m.mixed_step.Observe(0.07);
+  m.mixed_step.Observe(0.06);
+  m.mixed_step_tokens = 3000;
   return m;
 }
 
@@ -90,7 +94,9 @@ TEST(Prometheus, EveryLineIsWellFormed) {
        {"kestrel_http_requests_total", "kestrel_prompt_tokens_total",
         "kestrel_generation_tokens_total", "kestrel_requests_waiting", "kestrel_requests_running",
         "kestrel_kv_blocks_used", "kestrel_kv_blocks_free", "kestrel_prefix_cache_hit_rate",
-        "kestrel_time_to_first_token_seconds", "kestrel_inter_token_latency_seconds"}) {
+        "kestrel_time_to_first_token_seconds", "kestrel_inter_token_latency_seconds",
+        "kestrel_decode_step_seconds", "kestrel_mixed_step_seconds",
+        "kestrel_mixed_step_tokens_total"}) {
     EXPECT_TRUE(typed.count(family)) << family;
   }
 }
@@ -108,6 +114,12 @@ TEST(Prometheus, Values) {
   EXPECT_EQ(s["kestrel_requests_rejected_total"], 3);
   EXPECT_EQ(s["kestrel_prompt_tokens_total"], 400);
   EXPECT_EQ(s["kestrel_generation_tokens_total"], 250);
+  EXPECT_EQ(s["kestrel_decode_step_seconds_count"], 1);
+  EXPECT_EQ(s["kestrel_mixed_step_seconds_count"], 2);
+  EXPECT_DOUBLE_EQ(s["kestrel_mixed_step_seconds_sum"], 0.13);
+  EXPECT_EQ(s[R"(kestrel_mixed_step_seconds_bucket{le="0.05"})"], 0);
+  EXPECT_EQ(s[R"(kestrel_mixed_step_seconds_bucket{le="0.1"})"], 2);
+  EXPECT_EQ(s["kestrel_mixed_step_tokens_total"], 3000);
   EXPECT_EQ(s["kestrel_requests_waiting"], 4);
   EXPECT_EQ(s["kestrel_requests_running"], 5);
   EXPECT_EQ(s["kestrel_kv_blocks_used"], 30);
