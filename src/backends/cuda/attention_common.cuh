@@ -62,13 +62,26 @@ __device__ __forceinline__ void OnlineSoftmaxRow(int h, float (&s)[kTiles][4], f
   }
 }
 
+// A padded merge buffer: each 32-float window of a row is followed by one float of padding, so a
+// row takes D + D / 32 floats and column d sits at d + d / 32. The tensor-core decode kernel's
+// lanes (g, t) store columns 32 floats apart (t) of rows g, all in one bank of a plain [row][D]
+// buffer (a 16-way conflict per store); padded, lane (g, t) is 4 g + t banks away (row stride
+// 132 at head_dim 128), so the stores of a warp hit distinct banks, still at a lane base plus a
+// constant offset, and the merge's reads of 32 consecutive columns of a window stay distinct too.
+template <int D>
+inline constexpr int kPaddedRowFloats = D + D / 32;
+__device__ __forceinline__ int PaddedCol(int d) {
+  return d + (d >> 5);
+}
+
 // Merges the partial softmax states of kWarps warps for `rows` rows in a fixed warp order and
 // writes the decode split's rows: row r's state per warp w is (s_m[w][r], s_l[w][r],
-// s_o[(w * kRowStride + r) * D + d]); it goes to part_o[(row_base + r * n_splits) * D + d] and
+// s_o[(w * kRowStride + r) * D + d]; with kPadded, column PaddedCol(d) of rows of
+// kPaddedRowFloats<D>); it goes to part_o[(row_base + r * n_splits) * D + d] and
 // part_m / part_l[row_base + r * n_splits]. Every thread of the block (kThreads) takes part.
 // m_max is finite (a split holds at least one key); a warp that saw no key has m = -inf, l = 0,
 // acc = 0 and contributes exactly nothing.
-template <int kWarps, int kRowStride, int D, int kThreads>
+template <int kWarps, int kRowStride, int D, int kThreads, bool kPadded = false>
 __device__ __forceinline__ void MergeWarpPartials(const float* s_o,
                                                   const float (&s_m)[kWarps][kRowStride],
                                                   const float (&s_l)[kWarps][kRowStride], int rows,
@@ -86,7 +99,9 @@ __device__ __forceinline__ void MergeWarpPartials(const float* s_o,
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float f = exp2f(s_m[w][r] - m_max);
-      acc += s_o[(w * kRowStride + r) * D + d] * f;
+      const int at = kPadded ? (w * kRowStride + r) * kPaddedRowFloats<D> + PaddedCol(d)
+                             : (w * kRowStride + r) * D + d;
+      acc += s_o[at] * f;
       l_sum += s_l[w][r] * f;
     }
     const int64_t out_row = row_base + int64_t{r} * n_splits;

@@ -184,12 +184,16 @@ struct MmaGeometry {
   static constexpr int kStageBytes = 2 * kChunk * kRowBytes + 2 * kChunk * 4;
   static constexpr int kStages = kStaged ? 3 : 0;
   static constexpr size_t kStagingBytes = size_t{kWarps} * kStages * kStageBytes;
-  // The cross-warp merge [kWarps][rows][D] after the staging buffers (the ring is still in
-  // flight while a split is merged): 8 rows for groups of up to 8 heads, else 16. 3 blocks per
-  // SM fit at 8 rows (66 KB each at head_dim 128).
+  // The cross-warp merge [kWarps][rows][kMergeRowFloats] after the staging buffers (the ring is
+  // still in flight while a split is merged): 8 rows for groups of up to 8 heads, else 16. 3
+  // blocks per SM fit at 8 rows (68 KB each at head_dim 128).
   static constexpr int MergeRows(bool top) { return top ? 8 : kMaxGroup; }
+  // The staged path's merge rows are padded (PaddedCol: conflict-free stores); the bf16 path
+  // keeps plain rows, whose padded form costs it registers (spills) for less to gain.
+  static constexpr bool kPaddedMerge = kStaged;
+  static constexpr int kMergeRowFloats = kPaddedMerge ? kPaddedRowFloats<D> : D;
   static constexpr size_t SmemBytes(bool top) {
-    return kStagingBytes + size_t{kWarps} * MergeRows(top) * D * sizeof(float);
+    return kStagingBytes + size_t{kWarps} * MergeRows(top) * kMergeRowFloats * sizeof(float);
   }
   static_assert(kKPieces >= 1 && kVPieces >= 1 && kSteps == kKPieces * kStepsPerPiece);
 };
@@ -215,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   __shared__ float s_m[kWarps][kMergeRows];
   __shared__ float s_l[kWarps][kMergeRows];
   // Dynamic: the warps' staging buffers (head_dim 128), then the cross-warp merge
-  // [kWarps][kMergeRows][D].
+  // [kWarps][kMergeRows][kMergeRowFloats].
   extern __shared__ __align__(16) unsigned char smem[];
   float* s_o = reinterpret_cast<float*>(smem + G::kStagingBytes);
 
@@ -450,16 +454,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       if (key0 > r_hi || key0 + kChunk - 1 < r_lo) return;
       unsigned char* st = stages + (q % G::kStages) * G::kStageBytes;
       const int64_t offset = s_chunk_offset[si * kChunksPerSplit + chunk];
+      const Elem* k_src = k_cache + offset;
+      const Elem* v_src = v_cache + offset;
+      // Copy `it` of this lane: row lane / kRowPieces + it * kRowsPerIter, piece lane %
+      // kRowPieces (a fixed trip count, so the lane's offsets are constants of the unrolled loop
+      // instead of being recomputed per copy).
       constexpr int kRowPieces = G::kRowBytes / 16;
-      for (int idx = lane; idx < kChunk * kRowPieces; idx += 32) {
-        const int row = idx / kRowPieces;
-        const int piece = idx % kRowPieces;
+      constexpr int kRowsPerIter = 32 / kRowPieces;
+      static_assert(32 % kRowPieces == 0 && kChunk % kRowsPerIter == 0);
+      const int row0 = lane / kRowPieces;
+      const int piece = lane % kRowPieces;
+#pragma unroll
+      for (int it = 0; it < kChunk / kRowsPerIter; ++it) {
+        const int row = row0 + it * kRowsPerIter;
         const bool valid = key0 + row >= r_lo && key0 + row <= r_hi;
-        const int64_t src = offset + row * D + piece * (16 / G::kElemBytes);
+        const int src = row * D + piece * (16 / G::kElemBytes);
         const int dst = row * G::kRowBytes;
-        CpAsync16(st + dst + StagedPiece<false>(row, piece) * 16, k_cache + src, valid);
+        CpAsync16(st + dst + StagedPiece<false>(row, piece) * 16, k_src + src, valid);
         CpAsync16(st + kChunk * G::kRowBytes + dst + StagedPiece<true>(row, piece) * 16,
-                  v_cache + src, valid);
+                  v_src + src, valid);
       }
       if (lane < 8) {  // 4 x 16 bytes of K scales, then of V scales
         const float* src = (lane < 4 ? p.k_scale : p.v_scale) + offset / D + (lane % 4) * 4;
@@ -553,7 +566,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     // This warp's rows into shared memory (the row sums quad-reduced), then the warps merged in
     // a fixed order into the split's (m, l, acc) rows, as DecodeSplitKernel writes them. A warp
     // that saw no key has m = -inf, l = 0, acc = 0 and contributes exactly nothing. The merge
-    // buffer lies beside the staging ring, whose copies for the next split stay in flight.
+    // buffer lies beside the staging ring, whose copies for the next split stay in flight; there
+    // its rows are padded (PaddedCol) so that these stores do not conflict.
 #pragma unroll
     for (int h = 0; h < kRows; ++h) {
       float l = l_run[h];
@@ -571,15 +585,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         const int e = n % G::kVE;
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
-          s_o[(warp * kMergeRows + row) * D + (i * 8 + 2 * t + cc) * G::kVE + e] =
-              o[n][2 * h + cc];
+          const int col = (i * 8 + 2 * t + cc) * G::kVE + e;
+          s_o[(warp * kMergeRows + row) * G::kMergeRowFloats +
+              (G::kPaddedMerge ? PaddedCol(col) : col)] = o[n][2 * h + cc];
         }
       }
     }
     __syncthreads();
     const int64_t row_base = (int64_t{seq} * p.n_heads + head0) * n_splits + split0 + si;
-    MergeWarpPartials<kWarps, kMergeRows, D, kThreads>(s_o, s_m, s_l, group, row_base, n_splits,
-                                                       part_o, part_m, part_l);
+    MergeWarpPartials<kWarps, kMergeRows, D, kThreads, G::kPaddedMerge>(
+        s_o, s_m, s_l, group, row_base, n_splits, part_o, part_m, part_l);
     __syncthreads();  // the merge buffer is read before the next split writes it
   }
   if constexpr (G::kStaged) CpAsyncWait<0>();
