@@ -108,6 +108,44 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
   return Status::Ok();
 }
 
+namespace {
+
+// Every Q4_K linear weight gets the interleaved copy the AVX2 integer kernel reads
+// (cpu::PackQ4_KRows: the same bits, 8 rows per pass over the activations), kept with the
+// weights. The file's own blocks stay mapped for everything else (embedding rows, the
+// reference kernels).
+void PackQ4_KWeights(DecoderWeights* w) {
+  std::vector<TensorView*> views;
+  auto add = [&](TensorView& v) {
+    if (cpu::CanPackQ4_KRows(v)) views.push_back(&v);
+  };
+  auto mlp = [&](MlpWeights& m) {
+    add(m.gate_proj);
+    add(m.up_proj);
+    add(m.down_proj);
+  };
+  for (DecoderLayerWeights& l : w->layers) {
+    for (TensorView* v : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj,
+                          &l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b,
+                          &l.gdn.in_proj_a, &l.gdn.in_proj_qkvz, &l.gdn.in_proj_ba,
+                          &l.gdn.out_proj}) {
+      add(*v);
+    }
+    mlp(l.mlp);
+    for (MlpWeights& e : l.moe_w.experts) mlp(e);
+    mlp(l.moe_w.shared_expert);
+  }
+  add(w->lm_head);
+  for (TensorView* v : views) {
+    std::vector<uint8_t>& packed =
+        w->owned_bytes.emplace_back(static_cast<size_t>(cpu::PackedQ4_KBytes(*v)));
+    cpu::PackQ4_KRows(*v, packed.data());
+    v->cpu_packed = packed.data();
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Model>> LoadCpuModel(ModelConfig config, WeightStore store,
                                             const ModelLoadOptions& options) {
   KTRY(ValidateDecoderConfig(config, options));
@@ -120,6 +158,7 @@ Result<std::unique_ptr<Model>> LoadCpuModel(ModelConfig config, WeightStore stor
   m->ops_.pool = m->pool_.get();
   m->ops_.int8_activations = options.int8_activations;
   m->ops_.batch_invariant = options.deterministic;
+  if (fast && options.int8_activations) PackQ4_KWeights(&m->weights_);
   KTRY(m->AllocateCaches(options));
   m->decoder_ =
       std::make_unique<CpuDecoder>(m->config_, m->weights_, m->ops_, &m->caches_, &m->stats_);
