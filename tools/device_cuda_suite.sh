@@ -176,7 +176,8 @@ if has serve; then
 import json, sys
 r = json.load(open('$OUT/serve_$d.json'))['levels'][0]['servers'][0]['runs'][0]
 f = lambda k: {q: round(r[k][q], 1) for q in ('p50', 'p90', 'p99')}
-print('out tok/s', round(r['output_tok_per_s']), 'ttft', f('ttft_ms'), 'itl', f('itl_ms'),
+print('out tok/s', round(r['output_tok_per_s']), 'steady', round(r['steady_output_tok_per_s']),
+      'ttft', f('ttft_ms'), 'itl', f('itl_ms'),
       'tpot', f('tpot_ms'), 'completed', r['completed'], 'failed', r['failed'],
       '429s', r['rate_limited'])" 2>&1 | tail -3)"
     # The engine's step times (decode-only steps, steps with prompt chunks) over the whole run.

@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "cli/bench_serve/metrics.h"
+#include "cli/bench_serve/runner.h"
 #include "cli/bench_serve/stats.h"
 
 namespace kestrel::bench {
@@ -177,6 +179,36 @@ TEST(BenchStats, FewerTokensThanChunksKeepsOneLatencyPerGap) {
   EXPECT_EQ(SplitInterTokenLatencies({0.0, 1.0, 2.0, 4.0}, 2), (std::vector<double>{1, 1, 2}));
   EXPECT_TRUE(SplitInterTokenLatencies({0.5}, 9).empty());
   EXPECT_TRUE(SplitInterTokenLatencies({}, 0).empty());
+}
+
+// The steady-state window runs from the first measured start to the last; every completed
+// request's tokens that arrived in it count, warm-up ones included, in proportion to its chunks.
+TEST(BenchStats, SteadyThroughputCountsTheTokensInsideTheFullConcurrencyWindow) {
+  auto record = [](double start, double first_chunk, int n_chunks, int64_t tokens) {
+    RequestRecord r;
+    r.start_s = start;
+    for (int i = 0; i < n_chunks; ++i) r.content_times_s.push_back(first_chunk + i);
+    r.end_s = r.content_times_s.back();
+    r.usage_present = true;
+    r.usage_output_tokens = tokens;
+    return r;
+  };
+  RunRecord run;
+  run.warmup.push_back(record(0, 1, 10, 10));     // chunks at 5..9 inside: 5 tokens
+  run.measured.push_back(record(5, 6, 10, 20));   // 6..9 inside, 2 tokens a chunk: 8
+  run.measured.push_back(record(9, 10, 10, 10));  // none inside
+  RequestRecord failed = record(1, 2, 10, 10);
+  failed.outcome = Outcome::kConnectionError;
+  run.warmup.push_back(failed);  // not counted
+  const RunMetrics m = SummarizeRun(run);
+  EXPECT_DOUBLE_EQ(m.steady_window_s, 4.0);
+  EXPECT_DOUBLE_EQ(m.steady_output_tok_per_s, 13.0 / 4.0);
+  EXPECT_DOUBLE_EQ(m.output_tok_per_s, 30.0 / 14.0);  // measured tokens over 5 .. 19
+  // Measured requests that all started together leave no window.
+  RunRecord burst;
+  burst.measured.push_back(record(1, 2, 4, 4));
+  burst.measured.push_back(record(1, 3, 4, 4));
+  EXPECT_EQ(SummarizeRun(burst).steady_output_tok_per_s, 0.0);
 }
 
 }  // namespace

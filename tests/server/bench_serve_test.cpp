@@ -159,6 +159,7 @@ TEST_F(BenchServeE2E, FixedWorkloadCountsTokensFromUsage) {
     EXPECT_LE(r["itl_ms"]["n"].get<int64_t>(), 4 * 7);
     EXPECT_GE(r["e2e_ms"]["p50"].get<double>(), r["ttft_ms"]["p50"].get<double>());
     EXPECT_GT(r["output_tok_per_s"].get<double>(), 0);
+    EXPECT_GE(r["steady_output_tok_per_s"].get<double>(), 0);
     EXPECT_GT(r["requests_per_s"].get<double>(), 0);
     const json& summary = level["servers"][0]["summary"];
     EXPECT_DOUBLE_EQ(summary["output_tok_per_s"]["median"].get<double>(),

@@ -76,6 +76,22 @@ RunMetrics SummarizeRun(const RunRecord& run) {
     m.output_tok_per_s = static_cast<double>(m.output_tokens) / m.window_s;
     m.requests_per_s = static_cast<double>(m.completed) / m.window_s;
   }
+  double last_start = -std::numeric_limits<double>::infinity();
+  for (const RequestRecord& r : run.measured) last_start = std::max(last_start, r.start_s);
+  if (!run.measured.empty() && last_start > first_start) {
+    m.steady_window_s = last_start - first_start;
+    double tokens = 0;
+    for (const auto* records : {&run.warmup, &run.measured}) {
+      for (const RequestRecord& r : *records) {
+        if (r.outcome != Outcome::kOk || r.content_times_s.empty()) continue;
+        const auto in = std::count_if(r.content_times_s.begin(), r.content_times_s.end(),
+                                      [&](double t) { return t >= first_start && t <= last_start; });
+        tokens += static_cast<double>(r.output_tokens()) * static_cast<double>(in) /
+                  static_cast<double>(r.content_times_s.size());
+      }
+    }
+    m.steady_output_tok_per_s = tokens / m.steady_window_s;
+  }
   m.ttft_ms = Summarize(ttft);
   m.itl_ms = Summarize(itl);
   m.e2e_ms = Summarize(e2e);
@@ -120,6 +136,8 @@ json ToJson(const RunMetrics& m) {
             {"prompt_tokens", m.prompt_tokens},
             {"window_s", m.window_s},
             {"output_tok_per_s", m.output_tok_per_s},
+            {"steady_window_s", m.steady_window_s},
+            {"steady_output_tok_per_s", m.steady_output_tok_per_s},
             {"requests_per_s", m.requests_per_s},
             {"ttft_ms", ToJson(m.ttft_ms)},
             {"itl_ms", ToJson(m.itl_ms)},
@@ -140,6 +158,7 @@ json ToJson(const RunMetrics& m) {
 
 std::vector<std::pair<std::string, double>> ScalarMetrics(const RunMetrics& m) {
   return {{"output_tok_per_s", m.output_tok_per_s},
+          {"steady_output_tok_per_s", m.steady_output_tok_per_s},
           {"requests_per_s", m.requests_per_s},
           {"ttft_p50_ms", m.ttft_ms.p50},
           {"ttft_p90_ms", m.ttft_ms.p90},

@@ -56,6 +56,8 @@ RunRecord RunClosedLoop(const ServerUrl& url, const Workload& workload, Workload
           run.measured.push_back(std::move(record));
         } else if (failed) {
           ++run.warmup_failed;
+        } else {
+          run.warmup.push_back(std::move(record));
         }
       }
       if (failed) {

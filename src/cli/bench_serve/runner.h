@@ -30,6 +30,9 @@ struct RunOptions {
 
 struct RunRecord {
   std::vector<RequestRecord> measured;  // in completion order
+  // The warm-up requests that completed: their tokens count in the steady-state window
+  // (RunMetrics::steady_output_tok_per_s), nothing else.
+  std::vector<RequestRecord> warmup;
   int64_t warmup_failed = 0;
 };
 
