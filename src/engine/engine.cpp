@@ -234,7 +234,9 @@ Engine::Impl::Impl(std::shared_ptr<Model> m, const Tokenizer* tok, std::vector<i
       async_scheduling(cfg.async_scheduling),
       vocab(static_cast<int32_t>(model->config().vocab_size)),
       kv(MakeKvCacheConfig(*model, cfg)),
-      scheduler(SchedulerConfig{cfg.max_num_seqs, cfg.max_batched_tokens}, &kv),
+      scheduler(SchedulerConfig{cfg.max_num_seqs, cfg.max_batched_tokens,
+                                cfg.max_prefill_tokens_beside_decodes},
+                &kv),
       scratch_sampler(GreedyParams(), vocab) {
   KCHECK(config.max_num_seqs >= 1 && config.max_batched_tokens >= 1 && config.max_waiting >= 0);
   const size_t max_tokens = static_cast<size_t>(config.max_batched_tokens);

@@ -28,6 +28,9 @@ namespace kestrel {
 struct EngineConfig {
   int32_t max_num_seqs = 64;          // running sequences at most
   int32_t max_batched_tokens = 2048;  // token budget of one step (prefill chunks + decodes)
+  // Prompt tokens a step may add beside running decodes (0: the whole budget); see
+  // SchedulerConfig::max_prefill_tokens_beside_decodes.
+  int32_t max_prefill_tokens_beside_decodes = 0;
   int32_t max_waiting = 1024;         // queued requests beyond this are refused (HTTP 429)
   bool prefix_caching = true;
   // Plan and enqueue step N+1 before step N's tokens reach the host (they go from the sampler to

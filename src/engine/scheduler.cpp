@@ -7,7 +7,8 @@
 namespace kestrel {
 
 Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager* kv) : config_(config), kv_(kv) {
-  KCHECK(config_.max_num_seqs >= 1 && config_.max_batched_tokens >= 1);
+  KCHECK(config_.max_num_seqs >= 1 && config_.max_batched_tokens >= 1 &&
+         config_.max_prefill_tokens_beside_decodes >= 0);
   KCHECK(kv_ != nullptr);
   running_.reserve(static_cast<size_t>(config_.max_num_seqs));
   output_.scheduled.reserve(static_cast<size_t>(config_.max_num_seqs));
@@ -48,17 +49,34 @@ const SchedulerOutput& Scheduler::Schedule() {
   output_.n_tokens = 0;
   output_.n_samples = 0;
   int32_t budget = config_.max_batched_tokens;
+  auto finishing = [](const Sequence* seq) {  // its pending token is its last
+    return seq->last_token_pending() && seq->n_generated_tokens() >= seq->max_new_tokens();
+  };
+  // Prompt tokens this step may take: capped while a decode runs beside them.
+  int32_t prefill_budget = budget;
+  if (config_.max_prefill_tokens_beside_decodes > 0) {
+    for (const Sequence* seq : running_) {
+      if (!finishing(seq) && seq->n_tokens() - seq->n_computed_tokens == 1) {
+        prefill_budget = config_.max_prefill_tokens_beside_decodes;
+        break;
+      }
+    }
+  }
 
   // 1. Running sequences: a decode token or the next prefill chunk each.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
-    if (seq->last_token_pending() && seq->n_generated_tokens() >= seq->max_new_tokens()) {
-      ++i;  // its pending token is its last: it finishes when that arrives
+    if (finishing(seq)) {
+      ++i;  // it finishes when its pending token arrives
       continue;
     }
     const int32_t n_missing = seq->n_tokens() - seq->n_computed_tokens;
     KCHECK(n_missing > 0);
-    const int32_t n_new = std::min(n_missing, budget);
+    const int32_t n_new = n_missing == 1 ? 1 : std::min({n_missing, budget, prefill_budget});
+    if (n_new <= 0) {
+      ++i;  // a prompt chunk with no prompt budget left: it waits for a later step
+      continue;
+    }
     bool preempted_itself = false;
     while (!kv_->Allocate(seq->kv, 0, int64_t{seq->n_computed_tokens} + n_new)) {
       preempted_itself = running_.back() == seq;
@@ -68,16 +86,18 @@ const SchedulerOutput& Scheduler::Schedule() {
     if (preempted_itself) break;
     Emit(seq, n_new);
     budget -= n_new;
+    if (n_missing > 1) prefill_budget -= n_new;
     ++i;
   }
 
   // 2. Waiting sequences, first in first out, after their cached prefix.
   if (output_.preempted.empty()) {
-    while (!waiting_.empty() && budget > 0 && n_running() < config_.max_num_seqs) {
+    while (!waiting_.empty() && budget > 0 && prefill_budget > 0 &&
+           n_running() < config_.max_num_seqs) {
       Sequence* seq = waiting_.front();
       if (seq->last_token_pending()) break;  // preempted while its token was being sampled
       const int32_t n_cached = kv_->FindCachedPrefix(seq->kv, seq->tokens());
-      const int32_t n_new = std::min(seq->n_tokens() - n_cached, budget);
+      const int32_t n_new = std::min({seq->n_tokens() - n_cached, budget, prefill_budget});
       if (!kv_->Allocate(seq->kv, n_cached, int64_t{n_cached} + n_new)) break;
       waiting_.pop_front();
       running_.push_back(seq);
@@ -86,6 +106,7 @@ const SchedulerOutput& Scheduler::Schedule() {
       if (seq->n_cached_prompt_tokens < 0) seq->n_cached_prompt_tokens = n_cached;
       Emit(seq, n_new);
       budget -= n_new;
+      prefill_budget -= n_new;
     }
   }
   pending_commit_ = !output_.empty();

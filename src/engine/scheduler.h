@@ -23,6 +23,11 @@ namespace kestrel {
 struct SchedulerConfig {
   int32_t max_num_seqs = 64;          // running sequences at most
   int32_t max_batched_tokens = 2048;  // tokens computed by one step
+  // Prompt tokens a step may compute beside running decodes (0: up to max_batched_tokens). A
+  // step that carries a long prompt chunk makes every decode in it wait for the chunk; capping
+  // the chunk while decodes run keeps their inter-token latency, and a step without decodes
+  // (an idle server's prompt) still takes the whole budget.
+  int32_t max_prefill_tokens_beside_decodes = 0;
 };
 
 struct ScheduledSequence {

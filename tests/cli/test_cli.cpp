@@ -67,6 +67,13 @@ TEST(Cli, BadFlagValueIsAOneLineError) {
   EXPECT_EQ(CountLines(r.err), 1) << r.err;
 }
 
+TEST(Cli, NegativePrefillCapIsAOneLineError) {
+  ProcessResult r = RunKestrel({"serve", "--max-prefill-beside-decodes", "-1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--max-prefill-beside-decodes must be >= 0"), std::string::npos) << r.err;
+}
+
 TEST(Cli, UnknownDeviceIsAOneLineError) {
   for (const char* verb : {"generate", "logits", "bench", "serve"}) {
     std::vector<std::string> args{verb, "--device", "gpu"};

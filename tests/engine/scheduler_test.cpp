@@ -172,6 +172,31 @@ TEST(SchedulerTest, RunningSequencesComeFirstAndTheBudgetCapsAdmission) {
   sim.RunToCompletion();
 }
 
+// While a sequence decodes, a step adds at most max_prefill_tokens_beside_decodes prompt tokens
+// (chunks of running prompts and admissions together); with no decode it takes the whole budget.
+TEST(SchedulerTest, PromptTokensBesideDecodesAreCapped) {
+  Sim sim(64, 4,
+          SchedulerConfig{
+              .max_num_seqs = 8, .max_batched_tokens = 16, .max_prefill_tokens_beside_decodes = 5});
+  sim.Add(Prompt(3, 0), 6);
+  EXPECT_EQ(sim.Step(), (Ran{{0, 3}}));  // no decode yet: a prompt
+  sim.Add(Prompt(12, 1), 1);
+  sim.Add(Prompt(4, 2), 1);
+  EXPECT_EQ(sim.Step(), (Ran{{0, 1}, {1, 5}}));  // beside 0's decode: 5 prompt tokens
+  EXPECT_EQ(sim.Step(), (Ran{{0, 1}, {1, 5}}));
+  EXPECT_EQ(sim.Step(), (Ran{{0, 1}, {1, 2}, {2, 3}}));  // 1's last chunk, then 3 of 2's 4
+  EXPECT_EQ(sim.Step(), (Ran{{0, 1}, {2, 1}}));
+  sim.RunToCompletion();
+  // Without decodes a long prompt takes the whole budget.
+  Sim idle(64, 4,
+           SchedulerConfig{
+               .max_num_seqs = 8, .max_batched_tokens = 16, .max_prefill_tokens_beside_decodes = 5});
+  idle.Add(Prompt(40, 3), 1);
+  EXPECT_EQ(idle.Step(), (Ran{{0, 16}}));
+  EXPECT_EQ(idle.Step(), (Ran{{0, 16}}));
+  idle.RunToCompletion();
+}
+
 TEST(SchedulerTest, TheQueueHeadIsNeverOvertaken) {
   // 6 blocks of 4 tokens.
   Sim sim(6, 4, SchedulerConfig{.max_num_seqs = 8, .max_batched_tokens = 64});
