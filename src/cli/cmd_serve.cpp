@@ -32,7 +32,7 @@ struct ServeFlags {
   std::string device = "auto";
   int32_t max_num_seqs = 64;
   int32_t max_batched_tokens = 2048;
-  // Prompt tokens beside running decodes: unset = 1024 on CUDA, the whole step on the CPU.
+  // Prompt tokens beside running decodes: unset = 768 on CUDA, the whole step on the CPU.
   std::optional<int32_t> max_prefill_beside_decodes;
   int32_t max_waiting = 128;
   std::optional<double> kv_memory_gib;
@@ -253,12 +253,13 @@ int RunServe(ServeFlags f) {
   EngineConfig engine_config;
   engine_config.max_num_seqs = f.max_num_seqs;
   engine_config.max_batched_tokens = f.max_batched_tokens;
-  // On the H200 (random Qwen3-8B, 256 streams of 1,000 + 1,000 tokens) steps that carry 1,024
-  // prompt tokens beside the decodes keep 99.6 % of the engine's inter-token gaps under 50 ms
-  // (89 % at 2,048) for 1-1.5 % less throughput (docs/bench-serve.md). The CPU's steps are long
-  // whatever their size, so there the whole budget goes to prompts.
+  // On the H200 (random Qwen3-8B, 256 streams of 1,000 + 1,000 tokens) steps of 768 prompt
+  // tokens beside the 256 decodes keep 99.6 % of the engine's inter-token gaps under 50 ms,
+  // against 89 % with 1,024 or 1,792 of them, for 1-1.5 % less throughput
+  // (docs/bench-serve.md). The CPU's steps are long whatever their size, so there the whole
+  // budget goes to prompts.
   engine_config.max_prefill_tokens_beside_decodes =
-      f.max_prefill_beside_decodes.value_or(*device == Device::kCuda ? 1024 : 0);
+      f.max_prefill_beside_decodes.value_or(*device == Device::kCuda ? 768 : 0);
   engine_config.max_waiting = f.max_waiting;
   engine_config.prefix_caching = !f.no_prefix_cache;
   engine_config.async_scheduling = !f.no_async_scheduling;
@@ -328,7 +329,7 @@ void RegisterServe(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--max-prefill-beside-decodes", f.max_prefill_beside_decodes,
                   "Prompt tokens a step may add while sequences decode (0: the whole step; "
-                  "default 1024 on CUDA, 0 on the CPU)");
+                  "default 768 on CUDA, 0 on the CPU)");
   cmd->add_option("--max-waiting", f.max_waiting,
                   "Requests queued beyond the running ones; more get HTTP 429")
       ->capture_default_str();
