@@ -105,13 +105,20 @@ const std::vector<uint16_t>& Bf16Block() {  // bf16 in (-1, 1)
   return block;
 }
 
+// n floats drawn from dist with a fixed seed.
+template <class Dist>
+std::vector<float> DrawFloats(uint64_t seed, size_t n, Dist dist) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> b(n);
+  for (float& x : b) x = dist(rng);
+  return b;
+}
+
 const std::vector<float>& F32Block() {  // f32 in (-1, 1)
   static const std::vector<float> block = [] {
-    std::mt19937_64 rng(2);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    std::vector<float> b(size_t{4} << 20);
+    std::vector<float> b =
+        DrawFloats(2, size_t{4} << 20, std::uniform_real_distribution<float>(-1.0f, 1.0f));
     for (float& x : b) {
-      x = dist(rng);
       if (x == 0.0f) x = 0.5f;
     }
     return b;
@@ -120,13 +127,8 @@ const std::vector<float>& F32Block() {  // f32 in (-1, 1)
 }
 
 const std::vector<float>& LogitBlock() {  // normal, std 3
-  static const std::vector<float> block = [] {
-    std::mt19937_64 rng(3);
-    std::normal_distribution<float> dist(0.0f, 3.0f);
-    std::vector<float> b(size_t{4} << 20);
-    for (float& x : b) x = dist(rng);
-    return b;
-  }();
+  static const std::vector<float> block =
+      DrawFloats(3, size_t{4} << 20, std::normal_distribution<float>(0.0f, 3.0f));
   return block;
 }
 
@@ -321,13 +323,8 @@ const std::vector<uint8_t>& CodeBlock() {
 }
 
 const std::vector<float>& ScaleBlock() {  // K/V row scales in [0.001, 0.02]
-  static const std::vector<float> block = [] {
-    std::mt19937_64 rng(5);
-    std::uniform_real_distribution<float> dist(0.001f, 0.02f);
-    std::vector<float> b(size_t{1} << 20);
-    for (float& x : b) x = dist(rng);
-    return b;
-  }();
+  static const std::vector<float> block =
+      DrawFloats(5, size_t{1} << 20, std::uniform_real_distribution<float>(0.001f, 0.02f));
   return block;
 }
 
