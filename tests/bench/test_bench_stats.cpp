@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -204,6 +205,13 @@ TEST(BenchStats, SteadyThroughputCountsTheTokensInsideTheFullConcurrencyWindow) 
   EXPECT_DOUBLE_EQ(m.steady_window_s, 4.0);
   EXPECT_DOUBLE_EQ(m.steady_output_tok_per_s, 13.0 / 4.0);
   EXPECT_DOUBLE_EQ(m.output_tok_per_s, 30.0 / 14.0);  // measured tokens over 5 .. 19
+  // The window starts once every worker has started (a ramp-up still under way before that).
+  run.all_workers_started_s = 7;  // 5 .. 7 dropped: warm-up 7..9 inside (3), measured 7..9 (6)
+  const RunMetrics ramped = SummarizeRun(run);
+  EXPECT_DOUBLE_EQ(ramped.steady_window_s, 2.0);
+  EXPECT_DOUBLE_EQ(ramped.steady_output_tok_per_s, 9.0 / 2.0);
+  run.all_workers_started_s = std::numeric_limits<double>::infinity();  // a worker never started
+  EXPECT_EQ(SummarizeRun(run).steady_output_tok_per_s, 0.0);
   // Measured requests that all started together leave no window.
   RunRecord burst;
   burst.measured.push_back(record(1, 2, 4, 4));

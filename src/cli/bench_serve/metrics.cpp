@@ -78,14 +78,16 @@ RunMetrics SummarizeRun(const RunRecord& run) {
   }
   double last_start = -std::numeric_limits<double>::infinity();
   for (const RequestRecord& r : run.measured) last_start = std::max(last_start, r.start_s);
-  if (!run.measured.empty() && last_start > first_start) {
-    m.steady_window_s = last_start - first_start;
+  const double steady_from = std::max(first_start, run.all_workers_started_s);
+  if (!run.measured.empty() && last_start > steady_from) {
+    m.steady_window_s = last_start - steady_from;
     double tokens = 0;
     for (const auto* records : {&run.warmup, &run.measured}) {
       for (const RequestRecord& r : *records) {
         if (r.outcome != Outcome::kOk || r.content_times_s.empty()) continue;
-        const auto in = std::count_if(r.content_times_s.begin(), r.content_times_s.end(),
-                                      [&](double t) { return t >= first_start && t <= last_start; });
+        const auto in =
+            std::count_if(r.content_times_s.begin(), r.content_times_s.end(),
+                          [&](double t) { return t >= steady_from && t <= last_start; });
         tokens += static_cast<double>(r.output_tokens()) * static_cast<double>(in) /
                   static_cast<double>(r.content_times_s.size());
       }

@@ -46,11 +46,12 @@ struct RunMetrics {
   int64_t prompt_tokens = 0;               // from usage
   double window_s = 0;                     // first measured request's start to the last one's end
   double output_tok_per_s = 0;
-  // Closed-loop throughput while every worker had a request in flight: from the first measured
-  // request's start to the last one's (after it the workers run out of requests and the
-  // concurrency drains), the output tokens of all requests, warm-up ones included, that arrived
-  // in it (a request's usage tokens times the share of its content chunks in the window). 0 when
-  // the measured requests all started at once.
+  // Closed-loop throughput while every worker had a request in flight: from the later of the
+  // first measured request's start and the last worker's first start (--ramp-up) to the last
+  // measured request's start (after it the workers run out of requests and the concurrency
+  // drains), the output tokens of all requests, warm-up ones included, that arrived in it (a
+  // request's usage tokens times the share of its content chunks in the window). 0 when there is
+  // no such window (the measured requests all started at once, or before every worker had).
   double steady_window_s = 0;
   double steady_output_tok_per_s = 0;
   double requests_per_s = 0;

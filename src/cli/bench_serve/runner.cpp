@@ -1,6 +1,8 @@
 #include "cli/bench_serve/runner.h"
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -17,6 +19,8 @@ RunRecord RunClosedLoop(const ServerUrl& url, const Workload& workload, Workload
   const Clock::time_point epoch = Clock::now();
   const std::string path = EndpointPath(options.body.endpoint);
 
+  std::vector<double> first_start(static_cast<size_t>(options.concurrency),
+                                  std::numeric_limits<double>::infinity());
   auto worker = [&](int32_t w) {
     if (options.ramp_up_s > 0) {
       std::this_thread::sleep_until(
@@ -49,6 +53,8 @@ RunRecord RunClosedLoop(const ServerUrl& url, const Workload& workload, Workload
       }
       RequestRecord record = client.Stream(path, RequestBody(spec, options.body), epoch);
       record.turn = spec.turn;
+      double& first = first_start[static_cast<size_t>(w)];
+      first = std::min(first, record.start_s);
       const bool failed = record.outcome != Outcome::kOk;
       {
         std::lock_guard lock(mu);
@@ -68,6 +74,7 @@ RunRecord RunClosedLoop(const ServerUrl& url, const Workload& workload, Workload
   std::vector<std::thread> workers;
   for (int32_t i = 0; i < options.concurrency; ++i) workers.emplace_back(worker, i);
   for (std::thread& t : workers) t.join();
+  run.all_workers_started_s = *std::max_element(first_start.begin(), first_start.end());
   return run;
 }
 

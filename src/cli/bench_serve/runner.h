@@ -34,6 +34,9 @@ struct RunRecord {
   // (RunMetrics::steady_output_tok_per_s), nothing else.
   std::vector<RequestRecord> warmup;
   int64_t warmup_failed = 0;
+  // When the last worker started its first request (seconds since the run's epoch, like the
+  // records' times); infinite when a worker never started one.
+  double all_workers_started_s = 0;
 };
 
 RunRecord RunClosedLoop(const ServerUrl& url, const Workload& workload, WorkloadKind kind,
