@@ -129,8 +129,8 @@ TEST(QuantLinear, Int8ActivationsSameBitsInEveryKernelSet) {
 }
 
 // Q4_K rows interleaved by 8 (cpu::PackQ4_KRows, what a CPU model loads for the AVX2 integer
-// kernel): the same bits as the reference over the file's rows, at every batch size and thread
-// count, several chunks of rows included.
+// kernel): the same bits as the reference over the file's rows, at every batch size (the kernel's
+// tiles of 8, 4 and 1 token rows) and thread count, several chunks of rows included.
 TEST(QuantLinear, PackedQ4_KRowsGiveTheSameBits) {
   std::mt19937 rng(12);
   ThreadPool pool1(1), pool2(2), pool3(3);
@@ -143,7 +143,7 @@ TEST(QuantLinear, PackedQ4_KRowsGiveTheSameBits) {
     cpu::PackQ4_KRows(w.view, packed.data());
     TensorView pv = w.view;
     pv.cpu_packed = packed.data();
-    for (int64_t m : {1, 3, 17, 40}) {
+    for (int64_t m : {1, 3, 13, 17, 40}) {  // the tiles of 8, 4 and 1 token rows
       const std::string label =
           std::to_string(rows) + "x" + std::to_string(cols) + " m=" + std::to_string(m);
       std::vector<float> x = RandomFloats(rng, m * cols);
