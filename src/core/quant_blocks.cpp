@@ -218,7 +218,27 @@ float DotQ45_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
 }  // namespace
 
 float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
-  return DotQ45_K<false>(w_row, x, k);
+  float acc = 0.0f;
+  float acc_m = 0.0f;
+  for (int64_t b = 0; b < k / kQKBlock; ++b) {
+    const uint8_t* blk = w_row + b * kQ4_KBytes;
+    const uint8_t* qs = blk + 16;
+    const int8_t* qx = x.q + b * kQKBlock;
+    int32_t isum = 0, summ = 0;
+    for (int g = 0; g < 8; ++g) {
+      int sc, m;
+      Q4KScaleMin(blk + 4, g, &sc, &m);
+      const int c = g / 2, shift = (g % 2) * 4;
+      int32_t p = 0;
+      for (int l = 0; l < 32; ++l) p += ((qs[32 * c + l] >> shift) & 0xF) * int32_t{qx[32 * g + l]};
+      isum += sc * p;
+      summ += m * (x.bsum[b * 16 + 2 * g] + x.bsum[b * 16 + 2 * g + 1]);
+    }
+    acc = std::fma(x.d[b] * LoadF16(blk), static_cast<float>(isum), acc);
+    const float m = (x.d[b] * LoadF16(blk + 2)) * static_cast<float>(summ);
+    acc_m = acc_m + m;
+  }
+  return acc - acc_m;
 }
 
 float DotQ5_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {

@@ -75,10 +75,13 @@ void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out);
 // kept as the AVX2 kernel keeps them:
 //   Q8_0:  lane[j] = fma(dw * dx, float(sum of q_w q_x over elements 4j..4j+3), lane[j]);
 //          result ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
-//   Q4_K:  eight lanes too: lane[j] = fma(dx * d, float(sum_g sc_g * (sum of q_w q_x over
-//          elements 4j..4j+3 of group g)), lane[j]); acc_m += (dx * dmin) * float(sum_g m_g *
-//          bsum_g); result = (the lane sum as for Q8_0) - acc_m
-//   Q5_K:  as Q4_K, with the 5-bit q in place of the nibble
+//   Q4_K:  one lane: acc = fma(dx * d, float(sum_g sc_g * (sum of q_w q_x over group g)), acc);
+//          acc_m += (dx * dmin) * float(sum_g m_g * bsum_g); result = acc - acc_m (the block's
+//          integer is one sum, so the AVX2 kernel may add a group's products in int16 before
+//          scaling them)
+//   Q5_K:  eight lanes: lane[j] = fma(dx * d, float(sum_g sc_g * (sum of q_w q_x over elements
+//          4j..4j+3 of group g)), lane[j]) with the 5-bit q; acc_m as Q4_K's; result = (the lane
+//          sum as for Q8_0) - acc_m
 //   Q6_K:  acc += (dx * d) * float(sum_j sc_j * (sum (q6 - 32) * q_x)_j)
 // The AVX2 kernels compute the same integers and the same float operations, so both kernel sets
 // give the same bits.

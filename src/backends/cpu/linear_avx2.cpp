@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -297,7 +298,8 @@ template <int R>
 }
 
 // Q4_K (kFifthBit false) and Q5_K: 8 groups of 32 with 6-bit scales and mins; Q5_K gives each
-// nibble its fifth bit from qh: bit g of qh[l] for element l of group g.
+// nibble its fifth bit from qh: bit g of qh[l] for element l of group g. Q4_K's float steps
+// take the block's integer as one sum, Q5_K's as eight lanes (quant_blocks.h).
 template <int R, bool kFifthBit>
 [[gnu::optimize("fp-contract=off")]] void DotQ45_K(const uint8_t* w_base, int64_t row_bytes,
                                                   ActsView x, int64_t k, float* out) {
@@ -311,6 +313,7 @@ template <int R, bool kFifthBit>
   for (int r = 0; r < R; ++r) {
     const uint8_t* w = w_base + r * row_bytes;
     __m256 acc = _mm256_setzero_ps();
+    float acc_one = 0.0f;  // Q4_K
     float acc_m = 0.0f;
     for (int64_t b = 0; b < k / 256; ++b) {
       for (int line = 0; line < kBlockBytes; line += 64) {
@@ -343,7 +346,12 @@ template <int R, bool kFifthBit>
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(scales, pick[2 * c])));
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(scales, pick[2 * c + 1])));
       }
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d[b] * HalfToFloat(blk)), _mm256_cvtepi32_ps(isum), acc);
+      if constexpr (kFifthBit) {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x.d[b] * HalfToFloat(blk)),
+                              _mm256_cvtepi32_ps(isum), acc);
+      } else {
+        acc_one = std::fma(x.d[b] * HalfToFloat(blk), static_cast<float>(HsumI32(isum)), acc_one);
+      }
       // summ = sum_g m_g * (bsum[2g] + bsum[2g + 1])
       const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b));
       const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum + 16 * b + 8));
@@ -355,16 +363,15 @@ template <int R, bool kFifthBit>
       const float mm = (x.d[b] * HalfToFloat(blk + 2)) * static_cast<float>(_mm_cvtsi128_si32(mm4));
       acc_m = acc_m + mm;
     }
-    out[r] = HorizontalSum(acc) - acc_m;
+    out[r] = (kFifthBit ? HorizontalSum(acc) : acc_one) - acc_m;
   }
 }
 
 // Q4_K rows packed in groups of 8 (cpu::PackQ4_KRows): out[t][r] for the 8 rows of `group`
 // (n_blocks packed blocks) and the T token rows x[0..T). The lanes of every vector are the 8
-// rows: per block, isum holds each row's integer lane j of DotQ45_K (sum over groups g of sc_g
-// times the products of elements 4j..4j+3 of group g), acc[t][j] its float lane j, acc_m[t] its
-// min term; so each row gets DotQ45_K's integers, the same float operations in the same order,
-// and the same bits. The nibbles and scales of a block are unpacked once for the T token rows.
+// rows. A group's products are added in int16 (at most 8 x 2 x 15 x 127 per lane) and scaled
+// once, so each row's block integer is quant_blocks.h's one sum, and its float steps are the
+// reference's: the same bits. The nibbles of a block are unpacked once for the T token rows.
 template <int T>
 [[gnu::optimize("fp-contract=off")]] void DotQ4_KPacked8(const uint8_t* group, int64_t n_blocks,
                                                          const ActsView* x, float (*out)[8]) {
@@ -372,12 +379,9 @@ template <int T>
   // Qwen3-1.7B shape: 36-38 tok/s at 4-6 KB against 24 without and 28-30 at 16 KB).
   constexpr int64_t kAhead = 4 * kQ4_KPackedBlockBytes;
   const __m256i low = _mm256_set1_epi8(0x0F);
-  __m256 acc[T][8];
+  __m256 acc[T];
   __m256 acc_m[T];
-  for (int t = 0; t < T; ++t) {
-    for (int j = 0; j < 8; ++j) acc[t][j] = _mm256_setzero_ps();
-    acc_m[t] = _mm256_setzero_ps();
-  }
+  for (int t = 0; t < T; ++t) acc[t] = acc_m[t] = _mm256_setzero_ps();
   alignas(32) int32_t scales[8][8];  // [g][row]: the scale in both 16-bit halves (for madd)
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* blk = group + b * kQ4_KPackedBlockBytes;
@@ -390,40 +394,38 @@ template <int T>
       _mm256_store_si256(reinterpret_cast<__m256i*>(scales[g]),
                          _mm256_or_si256(v, _mm256_slli_epi32(v, 16)));
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1024)));
-    __m256 dxd[T];
-    for (int t = 0; t < T; ++t) dxd[t] = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
-    for (int j = 0; j < 8; ++j) {
-      __m256i lo[4], hi[4];
-      for (int c = 0; c < 4; ++c) {
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {  // groups 2c (low nibbles) and 2c + 1 (high)
+      __m256i sum_lo[T], sum_hi[T];
+      for (int t = 0; t < T; ++t) sum_lo[t] = sum_hi[t] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
         const __m256i v = Load32(blk + (c * 8 + j) * 32);
-        lo[c] = _mm256_and_si256(v, low);
-        hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      }
-      for (int t = 0; t < T; ++t) {
-        const int8_t* qx = x[t].q + 256 * b;
-        __m256i isum = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
+        const __m256i lo = _mm256_and_si256(v, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* qx = x[t].q + 256 * b + 64 * c + 4 * j;
           int32_t xl, xh;
-          std::memcpy(&xl, qx + 64 * c + 4 * j, 4);
-          std::memcpy(&xh, qx + 64 * c + 32 + 4 * j, 4);
-          const __m256i plo = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(xl));
-          const __m256i phi = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(xh));
-          isum = _mm256_add_epi32(
-              isum, _mm256_madd_epi16(
-                        plo, _mm256_load_si256(reinterpret_cast<const __m256i*>(scales[2 * c]))));
-          isum = _mm256_add_epi32(
-              isum,
-              _mm256_madd_epi16(
-                  phi, _mm256_load_si256(reinterpret_cast<const __m256i*>(scales[2 * c + 1]))));
+          std::memcpy(&xl, qx, 4);
+          std::memcpy(&xh, qx + 32, 4);
+          sum_lo[t] = _mm256_add_epi16(sum_lo[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+          sum_hi[t] = _mm256_add_epi16(sum_hi[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
         }
-        acc[t][j] = _mm256_fmadd_ps(dxd[t], _mm256_cvtepi32_ps(isum), acc[t][j]);
+      }
+      const __m256i sc_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(scales[2 * c]));
+      const __m256i sc_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(scales[2 * c + 1]));
+      for (int t = 0; t < T; ++t) {
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(sum_lo[t], sc_lo));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(sum_hi[t], sc_hi));
       }
     }
-    // Each row's sum over g of m_g * (bsum[2g] + bsum[2g + 1]).
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1024)));
     const __m256 dmin =
         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1040)));
     for (int t = 0; t < T; ++t) {
+      const __m256 dx = _mm256_set1_ps(x[t].d[b]);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+      // Each row's sum over g of m_g * (bsum[2g] + bsum[2g + 1]).
       const int16_t* bsum = x[t].bsum + 16 * b;
       const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum));
       const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum + 8));
@@ -435,19 +437,11 @@ template <int T>
         mm = _mm256_add_epi32(
             mm, _mm256_mullo_epi32(m, _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(g))));
       }
-      const __m256 dx = _mm256_set1_ps(x[t].d[b]);
       acc_m[t] =
           _mm256_add_ps(acc_m[t], _mm256_mul_ps(_mm256_mul_ps(dx, dmin), _mm256_cvtepi32_ps(mm)));
     }
   }
-  // HorizontalSum's order per row: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-  for (int t = 0; t < T; ++t) {
-    const __m256* a = acc[t];
-    const __m256 sum =
-        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
-                      _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
-    _mm256_storeu_ps(out[t], _mm256_sub_ps(sum, acc_m[t]));
-  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(acc[t], acc_m[t]));
 }
 
 template <int R>
@@ -507,9 +501,9 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
   const uint8_t* base = static_cast<const uint8_t*>(w);
   if constexpr (T == DType::kQ4_K) {
     if (packed != nullptr) {
-      // 8 token rows per pass over a group's blocks (prefill), then 4, then one at a time; all
-      // groups of the range for one tile of token rows, then the next tile (measured faster than
-      // all tiles for one group: 95 against 86 tok/s, prefill of 128 tokens on the 2-core VM).
+      // 4 token rows per pass over a group's blocks (prefill), then one at a time; all groups of
+      // the range for one tile of token rows, then the next tile (measured faster than all tiles
+      // for one group: 95 against 86 tok/s, prefill of 128 tokens on the 2-core VM).
       const int64_t n_blocks = k_in / 256;
       auto tile = [&]<int kTokens>(int64_t t) {
         for (int64_t n = n_begin; n < n_end; n += 8) {
@@ -523,7 +517,6 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
         }
       };
       int64_t t = 0;
-      for (; t + 8 <= m_rows; t += 8) tile.template operator()<8>(t);
       for (; t + 4 <= m_rows; t += 4) tile.template operator()<4>(t);
       for (; t < m_rows; ++t) tile.template operator()<1>(t);
       return;
