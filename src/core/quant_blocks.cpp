@@ -177,16 +177,15 @@ float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
 
 namespace {
 
-// Q4_K and Q5_K (kFifthBit): the 4-bit nibbles at qs, with Q5_K's fifth bits from qh.
-template <bool kFifthBit>
-float DotQ45_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
-  constexpr int64_t kBytes = kFifthBit ? kQ5_KBytes : kQ4_KBytes;
+// Q5_K: Q4_K's nibbles (at byte 48) with their fifth bits from qh; eight lanes.
+float DotQ5_KLanes(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+  constexpr int64_t kBytes = kQ5_KBytes;
   float lane[8] = {};
   float acc_m = 0.0f;
   for (int64_t b = 0; b < k / kQKBlock; ++b) {
     const uint8_t* blk = w_row + b * kBytes;
     const uint8_t* qh = blk + 16;
-    const uint8_t* qs = blk + (kFifthBit ? 48 : 16);
+    const uint8_t* qs = blk + 48;
     const int8_t* qx = x.q + b * kQKBlock;
     int32_t lane_int[8] = {};
     int32_t summ = 0;
@@ -198,7 +197,7 @@ float DotQ45_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
         int32_t p = 0;
         for (int l = 4 * j; l < 4 * j + 4; ++l) {
           int q = (qs[32 * c + l] >> shift) & 0xF;
-          if constexpr (kFifthBit) q |= ((qh[l] >> g) & 1) << 4;
+          q |= ((qh[l] >> g) & 1) << 4;
           p += q * int32_t{qx[32 * g + l]};
         }
         lane_int[j] += sc * p;
@@ -242,7 +241,7 @@ float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
 }
 
 float DotQ5_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
-  return DotQ45_K<true>(w_row, x, k);
+  return DotQ5_KLanes(w_row, x, k);
 }
 
 float DotQ6_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
