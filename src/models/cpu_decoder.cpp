@@ -131,9 +131,9 @@ void CpuDecoder::EnsureScratch(int64_t n, int64_t max_context) {
   }
 }
 
-const TensorView* CpuDecoder::Bf16Weight(const TensorView* w) {
+const TensorView* CpuDecoder::Bf16Weight(const TensorView* w, bool round_quantized) {
   if (!bf16_activations_ || w->dtype == DType::kBF16) return w;
-  if (w->dtype != DType::kF32 && w->dtype != DType::kF16 && !round_quantized_) return w;
+  if (w->dtype != DType::kF32 && w->dtype != DType::kF16 && !round_quantized) return w;
   auto it = rounded_weights_.find(w);
   if (it == rounded_weights_.end()) {
     RoundedWeight r;
@@ -160,7 +160,8 @@ const TensorView* CpuDecoder::Bf16Weight(const TensorView* w) {
   return &it->second.view;
 }
 
-void CpuDecoder::LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJob> jobs) {
+void CpuDecoder::LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJob> jobs,
+                             bool round_quantized) {
   const Clock::time_point t0 = Clock::now();
   if (bf16_activations_) {  // the same GEMMs over bf16-rounded copies of their inputs (and of
                             // the weights CUDA holds in bf16: Bf16Weight)
@@ -172,7 +173,7 @@ void CpuDecoder::LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJo
       copy.assign(job.x, job.x + m_rows * job.w->shape[1]);
       RoundToBf16(copy.data(), static_cast<int64_t>(copy.size()));
       rounded[j] = job;
-      rounded[j].w = Bf16Weight(job.w);
+      rounded[j].w = Bf16Weight(job.w, round_quantized);
       rounded[j++].x = copy.data();
     }
     cpu::LinearGroup(ops_, m_rows, std::span<const cpu::LinearJob>(rounded, j));
@@ -427,14 +428,16 @@ void CpuDecoder::DeltaNet(int64_t layer, const Batch& batch) {
   LinearTimed(n, {{s.core.data(), &w.out_proj, nullptr, s.tmp.data()}});  // [n, hidden]
 }
 
-void CpuDecoder::Mlp(const MlpWeights& w, int64_t n, const float* in, float* out) {
+void CpuDecoder::Mlp(const MlpWeights& w, int64_t n, const float* in, float* out, bool expert) {
   const int64_t inter = w.gate_proj.shape[0];
-  LinearTimed(n, {{in, &w.gate_proj, &w.gate_bias, s_.mlp_gate.data()},  // [n, intermediate]
-                  {in, &w.up_proj, &w.up_bias, s_.mlp_up.data()}});      // [n, intermediate]
+  LinearTimed(n,
+              {{in, &w.gate_proj, &w.gate_bias, s_.mlp_gate.data()},  // [n, intermediate]
+               {in, &w.up_proj, &w.up_bias, s_.mlp_up.data()}},       // [n, intermediate]
+              expert);
   const Clock::time_point t0 = Clock::now();
   cpu::SiluMul(ops_, s_.mlp_gate.data(), s_.mlp_up.data(), n * inter, s_.mlp_gate.data());
   stats_->other_s += SecondsSince(t0);
-  LinearTimed(n, {{s_.mlp_gate.data(), &w.down_proj, &w.down_bias, out}});  // [n, hidden]
+  LinearTimed(n, {{s_.mlp_gate.data(), &w.down_proj, &w.down_bias, out}}, expert);  // [n, hidden]
 }
 
 // Top-k routing as transformers: softmax over all experts in f32, the k largest probabilities
@@ -498,9 +501,8 @@ void CpuDecoder::Moe(int64_t layer, int64_t n) {
     }
     stats_->other_s += SecondsSince(t0);
     // CUDA holds every expert weight in bf16, quantized ones included.
-    round_quantized_ = true;
-    Mlp(w.experts[static_cast<size_t>(e)], m, s.gathered.data(), s.expert_out.data());
-    round_quantized_ = false;
+    Mlp(w.experts[static_cast<size_t>(e)], m, s.gathered.data(), s.expert_out.data(),
+        /*expert=*/true);
     t0 = Clock::now();
     for (int32_t i = 0; i < m; ++i) {
       const float wt = s.expert_row_w[first + i];

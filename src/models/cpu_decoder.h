@@ -76,10 +76,13 @@ class CpuDecoder {
   void Layer(int64_t layer, const Batch& batch);
   void Attention(int64_t layer, const Batch& batch);                      // xn -> tmp
   void DeltaNet(int64_t layer, const Batch& batch);                       // xn -> tmp
-  void Mlp(const MlpWeights& w, int64_t n, const float* in, float* out);  // in, out [n, hidden]
+  // in, out [n, hidden]; expert: an MoE expert's (bf16_activations rounds its weights whatever
+  // their type, as CUDA holds them in bf16).
+  void Mlp(const MlpWeights& w, int64_t n, const float* in, float* out, bool expert = false);
   void Moe(int64_t layer, int64_t n);                                     // xn -> tmp
   void Norm(const float* x, int64_t n, const TensorView& w, float* y);
-  void LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJob> jobs);
+  void LinearTimed(int64_t m_rows, std::initializer_list<cpu::LinearJob> jobs,
+                   bool round_quantized = false);
   void EnsureScratch(int64_t n_tokens, int64_t max_context);
 
   const ModelConfig& c_;
@@ -91,15 +94,15 @@ class CpuDecoder {
   bool bf16_activations_ = false;
   std::vector<float> rounded_[cpu::kMaxLinearGroup];  // bf16-rounded GEMM inputs
   // bf16_activations: f32 / f16 weights (linear layers, norms) rounded to bf16, as the CUDA
-  // weight plan places them, and the MoE experts' weights of any type (made on first use, keyed
-  // by the weight's view). Bf16Weight returns w itself without bf16_activations.
+  // weight plan places them, and with round_quantized (the MoE experts') weights of any type
+  // (made on first use, keyed by the weight's view). Bf16Weight returns w itself without
+  // bf16_activations.
   struct RoundedWeight {
     std::vector<float> values;
     TensorView view;
   };
   std::map<const TensorView*, RoundedWeight> rounded_weights_;
-  bool round_quantized_ = false;  // set around the MoE experts: quantized weights rounded too
-  const TensorView* Bf16Weight(const TensorView* w);
+  const TensorView* Bf16Weight(const TensorView* w, bool round_quantized = false);
   std::vector<int64_t> cache_index_;  // [n_layers] index among layers of the same type
   std::vector<float> inv_freq_;       // [rotary_dim/2]
   float rope_attention_scale_ = 1.0f;
