@@ -383,6 +383,7 @@ template <int T>
   __m256 acc_m[T];
   for (int t = 0; t < T; ++t) acc[t] = acc_m[t] = _mm256_setzero_ps();
   alignas(32) int32_t scales[8][8];  // [g][row]: the scale in both 16-bit halves (for madd)
+  alignas(32) int32_t mins[8][8];    // [g][row]
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* blk = group + b * kQ4_KPackedBlockBytes;
     for (int64_t line = 0; line < kQ4_KPackedBlockBytes; line += 64) {
@@ -393,6 +394,9 @@ template <int T>
           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 1056 + 8 * g)));
       _mm256_store_si256(reinterpret_cast<__m256i*>(scales[g]),
                          _mm256_or_si256(v, _mm256_slli_epi32(v, 16)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(mins[g]),
+                         _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                             reinterpret_cast<const __m128i*>(blk + 1120 + 8 * g))));
     }
     __m256i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
@@ -432,8 +436,7 @@ template <int T>
       const __m256i pairs = _mm256_cvtepi16_epi32(_mm_hadd_epi16(bs_lo, bs_hi));
       __m256i mm = _mm256_setzero_si256();
       for (int g = 0; g < 8; ++g) {
-        const __m256i m = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 1120 + 8 * g)));
+        const __m256i m = _mm256_load_si256(reinterpret_cast<const __m256i*>(mins[g]));
         mm = _mm256_add_epi32(
             mm, _mm256_mullo_epi32(m, _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(g))));
       }
