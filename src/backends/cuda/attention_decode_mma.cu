@@ -240,10 +240,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   if (split0 >= split_end) return;
   const int n_block_splits = split_end - split0;
 
+  // Split si of the block (0 .. n_block_splits - 1): first position and attended range.
+  auto split_range = [&](int si, int& begin, int& r_lo, int& r_hi) {
+    begin = (split0 + si) * kDecodeSplitTokens;
+    r_lo = max(first, begin);
+    r_hi = min(pos, begin + kDecodeSplitTokens - 1);
+  };
+
   if (tid < n_block_splits * kChunksPerSplit) {
-    const int split_begin = (split0 + tid / kChunksPerSplit) * kDecodeSplitTokens;
-    const int lo = max(first, split_begin);
-    const int hi = min(pos, split_begin + kDecodeSplitTokens - 1);
+    int split_begin, lo, hi;
+    split_range(tid / kChunksPerSplit, split_begin, lo, hi);
     const int chunk_begin = split_begin + (tid % kChunksPerSplit) * kChunk;
     int64_t offset = 0;
     // Only chunks holding attended keys: table entries past the context may be garbage.
@@ -433,12 +439,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     }
   };
 
-  // Split si of the block (0 .. n_block_splits - 1): first position and attended range.
-  auto split_range = [&](int si, int& begin, int& r_lo, int& r_hi) {
-    begin = (split0 + si) * kDecodeSplitTokens;
-    r_lo = max(first, begin);
-    r_hi = min(pos, begin + kDecodeSplitTokens - 1);
-  };
   // The staged path's ring: the warp's chunks of every split of the block in one sequence
   // (q = si * kChunksPerWarp + c), kStages of them in flight.
   unsigned char* stages = smem + warp * G::kStages * G::kStageBytes;
