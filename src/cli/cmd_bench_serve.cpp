@@ -46,6 +46,7 @@ struct BenchServeFlags {
   int64_t turn_tokens = 150;
   uint64_t seed = 1;
   bool no_ignore_eos = false;
+  bool no_continuous_usage = false;
   std::string extra_body;
   double timeout_s = 600;
   std::string ci = "order";
@@ -189,6 +190,7 @@ Result<bench::RunOptions> RunOptionsFromFlags(const BenchServeFlags& f) {
   ro.api_key = f.api_key;
   ro.body.endpoint = f.endpoint == "chat" ? bench::Endpoint::kChat : bench::Endpoint::kCompletions;
   ro.body.ignore_eos = !f.no_ignore_eos;
+  ro.body.continuous_usage = !f.no_continuous_usage;
   if (!f.extra_body.empty()) {
     ro.body.extra = json::parse(f.extra_body, nullptr, false);
     if (!ro.body.extra.is_object()) return InvalidArgument("--extra-body must be a JSON object");
@@ -286,6 +288,7 @@ json ReportHeader(const BenchServeFlags& f, const std::vector<Server>& servers,
   }
   workload["seed"] = f.seed;
   workload["ignore_eos"] = ro.body.ignore_eos;
+  workload["continuous_usage_stats"] = ro.body.continuous_usage;
   out["workload"] = std::move(workload);
   const Server& first = servers[0];
   out["calibration"] = {
@@ -398,6 +401,8 @@ void RegisterBenchServe(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--no-ignore-eos", f.no_ignore_eos,
                 "Do not send ignore_eos/min_tokens (for servers that reject unknown fields)");
+  cmd->add_flag("--no-continuous-usage", f.no_continuous_usage,
+                "Do not ask for stream_options.continuous_usage_stats (usage in every chunk)");
   cmd->add_option("--extra-body", f.extra_body, "JSON object merged into every request body");
   cmd->add_option("--timeout", f.timeout_s, "Seconds per request")->capture_default_str();
   cmd->add_option("--ci", f.ci, "Confidence intervals: order (order statistics) or bootstrap")

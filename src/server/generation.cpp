@@ -161,6 +161,7 @@ ResponseMeta OpenAIMeta(const HttpServer::State& s, ApiKind kind,
   meta.logprobs = options.sampling.logprobs;
   meta.top_logprobs = options.sampling.n_top_logprobs;
   meta.include_usage = options.include_usage;
+  meta.continuous_usage = options.continuous_usage;
   meta.n_choices = options.n;
   return meta;
 }

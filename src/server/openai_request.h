@@ -55,6 +55,10 @@ struct GenerationOptions {
   std::vector<std::string> stop;      // validated (StopMatcher::Validate)
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage
+  // stream_options.continuous_usage_stats (vLLM extension, with include_usage): every chunk
+  // carries the usage so far, and every sampled token gets a chunk (empty text while a partial
+  // UTF-8 sequence or a possible stop string holds the text back).
+  bool continuous_usage = false;
   bool ignore_eos = false;      // vLLM extension
   int32_t n = 1;                // choices, 1..kMaxChoices
   OutputConstraint constraint;  // response_format / structured_outputs

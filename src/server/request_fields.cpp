@@ -102,8 +102,17 @@ std::optional<ApiError> ReadStreamFields(const Json& body, GenerationOptions* ou
   if (!out->stream) {
     return BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options");
   }
-  return detail::ReadBool(*it, "include_usage", "stream_options.include_usage",
-                          &out->include_usage);
+  if (auto e = detail::ReadBool(*it, "include_usage", "stream_options.include_usage",
+                               &out->include_usage)) {
+    return e;
+  }
+  bool continuous = false;
+  if (auto e = detail::ReadBool(*it, "continuous_usage_stats",
+                               "stream_options.continuous_usage_stats", &continuous)) {
+    return e;
+  }
+  out->continuous_usage = continuous && out->include_usage;  // as vLLM: only with include_usage
+  return std::nullopt;
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ struct ResponseMeta {
   bool logprobs = false;       // chat: logprobs; completions: logprobs set
   int32_t top_logprobs = 0;    // alternatives per token
   bool include_usage = false;  // streaming: usage chunk at the end, "usage": null before
+  bool continuous_usage = false;  // streaming, with include_usage: the usage so far in every chunk
   int32_t n_choices = 1;
   OutputParserOptions parsing;  // chat: how reasoning and tool calls are read from the text
   std::string echo;             // completions: prompt text shown before each choice's text

@@ -44,47 +44,62 @@ std::string StreamEncoder::Start() {
   return frames;
 }
 
+RequestUsage StreamEncoder::UsageSoFar() const {
+  std::vector<const RequestUsage*> usages;
+  for (const Choice& ch : choices_) usages.push_back(&ch.output.usage());
+  return CombinedUsage(usages);
+}
+
 std::string StreamEncoder::Add(size_t index, const RequestOutput& event) {
   if (finished_) return "";
   Choice& c = choices_.at(index);
   if (c.output.finished()) return "";
-  std::string frames;
+  std::vector<Json> chunks;
   const OutputPieces& pieces = c.output.Add(event);
   if (meta_.logprobs) c.logprobs.Add(event.samples);
   // The event's logprobs travel with its first chunk.
   Json lp = meta_.logprobs && !c.logprobs.empty() ? c.logprobs.Take() : Json();
   const bool chat = meta_.kind == ApiKind::kChat;
   for (const OutputPiece& piece : pieces) {
-    if (chat) {
-      frames += SseJsonFrame(
-          ChatChunk(meta_, ChatDeltaJson(piece, c.output), std::move(lp), nullptr, index));
-    } else {
-      frames += SseJsonFrame(CompletionChunk(meta_, piece.text, std::move(lp), nullptr, index));
-    }
+    chunks.push_back(chat ? ChatChunk(meta_, ChatDeltaJson(piece, c.output), std::move(lp),
+                                      nullptr, index)
+                          : CompletionChunk(meta_, piece.text, std::move(lp), nullptr, index));
     lp = Json();
   }
-  if (!lp.is_null()) {
-    frames +=
-        chat ? SseJsonFrame(ChatChunk(meta_, Json{{"content", ""}}, std::move(lp), nullptr, index))
-             : SseJsonFrame(CompletionChunk(meta_, "", std::move(lp), nullptr, index));
+  // An event that only carries logprobs, or (with continuous usage) tokens whose text is held
+  // back, still gets a chunk.
+  const bool token_chunk = meta_.continuous_usage && !event.token_ids.empty() && !event.finished;
+  if (chunks.empty() && (!lp.is_null() || token_chunk)) {
+    chunks.push_back(chat ? ChatChunk(meta_, Json{{"content", ""}}, std::move(lp), nullptr, index)
+                          : CompletionChunk(meta_, "", std::move(lp), nullptr, index));
   }
-  if (!event.finished) return frames;
+  std::string frames;
+  auto emit = [&](std::vector<Json>& out) {
+    if (meta_.continuous_usage && !out.empty()) {
+      const Json usage = UsageJson(UsageSoFar());
+      for (Json& chunk : out) chunk["usage"] = usage;
+    }
+    for (const Json& chunk : out) frames += SseJsonFrame(chunk);
+    out.clear();
+  };
+  if (!event.finished) {
+    emit(chunks);
+    return frames;
+  }
 
   if (std::optional<ApiError> error = EventError(event)) {
+    emit(chunks);
     finished_ = true;
     return frames + SseErrorFrames(*error);
   }
   const char* reason = ChoiceFinishReason(c.output);
-  frames += chat ? SseJsonFrame(ChatChunk(meta_, Json::object(), nullptr, reason, index))
-                 : SseJsonFrame(CompletionChunk(meta_, "", nullptr, reason, index));
+  chunks.push_back(chat ? ChatChunk(meta_, Json::object(), nullptr, reason, index)
+                        : CompletionChunk(meta_, "", nullptr, reason, index));
+  emit(chunks);
   if (++n_finished_ < choices_.size()) return frames;
 
   finished_ = true;
-  if (meta_.include_usage) {
-    std::vector<const RequestUsage*> usages;
-    for (const Choice& ch : choices_) usages.push_back(&ch.output.usage());
-    frames += SseJsonFrame(UsageChunk(meta_, CombinedUsage(usages)));
-  }
+  if (meta_.include_usage) frames += SseJsonFrame(UsageChunk(meta_, UsageSoFar()));
   frames += SseDone();
   return frames;
 }

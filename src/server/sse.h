@@ -23,6 +23,9 @@ std::string SseErrorFrames(const ApiError& error);
 //   one with empty content when the event only carries logprobs;
 //   per choice, when it ends, a chunk with an empty delta and its finish_reason;
 //   after the last choice, with include_usage, a chunk with "choices": [] and the usage;
+//   with continuous_usage, every chunk carries the usage so far, and an event whose text is held
+//   back (a partial UTF-8 sequence, a possible stop string) gets a chunk with empty text, so a
+//   client sees when each token was sampled;
 //   data: [DONE].
 // Text deltas come from the engine whole-code-point and with stop strings already removed.
 // A failed or cancelled choice ends the stream with an error frame and [DONE].
@@ -40,6 +43,8 @@ class StreamEncoder {
     ChoiceOutput output;
     LogprobsBuilder logprobs;
   };
+  RequestUsage UsageSoFar() const;  // every choice's usage combined, as the final chunk reports
+
   ResponseMeta meta_;
   std::vector<Choice> choices_;
   size_t n_finished_ = 0;

@@ -142,6 +142,52 @@ TEST(BenchStream, ChunkTimesAndUsageOfAChatStream) {
   EXPECT_DOUBLE_EQ(r.e2e_s(), 8.5);
 }
 
+// Per-chunk usage (continuous_usage_stats): a token whose text is held back arrives in a chunk
+// with empty text, and a chunk may bring two tokens.
+TEST(BenchStream, PerChunkUsageTimesEveryToken) {
+  auto chunk = [](const std::string& text, int completion) {
+    json c = ChatChunk(text);
+    c["usage"] = {{"prompt_tokens", 4}, {"completion_tokens", completion},
+                  {"total_tokens", 4 + completion}};
+    return c;
+  };
+  RequestRecord r;
+  r.start_s = 0.0;
+  StreamRecorder recorder(&r);
+  recorder.OnBytes(Frame(chunk("a", 1)), 1.0);
+  recorder.OnBytes(Frame(chunk("", 2)), 1.1);  // held back: no text, one more token
+  recorder.OnBytes(Frame(chunk("bc", 3)), 1.2);
+  recorder.OnBytes(Frame(chunk("de", 5)), 1.6);  // two tokens in one chunk
+  json finish = {{"choices", {{{"index", 0}, {"delta", json::object()}, {"finish_reason", "length"}}}},
+                 {"usage", {{"prompt_tokens", 4}, {"completion_tokens", 5}, {"total_tokens", 9}}}};
+  recorder.OnBytes(Frame(finish), 1.7);
+  recorder.OnBytes(Frame({{"choices", json::array()},
+                          {"usage", {{"prompt_tokens", 4}, {"completion_tokens", 5}, {"total_tokens", 9}}}}) +
+                       "data: [DONE]\n\n",
+                   1.8);
+  recorder.Finish(1.8);
+  ASSERT_EQ(r.outcome, Outcome::kOk);
+  EXPECT_EQ(r.content_times_s, (std::vector<double>{1.0, 1.2, 1.6}));
+  EXPECT_EQ(r.token_times_s, (std::vector<double>{1.0, 1.1, 1.2, 1.6}));
+  EXPECT_EQ(r.token_counts, (std::vector<int64_t>{1, 2, 3, 5}));
+  EXPECT_EQ(r.output_tokens(), 5);
+  EXPECT_DOUBLE_EQ(r.ttft_s(), 1.0);
+  const std::vector<double> itl = r.InterTokenLatencies();
+  ASSERT_EQ(itl.size(), 4u);
+  EXPECT_NEAR(itl[0], 0.1, 1e-12);
+  EXPECT_NEAR(itl[1], 0.1, 1e-12);
+  EXPECT_NEAR(itl[2], 0.2, 1e-12);  // the two-token chunk: 0.4 s over two tokens
+  EXPECT_NEAR(itl[3], 0.2, 1e-12);
+  EXPECT_DOUBLE_EQ(r.TokensArrivedBetween(1.05, 1.5), 2.0);  // the tokens of 1.1 and 1.2
+  // Without per-chunk usage the same content chunks spread the 4 gaps' tokens evenly instead.
+  RequestRecord plain = r;
+  plain.token_times_s.clear();
+  plain.token_counts.clear();
+  EXPECT_EQ(plain.InterTokenLatencies().size(), 4u);
+  EXPECT_NEAR(plain.InterTokenLatencies()[0], 0.1, 1e-12);  // 0.2 s gap over two tokens
+  EXPECT_DOUBLE_EQ(plain.TokensArrivedBetween(1.05, 1.5), 5.0 / 3.0);
+}
+
 TEST(BenchStream, ByteSplitsDoNotChangeTheRecord) {
   std::string all;
   for (const std::string& f : ChatFrames(true)) all += f;

@@ -171,13 +171,16 @@ TEST(BenchWorkload, RequestBodiesAskForUsageAndExactLengths) {
   EXPECT_EQ(chat["max_tokens"], 8);
   EXPECT_EQ(chat["stream"], true);
   EXPECT_EQ(chat["stream_options"]["include_usage"], true);
+  EXPECT_EQ(chat["stream_options"]["continuous_usage_stats"], true);
   EXPECT_EQ(chat["ignore_eos"], true);
   EXPECT_EQ(chat["min_tokens"], 8);
 
   o.endpoint = Endpoint::kCompletions;
   o.ignore_eos = false;
+  o.continuous_usage = false;
   o.extra = {{"temperature", 0}, {"max_tokens", 3}};
   json completion = json::parse(RequestBody(spec, o));
+  EXPECT_EQ(completion["stream_options"], (json{{"include_usage", true}}));
   EXPECT_EQ(completion["prompt"], "hello there");
   EXPECT_FALSE(completion.contains("messages"));
   EXPECT_FALSE(completion.contains("ignore_eos"));

@@ -139,6 +139,7 @@ TEST(CommonFields, ReadsEveryField) {
   EXPECT_EQ(o.stop, (std::vector<std::string>{"a", "bc"}));
   EXPECT_TRUE(o.stream);
   EXPECT_TRUE(o.include_usage);
+  EXPECT_FALSE(o.continuous_usage);
   EXPECT_TRUE(o.ignore_eos);
   ASSERT_EQ(o.sampling.logit_bias.size(), 2u);
   EXPECT_EQ(o.sampling.logit_bias[0], (std::pair<int32_t, float>{5, -100.0f}));
@@ -195,11 +196,27 @@ TEST(CommonFields, WrongTypesNameTheField) {
   ExpectError(R"("stream": true, "stream_options": true)", 400, "stream_options");
   ExpectError(R"("stream": true, "stream_options": {"include_usage": 1})", 400,
               "stream_options.include_usage");
+  ExpectError(R"("stream": true, "stream_options": {"continuous_usage_stats": "on"})", 400,
+              "stream_options.continuous_usage_stats");
   ExpectError(R"("ignore_eos": 1)", 400, "ignore_eos");
   ExpectError(R"("logit_bias": [1, 2])", 400, "logit_bias");
   ExpectError(R"("logit_bias": {"5": "up"})", 400, "logit_bias");
   ExpectError(R"("user": 5)", 400, "user");
   ExpectError(R"("response_format": "json")", 400, "response_format");
+}
+
+TEST(CommonFields, ContinuousUsageStatsOnlyWithIncludeUsage) {
+  CompletionRequest req;
+  ASSERT_FALSE(ParseWith(R"("stream": true, "stream_options": {"include_usage": true,
+      "continuous_usage_stats": true})",
+                         &req)
+                   .has_value());
+  EXPECT_TRUE(req.options.continuous_usage);
+  CompletionRequest without;
+  ASSERT_FALSE(ParseWith(R"("stream": true, "stream_options": {"continuous_usage_stats": true})",
+                         &without)
+                   .has_value());
+  EXPECT_FALSE(without.options.continuous_usage);  // as vLLM: ignored without include_usage
 }
 
 TEST(CommonFields, OutOfRangeValuesNameTheField) {

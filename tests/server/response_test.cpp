@@ -250,6 +250,38 @@ TEST(Sse, ChatStream) {
   EXPECT_EQ(p[5], "[DONE]");
 }
 
+TEST(Sse, ContinuousUsageGivesEveryTokenAChunkWithTheUsageSoFar) {
+  ResponseMeta meta = Meta(ApiKind::kCompletion);
+  meta.include_usage = true;
+  meta.continuous_usage = true;
+  StreamEncoder enc(meta, FakeTokenBytes);
+  auto event = [](std::vector<int32_t> tokens, std::string text, int32_t completion,
+                  bool finished = false) {
+    RequestOutput e = Event(std::move(tokens), std::move(text), finished, FinishReason::kLength);
+    e.usage = {5, completion, 2};
+    return e;
+  };
+  std::string sse = enc.Add(event({1}, "a", 1));
+  sse += enc.Add(event({2}, "", 2));  // held back (partial UTF-8): an empty chunk all the same
+  sse += enc.Add(event({3, 4}, "bc", 4));
+  sse += enc.Add(event({5}, "", 5, true));
+  std::vector<std::string> p = Payloads(sse);
+  ASSERT_EQ(p.size(), 6u);  // a, "", bc, finish, usage, [DONE]
+  const std::vector<std::string> texts = {"a", "", "bc", ""};
+  const std::vector<int> completion = {1, 2, 4, 5};
+  for (size_t i = 0; i < 4; ++i) {
+    const Json c = Json::parse(p[i]);
+    EXPECT_EQ(c["choices"][0]["text"], texts[i]) << p[i];
+    EXPECT_EQ(c["usage"]["completion_tokens"], completion[i]) << p[i];
+    EXPECT_EQ(c["usage"]["prompt_tokens"], 5) << p[i];
+    EXPECT_EQ(c["usage"]["total_tokens"], 5 + completion[i]) << p[i];
+  }
+  EXPECT_EQ(Json::parse(p[3])["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(Json::parse(p[4])["choices"], Json::array());
+  EXPECT_EQ(Json::parse(p[4])["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(p[5], "[DONE]");
+}
+
 TEST(Sse, NoUsageKeysWithoutIncludeUsage) {
   StreamEncoder enc(Meta(ApiKind::kChat), FakeTokenBytes);
   std::string sse = enc.Start();

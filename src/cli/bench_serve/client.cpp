@@ -1,5 +1,7 @@
 #include "cli/bench_serve/client.h"
 
+#include "cli/bench_serve/stats.h"
+
 #include <httplib.h>
 
 #include <algorithm>
@@ -47,6 +49,7 @@ std::string RequestBody(const RequestSpec& spec, const BodyOptions& options) {
   body["max_tokens"] = spec.max_tokens;
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
+  if (options.continuous_usage) body["stream_options"]["continuous_usage_stats"] = true;
   if (options.ignore_eos) {
     // Extensions (vLLM, SGLang, Kestrel): generate exactly max_tokens. Servers that ignore them
     // are measured all the same: token counts come from usage.
@@ -137,7 +140,9 @@ void StreamRecorder::OnEvent(const SseEvent& event, double t) {
     return;
   }
   bool content = false;
+  bool has_choices = false;
   if (auto choices = j.find("choices"); choices != j.end() && choices->is_array()) {
+    has_choices = !choices->empty();
     for (const json& choice : *choices) {
       if (!choice.is_object()) continue;
       // Chat deltas carry content (or reasoning, which is output tokens as well); completions
@@ -161,9 +166,44 @@ void StreamRecorder::OnEvent(const SseEvent& event, double t) {
       *out = it->get<int64_t>();
       return true;
     };
-    if (read("completion_tokens", &record_->usage_output_tokens)) record_->usage_present = true;
+    if (read("completion_tokens", &record_->usage_output_tokens)) {
+      record_->usage_present = true;
+      // A chunk of the choices with the usage so far (not the final usage-only chunk).
+      const int64_t before = record_->token_counts.empty() ? 0 : record_->token_counts.back();
+      if (has_choices && record_->usage_output_tokens > before) {
+        record_->token_times_s.push_back(t);
+        record_->token_counts.push_back(record_->usage_output_tokens);
+      }
+    }
     read("prompt_tokens", &record_->usage_prompt_tokens);
   }
+}
+
+std::vector<double> RequestRecord::InterTokenLatencies() const {
+  if (token_times_s.empty()) return SplitInterTokenLatencies(content_times_s, output_tokens());
+  std::vector<double> out;
+  for (size_t i = 1; i < token_times_s.size(); ++i) {
+    const int64_t k = token_counts[i] - token_counts[i - 1];
+    const double gap = token_times_s[i] - token_times_s[i - 1];
+    out.insert(out.end(), static_cast<size_t>(k), gap / static_cast<double>(k));
+  }
+  return out;
+}
+
+double RequestRecord::TokensArrivedBetween(double from, double to) const {
+  if (!token_times_s.empty()) {
+    double tokens = 0;
+    for (size_t i = 0; i < token_times_s.size(); ++i) {
+      if (token_times_s[i] < from || token_times_s[i] > to) continue;
+      tokens += static_cast<double>(token_counts[i] - (i > 0 ? token_counts[i - 1] : 0));
+    }
+    return tokens;
+  }
+  if (content_times_s.empty()) return 0;
+  const auto in = std::count_if(content_times_s.begin(), content_times_s.end(),
+                                [&](double t) { return t >= from && t <= to; });
+  return static_cast<double>(output_tokens()) * static_cast<double>(in) /
+         static_cast<double>(content_times_s.size());
 }
 
 StreamClient::StreamClient(const ServerUrl& url, const std::string& api_key, double timeout_s)

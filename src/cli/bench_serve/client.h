@@ -41,6 +41,9 @@ struct BodyOptions {
   Endpoint endpoint = Endpoint::kChat;
   std::string model;
   bool ignore_eos = true;                           // send ignore_eos and min_tokens = max_tokens
+  // Ask for stream_options.continuous_usage_stats (vLLM, SGLang, Kestrel): usage in every chunk,
+  // so each chunk's token count is known (servers without it stream as before).
+  bool continuous_usage = true;
   nlohmann::json extra = nlohmann::json::object();  // merged last (--extra-body)
 };
 
@@ -59,6 +62,11 @@ struct RequestRecord {
   double start_s = 0;
   double end_s = 0;
   std::vector<double> content_times_s;  // arrival of each chunk that carried output text
+  // From chunks that carry choices and usage (continuous usage stats): the arrival of each chunk
+  // whose usage.completion_tokens grew, and the count it reached. Empty when the server sends
+  // usage only at the end.
+  std::vector<double> token_times_s;
+  std::vector<int64_t> token_counts;
   bool usage_present = false;
   int64_t usage_output_tokens = 0;
   int64_t usage_prompt_tokens = 0;
@@ -68,7 +76,20 @@ struct RequestRecord {
   int64_t output_tokens() const {
     return usage_present ? usage_output_tokens : static_cast<int64_t>(content_times_s.size());
   }
-  double ttft_s() const { return content_times_s.empty() ? 0 : content_times_s.front() - start_s; }
+  // When the first output arrived: the first chunk whose usage counted a token, else the first
+  // chunk with text; -1 when neither came.
+  double first_output_s() const {
+    if (!token_times_s.empty()) return token_times_s.front();
+    return content_times_s.empty() ? -1 : content_times_s.front();
+  }
+  double ttft_s() const { return first_output_s() < 0 ? 0 : first_output_s() - start_s; }
+  // The gaps between tokens: from the per-chunk counts when the server sent them (a chunk that
+  // brings k tokens after a gap g gives k gaps of g / k), else the content chunks' gaps spread
+  // over the usage count (SplitInterTokenLatencies).
+  std::vector<double> InterTokenLatencies() const;
+  // Output tokens that arrived in [from, to]: exact with per-chunk counts, else the usage count
+  // times the share of content chunks in the window.
+  double TokensArrivedBetween(double from, double to) const;
   double e2e_s() const { return end_s - start_s; }
 };
 

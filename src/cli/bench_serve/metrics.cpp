@@ -24,7 +24,7 @@ RunMetrics SummarizeRun(const RunRecord& run) {
   m.warmup_failed = run.warmup_failed;
   double first_start = std::numeric_limits<double>::infinity();
   double last_end = -std::numeric_limits<double>::infinity();
-  std::vector<double> ttft, itl, e2e, tpot;
+  std::vector<double> ttft, itl, e2e, tpot, text_gaps;
   std::map<int32_t, std::pair<std::vector<double>, std::vector<double>>> turns;  // prompt, ttft
   for (const RequestRecord& r : run.measured) {
     first_start = std::min(first_start, r.start_s);
@@ -57,18 +57,21 @@ RunMetrics SummarizeRun(const RunRecord& run) {
     m.output_tokens += n_out;
     m.prompt_tokens += r.usage_prompt_tokens;
     e2e.push_back(1e3 * r.e2e_s());
-    if (!r.content_times_s.empty()) {
+    if (r.first_output_s() >= 0) {
       ttft.push_back(1e3 * r.ttft_s());
       if (n_out > 1) {
-        tpot.push_back(1e3 * (r.end_s - r.content_times_s.front()) /
-                       static_cast<double>(n_out - 1));
+        tpot.push_back(1e3 * (r.end_s - r.first_output_s()) / static_cast<double>(n_out - 1));
       }
     }
-    for (double v : SplitInterTokenLatencies(r.content_times_s, n_out)) itl.push_back(1e3 * v);
+    for (double v : r.InterTokenLatencies()) itl.push_back(1e3 * v);
+    if (!r.token_times_s.empty()) ++m.with_token_counts;
+    for (size_t i = 1; i < r.content_times_s.size(); ++i) {
+      text_gaps.push_back(1e3 * (r.content_times_s[i] - r.content_times_s[i - 1]));
+    }
     if (r.turn > 0) {
       auto& [prompts, ttfts] = turns[r.turn];
       prompts.push_back(static_cast<double>(r.usage_prompt_tokens));
-      if (!r.content_times_s.empty()) ttfts.push_back(1e3 * r.ttft_s());
+      if (r.first_output_s() >= 0) ttfts.push_back(1e3 * r.ttft_s());
     }
   }
   if (!run.measured.empty()) m.window_s = last_end - first_start;
@@ -84,18 +87,15 @@ RunMetrics SummarizeRun(const RunRecord& run) {
     double tokens = 0;
     for (const auto* records : {&run.warmup, &run.measured}) {
       for (const RequestRecord& r : *records) {
-        if (r.outcome != Outcome::kOk || r.content_times_s.empty()) continue;
-        const auto in =
-            std::count_if(r.content_times_s.begin(), r.content_times_s.end(),
-                          [&](double t) { return t >= steady_from && t <= last_start; });
-        tokens += static_cast<double>(r.output_tokens()) * static_cast<double>(in) /
-                  static_cast<double>(r.content_times_s.size());
+        if (r.outcome != Outcome::kOk) continue;
+        tokens += r.TokensArrivedBetween(steady_from, last_start);
       }
     }
     m.steady_output_tok_per_s = tokens / m.steady_window_s;
   }
   m.ttft_ms = Summarize(ttft);
   m.itl_ms = Summarize(itl);
+  m.text_gap_ms = Summarize(text_gaps);
   m.e2e_ms = Summarize(e2e);
   m.tpot_ms = Summarize(tpot);
   for (const auto& [turn, values] : turns) {
@@ -142,7 +142,13 @@ json ToJson(const RunMetrics& m) {
             {"steady_output_tok_per_s", m.steady_output_tok_per_s},
             {"requests_per_s", m.requests_per_s},
             {"ttft_ms", ToJson(m.ttft_ms)},
+            {"itl_source", m.with_token_counts == m.completed
+                               ? "per-chunk usage (continuous_usage_stats)"
+                           : m.with_token_counts == 0
+                               ? "content chunks, gaps spread over the usage count"
+                               : "per-chunk usage where the server sent it, else content chunks"},
             {"itl_ms", ToJson(m.itl_ms)},
+            {"text_gap_ms", ToJson(m.text_gap_ms)},
             {"e2e_ms", ToJson(m.e2e_ms)},
             {"tpot_ms", ToJson(m.tpot_ms)}};
   if (!m.by_turn.empty()) {

@@ -42,6 +42,7 @@ struct RunMetrics {
   std::map<int, int64_t> http_status_counts;
   std::vector<std::string> error_samples;  // up to 3 distinct messages
   int64_t without_usage = 0;               // completed requests whose stream had no usage
+  int64_t with_token_counts = 0;           // completed requests with usage in every chunk
   int64_t output_tokens = 0;               // from usage (chunk counts where without_usage)
   int64_t prompt_tokens = 0;               // from usage
   double window_s = 0;                     // first measured request's start to the last one's end
@@ -50,12 +51,15 @@ struct RunMetrics {
   // first measured request's start and the last worker's first start (--ramp-up) to the last
   // measured request's start (after it the workers run out of requests and the concurrency
   // drains), the output tokens of all requests, warm-up ones included, that arrived in it (a
-  // request's usage tokens times the share of its content chunks in the window). 0 when there is
+  // request's tokens in the window, RequestRecord::TokensArrivedBetween). 0 when there is
   // no such window (the measured requests all started at once, or before every worker had).
   double steady_window_s = 0;
   double steady_output_tok_per_s = 0;
   double requests_per_s = 0;
-  Percentiles ttft_ms, itl_ms, e2e_ms, tpot_ms;
+  // ITL per token (RequestRecord::InterTokenLatencies); text_gap_ms the gaps between chunks
+  // that carried text, as a reader of the stream sees them (a token whose text is held back, a
+  // partial UTF-8 sequence, makes one gap of two tokens).
+  Percentiles ttft_ms, itl_ms, e2e_ms, tpot_ms, text_gap_ms;
   std::vector<TurnMetrics> by_turn;  // agent-trace only
 };
 
