@@ -7,7 +7,9 @@
 // kSkinnyKernelMaxRows both paths are timed ("run": true marks the one LinearEngine::Run takes),
 // so the crossover kSkinnyMaxRows can be chosen from these lines.
 // The weights rotate over >= 4 copies (> 200 MB in all) so the 60 MB L2 never serves them.
-// Usage: bench_cuda_linear [--reps N]
+// Then the quantized GEMV (QuantGemv) at m = 1 and 8 for FP8 block-128 and 4-bit affine (group
+// 128) codes on the same shapes: bytes = codes + scales (+ biases) + x + y.
+// Usage: bench_cuda_linear [--reps N] [--quant-only]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +30,7 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/device_buffer.h"
 #include "backends/cuda/linear.h"
+#include "backends/cuda/quant_linear.h"
 #include "core/check.h"
 #include "core/dtype.h"
 #include "cuda_timing.h"
@@ -73,6 +76,27 @@ void FillRandomBf16(DeviceBuffer& buf, uint64_t seed) {
 
 using bench::Median;
 
+// Random bytes (mask applied to each), tiled from one 32 MiB host block like FillRandomBf16.
+void FillRandomBytes(DeviceBuffer& buf, uint64_t seed, uint8_t mask) {
+  constexpr size_t kBlock = 32 << 20;
+  std::vector<uint8_t> block(kBlock);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < kBlock; i += 8) {
+    const uint64_t r = rng();
+    for (int b = 0; b < 8; ++b) block[i + b] = static_cast<uint8_t>(r >> (8 * b)) & mask;
+  }
+  for (size_t done = 0; done < buf.size_bytes();) {
+    const size_t chunk = std::min(buf.size_bytes() - done, kBlock);
+    KCUDA_CHECK(cudaMemcpy(buf.as<uint8_t>() + done, block.data(), chunk, cudaMemcpyHostToDevice));
+    done += chunk;
+  }
+}
+
+void FillConstantF32(DeviceBuffer& buf, float v) {
+  std::vector<float> host(buf.size_bytes() / 4, v);
+  KCUDA_CHECK(cudaMemcpy(buf.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+}
+
 // Median seconds of one call of fn(rep), behind one 1 GiB device copy (cuda_timing.h).
 template <class Fn>
 double MedianSeconds(int reps, cudaStream_t stream, DeviceBuffer& delay_src,
@@ -83,6 +107,8 @@ double MedianSeconds(int reps, cudaStream_t stream, DeviceBuffer& delay_src,
 
 int Main(int argc, char** argv) {
   const int reps = bench::ParseReps(argc, argv);
+  bool quant_only = false;
+  for (int i = 1; i < argc; ++i) quant_only = quant_only || std::strcmp(argv[i], "--quant-only") == 0;
   auto info = OpenDevice(0);
   if (!info.ok()) {
     std::printf("{\"skipped\": \"%s\"}\n", info.status().message().c_str());
@@ -125,6 +151,72 @@ int Main(int argc, char** argv) {
   std::printf("{\"roofline\": \"copy_bw\", \"bytes\": %zu, \"gb_s\": %.1f}\n", 2 * copy_bytes,
               copy_gb_s);
 
+  struct Shape {
+    int64_t n, k;
+    const char* name;
+  };
+  const Shape shapes[] = {{6144, 4096, "qkv"},     {4096, 4096, "o_proj"},
+                          {24576, 4096, "gate_up"}, {4096, 12288, "down"},
+                          {151936, 4096, "lm_head"}};
+
+  // Quantized GEMV: each shape in FP8 block-128 and 4-bit affine (group 128), m = 1 and 8.
+  for (const WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kAffine4}) {
+    for (const Shape& shape : shapes) {
+      const int64_t n = shape.n, k = shape.k;
+      const bool fp8 = format == WeightFormat::kFp8Block;
+      const size_t code_bytes = static_cast<size_t>(fp8 ? n * k : n * k / 2);
+      const size_t scale_floats =
+          fp8 ? static_cast<size_t>((n + 127) / 128 * (k / 128)) : static_cast<size_t>(n * (k / 128));
+      const size_t w_bytes = code_bytes + scale_floats * 4 * (fp8 ? 1 : 2);
+      const int n_copies = std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
+      std::vector<DeviceBuffer> codes, scales, biases;
+      std::vector<WeightSegment> segs;
+      for (int c = 0; c < n_copies; ++c) {
+        codes.push_back(MustAllocate(code_bytes, "codes"));
+        // e4m3: exponent <= 14 (no NaN codes); 4-bit: any byte.
+        FillRandomBytes(codes.back(), 300 + c, fp8 ? 0xF7 : 0xFF);
+        scales.push_back(MustAllocate(scale_floats * 4, "scales"));
+        FillConstantF32(scales.back(), 0.01f);
+        WeightSegment w;
+        w.format = format;
+        w.rows = n;
+        w.data = codes.back().get();
+        w.scale = scales.back().as<float>();
+        if (fp8) {
+          w.group = 128;
+          w.scale_ld = static_cast<int32_t>(k / 128);
+        } else {
+          biases.push_back(MustAllocate(scale_floats * 4, "biases"));
+          FillConstantF32(biases.back(), -0.08f);
+          w.bias = biases.back().as<float>();
+          w.group = 128;
+        }
+        segs.push_back(w);
+      }
+      DeviceBuffer x = MustAllocate(static_cast<size_t>(8 * k * 2), "x");
+      DeviceBuffer y = MustAllocate(static_cast<size_t>(8 * n * 4), "y");
+      FillRandomBf16(x, 7);
+      for (const int64_t m : {int64_t{1}, int64_t{8}}) {
+        const double sec = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int r) {
+          QuantGemv(x.as<__nv_bfloat16>(), m, k, segs[r % n_copies], n, y.as<float>(), n, stream);
+        });
+        const double bytes = static_cast<double>(w_bytes) + static_cast<double>(m) * k * 2 +
+                             static_cast<double>(m) * n * 4;
+        const double gb_s = bytes / sec / 1e9;
+        std::printf("{\"quant\": \"%s\", \"shape\": \"%s\", \"n\": %ld, \"k\": %ld, \"m\": %ld, "
+                    "\"weight_bytes\": %zu, \"us\": %.2f, \"gb_s\": %.1f, \"frac_bw\": %.3f}\n",
+                    WeightFormatName(format), shape.name, static_cast<long>(n),
+                    static_cast<long>(k), static_cast<long>(m), w_bytes, sec * 1e6, gb_s,
+                    gb_s / copy_gb_s);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (quant_only) {
+    KCUDA_CHECK(cudaStreamDestroy(stream));
+    return 0;
+  }
+
   // Roofline 2: cuBLASLt 8192^3, bf16 inputs, f32 accumulation and output.
   double gemm_tflops = 0;
   {
@@ -144,13 +236,6 @@ int Main(int argc, char** argv) {
                 static_cast<long>(s), static_cast<long>(s), static_cast<long>(s), gemm_tflops);
   }
 
-  struct Shape {
-    int64_t n, k;
-    const char* name;
-  };
-  const Shape shapes[] = {{6144, 4096, "qkv"},     {4096, 4096, "o_proj"},
-                          {24576, 4096, "gate_up"}, {4096, 12288, "down"},
-                          {151936, 4096, "lm_head"}};
   const int64_t ms[] = {1, 2, 4, 8, 16};
   const int64_t max_m = 16;
   const int n_variants = SkinnyVariantCount();

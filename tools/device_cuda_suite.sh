@@ -25,7 +25,7 @@
 # where the full model would not fit the machine's disk), RACECHECK_FILTER / MEMCHECK_FILTER
 # narrow the sanitizer runs to some tests, TEST_GROUPS the test run; QUANT="fp8 mlx4" adds quantized copies of the model to
 # the benchmark (bench_<format>.json), QUANT_GEMV_VARIANTS="r1_ks4_u4 ..." their one-row GEMV
-# shapes; KV_DTYPES="fp8 int8" benchmarks the bf16 model with those KV caches (bench_kv_<dtype>.json).
+# shapes, QUANT_ENVS="NAME=VALUE ..." the same with those switches; KV_DTYPES="fp8 int8" benchmarks the bf16 model with those KV caches (bench_kv_<dtype>.json).
 set -uo pipefail
 here=$(pwd)
 OUT=${OUT:-/tmp/out}
@@ -113,6 +113,10 @@ for q in ${QUANT:-}; do
     bench bench_${q}_$v KESTREL_QUANT_GEMV=$v -- --prefill 128 --decode-context 128 --batch 1 \
       --engine-batch 0 --no-profile
   done
+  for e in ${QUANT_ENVS:-}; do  # NAME=VALUE tuning switches, decode batch 1 each
+    bench bench_${q}_${e//=/_} "$e" -- --prefill 128 --decode-context 128 --batch 1 \
+      --engine-batch 0 --no-profile
+  done
   if [[ $q == fp8 ]]; then  # prefill as W8A8 on the FP8 tensor cores
     bench bench_fp8_w8a8 -- --fp8-activations --prefill 2048,8192 --decode-context 128 --batch 1,64 \
       --engine-batch 0 --no-profile
@@ -177,7 +181,7 @@ import json, sys
 r = json.load(open('$OUT/serve_$d.json'))['levels'][0]['servers'][0]['runs'][0]
 f = lambda k: {q: round(r[k][q], 1) for q in ('p50', 'p90', 'p99')}
 print('out tok/s', round(r['output_tok_per_s']), 'steady', round(r['steady_output_tok_per_s']),
-      'ttft', f('ttft_ms'), 'itl', f('itl_ms'),
+      'ttft', f('ttft_ms'), 'itl', f('itl_ms'), 'text gaps', f('text_gap_ms'),
       'tpot', f('tpot_ms'), 'completed', r['completed'], 'failed', r['failed'],
       '429s', r['rate_limited'])" 2>&1 | tail -3)"
     # The engine's step times (decode-only steps, steps with prompt chunks) over the whole run.
