@@ -276,6 +276,13 @@ __global__ void __launch_bounds__(kThreads)
 //     128-row block).
 // Both feed two (affine4) or one (fp8) mma per word with a k permutation the B fragment repeats
 // with byte permutes of x, so the sum over k is unchanged (linear.cu explains the freedom).
+// A warp's first step of codes and scales (immutable weights) is loaded before PdlWait, while
+// the previous kernel finishes; each later step's at the end of the one before. (Measured on the
+// H200, Qwen3-8B shapes, decode batch 1: int4 (MLX, group 64) 281.8 -> 297.8 tok/s, FP8 282.3 ->
+// 284.7 against loading after PdlWait; loading the next step before using the current one's, two
+// in flight per warp, was slower: 280.8 and 260.1 tok/s, and slower per GEMV in
+// bench_cuda_linear. At these sizes a GEMV is a few microseconds, its time the launch and the
+// memory round trips more than the bytes.)
 template <WeightFormat F>
 __global__ void __launch_bounds__(kThreads)
     QuantMmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
@@ -290,7 +297,6 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row_vecs = k / kE;
   const int64_t x_vecs = k / 8;
   const int n_steps = static_cast<int>((row_vecs + 3) / 4);
-  PdlWait();
   const bool lo_ok = n0 + g < n, hi_ok = n0 + g + 8 < n;
   const int row_lo = lo_ok ? n0 + g : 0, row_hi = hi_ok ? n0 + g + 8 : 0;
   const uint4* w_lo = reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row_lo) * row_vecs;
@@ -298,24 +304,42 @@ __global__ void __launch_bounds__(kThreads)
   const bool token_ok = g < m;
   const uint4* xg = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(token_ok ? g : 0) * x_vecs;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  // Warp w takes steps w, w + 8, ... (Measured on the H200, Qwen3-8B shapes, decode batch 1:
-  // issuing four steps' loads before using any, with an accumulator set each, was no faster,
-  // FP8 266 vs 282 tok/s, int4 276 vs 280: at these sizes a GEMV is a few microseconds, its
-  // time the launch and one memory round trip more than the bytes.)
+  // One step of a thread's weights: the codes of rows g and g+8 (zeros past k or n) and their
+  // scales: 4-bit, scale and bias of each row; FP8, the block's scale in sl.
+  struct Stage {
+    uint4 lo, hi;
+    float sl, bl, sh, bh;
+  };
+  auto load = [&](int step, Stage* st) {
+    const int64_t v = static_cast<int64_t>(step) * 4 + t;
+    const bool in_k = step < n_steps && v < row_vecs;
+    st->lo = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
+    st->hi = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
+    st->sl = st->bl = st->sh = st->bh = 0.0f;
+    if constexpr (F == WeightFormat::kAffine4) {
+      if (in_k) {
+        GroupScale<F>(w, row_lo, static_cast<int>(v) * kE, k, &st->sl, &st->bl);
+        GroupScale<F>(w, row_hi, static_cast<int>(v) * kE, k, &st->sh, &st->bh);
+      }
+    } else {
+      // One scale per 128-k block and 128-row block (rows g and g+8 share it, as do the 4 kE k
+      // of the step).
+      if (step < n_steps) GroupScale<F>(w, n0, step * 4 * kE, k, &st->sl, &st->bl);
+    }
+  };
+  // Warp w takes steps w, w + 8, ...
+  Stage cur;
+  load(warp, &cur);
+  PdlWait();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
   for (int step = warp; step < n_steps; step += kWarps) {
+    const uint4 c_lo = cur.lo, c_hi = cur.hi;
     const int64_t v = static_cast<int64_t>(step) * 4 + t;  // this thread's vector
     const bool in_k = v < row_vecs;
-    const uint4 c_lo = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
-    const uint4 c_hi = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
     const bool x_ok = in_k && token_ok;
     if constexpr (F == WeightFormat::kAffine4) {
-      float sl = 0.0f, bl = 0.0f, sh = 0.0f, bh = 0.0f;
-      if (in_k) {
-        GroupScale<F>(w, row_lo, static_cast<int>(v) * kE, k, &sl, &bl);
-        GroupScale<F>(w, row_hi, static_cast<int>(v) * kE, k, &sh, &bh);
-      }
+      const float sl = cur.sl, bl = cur.bl, sh = cur.sh, bh = cur.bh;
       // (1 + q/16) * s' + b' = q * (s'/16) + (b' + s'); rows past n read as zeros.
       const __nv_bfloat162 s_lo = __float2bfloat162_rn(lo_ok ? sl * 0.0625f : 0.0f);
       const __nv_bfloat162 b_lo = __float2bfloat162_rn(lo_ok ? bl + sl : 0.0f);
@@ -345,10 +369,7 @@ __global__ void __launch_bounds__(kThreads)
         MmaBf16(acc, a_lo[2], a_hi[2], a_lo[3], a_hi[3], x26, x37);
       }
     } else {
-      // One scale per 128-k block and 128-row block (rows g and g+8 share it, as do the 4 kE k
-      // of the step).
-      float sc, unused;
-      GroupScale<F>(w, n0, step * 4 * kE, k, &sc, &unused);
+      const float sc = cur.sl;
       float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this step's block, before its scale
       auto pair = [](uint32_t word, uint32_t sel) {
         const uint32_t b = __byte_perm(word, 0, sel);  // bytes at bits 0-7 and 16-23
@@ -367,6 +388,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[r] = __fmaf_rn(sc, part[r], acc[r]);
     }
+    load(step + kWarps, &cur);
   }
   PdlLaunchDependents();
 #pragma unroll
