@@ -66,7 +66,13 @@ constexpr int kMaxSplitsPerBlock = 8;
 // Resident blocks per SM the register allocation must allow (65536 / (3 x 128) = 170 registers):
 // the loads in flight per SM bound this kernel, so 3 blocks with one chunk in flight per warp beat
 // 2 blocks with two (measured on the H200, 64 x 8k fp8: 26.0 vs 28.2 ms per step).
+// At head_dim 256 a lane's O (32 dim tiles) and Q fragments need more: 2 blocks (255 registers),
+// else they spill.
 constexpr int kMinBlocksPerSm = 3;
+template <int D>
+constexpr int MinBlocksPerSm() {
+  return D <= 128 ? kMinBlocksPerSm : 2;
+}
 static_assert(kChunksPerSplit % kWarps == 0 && kChunksPerSplit <= kThreads);
 
 // c (16x8 f32) += a (16x16, row) * b (16x8, col), bf16 or f16 inputs. kTop: only rows 0-7 are
@@ -201,7 +207,7 @@ struct MmaGeometry {
 // Launched with PDL (pdl.cuh): waits before anything else.
 // kTop: the group has at most 8 heads (mma rows 8-15 are never computed).
 template <int D, KvCacheType KV, bool kTop>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     DecodeSplitMmaKernel(const PagedAttentionParams p, int32_t n_splits, int32_t splits_per_block,
                          int32_t group, float* __restrict__ part_o, float* __restrict__ part_m,
                          float* __restrict__ part_l) {
@@ -658,7 +664,7 @@ void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, floa
 
 bool DecodeSplitMmaSupported(const PagedAttentionParams& p) {
   const int32_t group = p.n_heads / p.n_kv_heads;
-  return (p.head_dim == 64 || p.head_dim == 128) && group <= kMaxGroup;
+  return (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && group <= kMaxGroup;
 }
 
 void LaunchDecodeSplitMma(const PagedAttentionParams& p, int32_t n_splits, float* part_o,
@@ -680,8 +686,10 @@ void LaunchDecodeSplitMma(const PagedAttentionParams& p, int32_t n_splits, float
   };
   if (p.head_dim == 64) {
     by_type.template operator()<64>();
-  } else {
+  } else if (p.head_dim == 128) {
     by_type.template operator()<128>();
+  } else {
+    by_type.template operator()<256>();
   }
 }
 
