@@ -108,7 +108,9 @@ double MedianSeconds(int reps, cudaStream_t stream, DeviceBuffer& delay_src,
 int Main(int argc, char** argv) {
   const int reps = bench::ParseReps(argc, argv);
   bool quant_only = false;
-  for (int i = 1; i < argc; ++i) quant_only = quant_only || std::strcmp(argv[i], "--quant-only") == 0;
+  for (int i = 1; i < argc; ++i) {
+    quant_only = quant_only || std::strcmp(argv[i], "--quant-only") == 0;
+  }
   auto info = OpenDevice(0);
   if (!info.ok()) {
     std::printf("{\"skipped\": \"%s\"}\n", info.status().message().c_str());

@@ -81,7 +81,7 @@ void PagedAttention(const PagedAttentionParams& p, void* workspace, size_t works
 
 // Tuning: the decode split kernel has several implementations with identical semantics (each
 // batch invariant and deterministic on its own; different variants may differ in the last
-// bits). "tensor_cores" (the default) runs where it applies (head_dim 64 or 128, GQA groups of
+// bits). "tensor_cores" (the default) runs where it applies (head_dim 64, 128 or 256, GQA groups of
 // up to 16 heads) and "registers" elsewhere; a quantized cache runs "tensor_cores",
 // "registers" or "registers_db" (the cp.async variants take "registers").
 // Process-wide, read at each launch (a captured graph keeps the variant it captured);

@@ -71,9 +71,9 @@ enum DecodeVariant : int {
 };
 constexpr const char* kVariantNames[kVariantCount] = {
     "cp_async_s4", "cp_async_s8", "cp_async_s2", "registers", "registers_db", "tensor_cores"};
-// Default: "tensor_cores" where it applies (head_dim 64 or 128, groups of up to 16 heads), else
-// "registers" (before it, the fastest on the H200 at every batch x context of bench_cuda_kernels,
-// e.g. 64 x 2048: 181 us vs 213-461 us for the cp.async variants).
+// Default: "tensor_cores" where it applies (head_dim 64, 128 or 256, groups of up to 16 heads),
+// else "registers" (before it, the fastest on the H200 at every batch x context of
+// bench_cuda_kernels, e.g. 64 x 2048: 181 us vs 213-461 us for the cp.async variants).
 std::atomic<int> g_decode_variant{kVariantTensorCores};
 
 // 8 bf16 (one 16-byte load) to f32: a bf16 is the high half of an f32, first element low.
