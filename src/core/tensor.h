@@ -26,8 +26,9 @@ struct TensorView {
   const float* block_scale = nullptr;
   const float* group_bias = nullptr;
   int64_t block_rows = 0, block_cols = 0;
-  // kQ4_K matrices on the CPU: the same rows interleaved in groups of 8 for the AVX2 integer
-  // kernel (cpu::PackQ4_KRows), or null. Only that kernel reads it; everything else reads data.
+  // kQ4_K and kQ8_0 matrices on the CPU: the same rows interleaved in groups of 8 for the AVX2
+  // integer kernels (cpu::PackRows), or null. Only those kernels read it; everything else reads
+  // data.
   const void* cpu_packed = nullptr;
 
   int64_t numel() const {

@@ -110,14 +110,13 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
 
 namespace {
 
-// Every Q4_K linear weight gets the interleaved copy the AVX2 integer kernel reads
-// (cpu::PackQ4_KRows: the same bits, 8 rows per pass over the activations), kept with the
-// weights. The file's own blocks stay mapped for everything else (embedding rows, the
-// reference kernels).
-void PackQ4_KWeights(DecoderWeights* w) {
+// Every Q4_K and Q8_0 linear weight gets the interleaved copy the AVX2 integer kernels read
+// (cpu::PackRows: the same bits, 8 rows per pass over the activations), kept with the weights.
+// The file's own blocks stay mapped for everything else (embedding rows, the reference kernels).
+void PackBlockWeights(DecoderWeights* w) {
   std::vector<TensorView*> views;
   auto add = [&](TensorView& v) {
-    if (cpu::CanPackQ4_KRows(v)) views.push_back(&v);
+    if (cpu::CanPackRows(v)) views.push_back(&v);
   };
   auto mlp = [&](MlpWeights& m) {
     add(m.gate_proj);
@@ -138,8 +137,8 @@ void PackQ4_KWeights(DecoderWeights* w) {
   add(w->lm_head);
   for (TensorView* v : views) {
     std::vector<uint8_t>& packed =
-        w->owned_bytes.emplace_back(static_cast<size_t>(cpu::PackedQ4_KBytes(*v)));
-    cpu::PackQ4_KRows(*v, packed.data());
+        w->owned_bytes.emplace_back(static_cast<size_t>(cpu::PackedRowsBytes(*v)));
+    cpu::PackRows(*v, packed.data());
     v->cpu_packed = packed.data();
   }
 }
@@ -158,7 +157,7 @@ Result<std::unique_ptr<Model>> LoadCpuModel(ModelConfig config, WeightStore stor
   m->ops_.pool = m->pool_.get();
   m->ops_.int8_activations = options.int8_activations;
   m->ops_.batch_invariant = options.deterministic;
-  if (fast && options.int8_activations) PackQ4_KWeights(&m->weights_);
+  if (fast && options.int8_activations) PackBlockWeights(&m->weights_);
   KTRY(m->AllocateCaches(options));
   m->decoder_ =
       std::make_unique<CpuDecoder>(m->config_, m->weights_, m->ops_, &m->caches_, &m->stats_);

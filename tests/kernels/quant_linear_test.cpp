@@ -128,36 +128,43 @@ TEST(QuantLinear, Int8ActivationsSameBitsInEveryKernelSet) {
   }
 }
 
-// Q4_K rows interleaved by 8 (cpu::PackQ4_KRows, what a CPU model loads for the AVX2 integer
-// kernel): the same bits as the reference over the file's rows, at every batch size (the kernel's
-// tiles of 8, 4 and 1 token rows) and thread count, several chunks of rows included.
-TEST(QuantLinear, PackedQ4_KRowsGiveTheSameBits) {
+// Q4_K and Q8_0 rows interleaved by 8 (cpu::PackRows, what a CPU model loads for the AVX2
+// integer kernels): the same bits as the reference over the file's rows, at every batch size
+// (Q4_K's tiles of 8, 4 and 1 token rows) and thread count, several chunks of rows included.
+TEST(QuantLinear, PackedRowsGiveTheSameBits) {
   std::mt19937 rng(12);
   ThreadPool pool1(1), pool2(2), pool3(3);
-  for (const auto& [rows, cols] :
-       {std::pair<int64_t, int64_t>{48, 512}, {16, 768}, {8, 256}, {520, 1024}}) {
-    QuantWeights w = MakeQuantWeights(rng, DType::kQ4_K, rows, cols, 3);
-    ASSERT_TRUE(cpu::CanPackQ4_KRows(w.view));
-    std::vector<uint8_t> packed(static_cast<size_t>(cpu::PackedQ4_KBytes(w.view)));
-    EXPECT_EQ(cpu::PackedQ4_KBytes(w.view), rows / 8 * cols / 256 * cpu::kQ4_KPackedBlockBytes);
-    cpu::PackQ4_KRows(w.view, packed.data());
-    TensorView pv = w.view;
-    pv.cpu_packed = packed.data();
-    for (int64_t m : {1, 3, 13, 17, 40}) {  // the tiles of 8, 4 and 1 token rows
-      const std::string label =
-          std::to_string(rows) + "x" + std::to_string(cols) + " m=" + std::to_string(m);
-      std::vector<float> x = RandomFloats(rng, m * cols);
-      const std::vector<float> y = RunLinear(OpContext{}, x, m, w.view);  // reference, int8 acts
-      if (!cpu::CpuHasAvx2Fma()) continue;
-      for (ThreadPool* p : {&pool1, &pool2, &pool3}) {
-        EXPECT_TRUE(SameBits(y, RunLinear(OpContext{KernelSet::kAvx2, p}, x, m, pv))) << label;
+  for (const DType dt : {DType::kQ4_K, DType::kQ8_0}) {
+    const int64_t block = dt == DType::kQ4_K ? 256 : 32;
+    const int64_t packed_block =
+        dt == DType::kQ4_K ? cpu::kQ4_KPackedBlockBytes : cpu::kQ8_0PackedBlockBytes;
+    for (const auto& [rows, cols] :
+         {std::pair<int64_t, int64_t>{48, 512}, {16, 768}, {8, 256}, {520, 1024}}) {
+      QuantWeights w = MakeQuantWeights(rng, dt, rows, cols, 3);
+      ASSERT_TRUE(cpu::CanPackRows(w.view));
+      std::vector<uint8_t> packed(static_cast<size_t>(cpu::PackedRowsBytes(w.view)));
+      EXPECT_EQ(cpu::PackedRowsBytes(w.view), rows / 8 * cols / block * packed_block);
+      cpu::PackRows(w.view, packed.data());
+      TensorView pv = w.view;
+      pv.cpu_packed = packed.data();
+      for (int64_t m : {1, 3, 13, 17, 40}) {
+        const std::string label = std::string(DTypeName(dt)) + " " + std::to_string(rows) + "x" +
+                                  std::to_string(cols) + " m=" + std::to_string(m);
+        std::vector<float> x = RandomFloats(rng, m * cols);
+        const std::vector<float> y = RunLinear(OpContext{}, x, m, w.view);  // reference, int8 acts
+        if (!cpu::CpuHasAvx2Fma()) continue;
+        for (ThreadPool* p : {&pool1, &pool2, &pool3}) {
+          EXPECT_TRUE(SameBits(y, RunLinear(OpContext{KernelSet::kAvx2, p}, x, m, pv))) << label;
+        }
       }
     }
   }
   QuantWeights odd = MakeQuantWeights(rng, DType::kQ4_K, 12, 256, 0);
-  EXPECT_FALSE(cpu::CanPackQ4_KRows(odd.view));  // rows not a multiple of 8
+  EXPECT_FALSE(cpu::CanPackRows(odd.view));  // rows not a multiple of 8
+  QuantWeights odd8 = MakeQuantWeights(rng, DType::kQ8_0, 20, 64, 0);
+  EXPECT_FALSE(cpu::CanPackRows(odd8.view));
   QuantWeights q6 = MakeQuantWeights(rng, DType::kQ6_K, 16, 256, 0);
-  EXPECT_FALSE(cpu::CanPackQ4_KRows(q6.view));
+  EXPECT_FALSE(cpu::CanPackRows(q6.view));
 }
 
 TEST(QuantLinear, EqualsLinearOverTheDequantizedWeights) {

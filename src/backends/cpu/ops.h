@@ -74,26 +74,31 @@ void LinearGroup(const OpContext& ctx, int64_t m_rows, std::span<const LinearJob
 // packing up to ~32 rows; above that x no longer stays in L2 and the packed kernel wins.
 inline constexpr int64_t kDirectMaxRows = 16;
 
-// ---- Q4_K rows interleaved for the AVX2 integer kernel --------------------------------------
+// ---- Block-quantized rows interleaved for the AVX2 integer kernels -------------------------
 //
-// A Q4_K matrix with rows % 8 == 0 (and cols % 256 == 0, as Q4_K requires) can be repacked at
-// load: rows in groups of 8, and per group and 256-element block (kQ4_KPackedBlockBytes, 1,184
-// bytes for 8 rows: 2.8 % more than Q4_K's 8 x 144):
+// A Q4_K or Q8_0 matrix with rows % 8 == 0 can be repacked at load: rows in groups of 8, the
+// groups one after another, and within a group one packed block per block of the format, in
+// order. Q4_K (256 elements; kQ4_KPackedBlockBytes, 1,184 bytes for 8 rows: 2.8 % more than
+// Q4_K's 8 x 144):
 //   [4 c][8 j][8 rows][4 bytes]  bytes 4j..4j+3 of each row's 32-byte nibble run c: elements
 //                                4j..4j+3 of its groups 2c (low nibbles) and 2c + 1 (high)
 //   [8 rows] f16 d, then [8 rows] f16 dmin
 //   [8 g][8 rows] u8 scale, then [8 g][8 rows] u8 min (the 12 packed bytes, unpacked)
-// The groups follow each other, blocks in order within a group. With it the AVX2 integer kernel
-// computes 8 rows per pass over an activation block, the lanes of its vectors being the rows, so
-// the activations are loaded and the block's scales decoded once for the 8 rows; every row still
-// gets the same integers and the same float operations as Q4_K's row kernel (quant_blocks.h), so
-// the same bits. TensorView::cpu_packed points at the packed copy.
+// Q8_0 (32 elements; kQ8_0PackedBlockBytes, 272 bytes for 8 rows, as many as 8 x 34):
+//   [8 j][8 rows][4 bytes]  elements 4j..4j+3 of each row
+//   [8 rows] f16 d
+// With it the AVX2 integer kernels compute 8 rows per pass over an activation block, the lanes
+// of their vectors being the rows, so the activations are loaded (and broadcast) and the block's
+// scales decoded once for the 8 rows; every row still gets the same integers and the same float
+// operations as the format's row kernel (quant_blocks.h), so the same bits.
+// TensorView::cpu_packed points at the packed copy.
 inline constexpr int64_t kQ4_KPackedBlockBytes = 8 * 144 + 32;
-// Whether w (2-D, kQ4_K) can be packed, and its packed size in bytes.
-bool CanPackQ4_KRows(const TensorView& w);
-int64_t PackedQ4_KBytes(const TensorView& w);
-// Writes the packed copy of w to out (PackedQ4_KBytes(w) bytes).
-void PackQ4_KRows(const TensorView& w, uint8_t* out);
+inline constexpr int64_t kQ8_0PackedBlockBytes = 8 * 34;
+// Whether w (2-D, kQ4_K or kQ8_0, rows % 8 == 0) can be packed, and its packed size in bytes.
+bool CanPackRows(const TensorView& w);
+int64_t PackedRowsBytes(const TensorView& w);
+// Writes the packed copy of w to out (PackedRowsBytes(w) bytes).
+void PackRows(const TensorView& w, uint8_t* out);
 
 // ---- Element-wise (shared by both kernel sets) ----------------------------------------------
 

@@ -1,0 +1,88 @@
+// The row interleaving of ops.h (PackRows) for Q4_K and Q8_0, read by the AVX2 integer kernels.
+#include <cstring>
+
+#include "backends/cpu/ops.h"
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/quant_blocks.h"
+
+namespace kestrel::cpu {
+
+using quant::kQ4_KBytes;
+using quant::kQ8_0Block;
+using quant::kQ8_0Bytes;
+using quant::kQKBlock;
+using quant::Q4KScaleMin;
+
+namespace {
+
+// One packed block: the 8 rows' block b of a Q4_K group (rows[r] = row r's blocks).
+void PackQ4_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* blk = rows[r] + b * kQ4_KBytes;
+    for (int c = 0; c < 4; ++c) {
+      for (int j = 0; j < 8; ++j) {
+        std::memcpy(o + ((c * 8 + j) * 8 + r) * 4, blk + 16 + 32 * c + 4 * j, 4);
+      }
+    }
+    std::memcpy(o + 1024 + 2 * r, blk, 2);      // d
+    std::memcpy(o + 1040 + 2 * r, blk + 2, 2);  // dmin
+    for (int g = 0; g < 8; ++g) {
+      int sc = 0, m = 0;
+      Q4KScaleMin(blk + 4, g, &sc, &m);
+      o[1056 + 8 * g + r] = static_cast<uint8_t>(sc);
+      o[1120 + 8 * g + r] = static_cast<uint8_t>(m);
+    }
+  }
+}
+
+// The same for Q8_0.
+void PackQ8_0Block(const uint8_t* const* rows, int64_t b, uint8_t* o) {
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* blk = rows[r] + b * kQ8_0Bytes;
+    for (int j = 0; j < 8; ++j) std::memcpy(o + (j * 8 + r) * 4, blk + 2 + 4 * j, 4);
+    std::memcpy(o + 256 + 2 * r, blk, 2);  // d
+  }
+}
+
+int64_t BlockElements(const TensorView& w) {
+  return w.dtype == DType::kQ4_K ? kQKBlock : kQ8_0Block;
+}
+
+int64_t PackedBlockBytes(const TensorView& w) {
+  return w.dtype == DType::kQ4_K ? kQ4_KPackedBlockBytes : kQ8_0PackedBlockBytes;
+}
+
+}  // namespace
+
+bool CanPackRows(const TensorView& w) {
+  return (w.dtype == DType::kQ4_K || w.dtype == DType::kQ8_0) && w.n_dims == 2 &&
+         w.shape[0] > 0 && w.shape[0] % 8 == 0 && w.shape[1] % BlockElements(w) == 0;
+}
+
+int64_t PackedRowsBytes(const TensorView& w) {
+  KCHECK(CanPackRows(w));
+  return w.shape[0] / 8 * (w.shape[1] / BlockElements(w)) * PackedBlockBytes(w);
+}
+
+void PackRows(const TensorView& w, uint8_t* out) {
+  KCHECK(CanPackRows(w));
+  const int64_t n_blocks = w.shape[1] / BlockElements(w);
+  const int64_t block_bytes = PackedBlockBytes(w);
+  const int64_t row_bytes = w.row_bytes();
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  for (int64_t group = 0; group < w.shape[0] / 8; ++group) {
+    const uint8_t* rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = data + (group * 8 + r) * row_bytes;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      uint8_t* o = out + (group * n_blocks + b) * block_bytes;
+      if (w.dtype == DType::kQ4_K) {
+        PackQ4_KBlock(rows, b, o);
+      } else {
+        PackQ8_0Block(rows, b, o);
+      }
+    }
+  }
+}
+
+}  // namespace kestrel::cpu
