@@ -32,9 +32,11 @@ double MaxRelDiff(const float* a, const float* b, size_t n) {
   return worst;
 }
 
-TEST(CudaDeltaNet, ConvAndDeltaRuleMatchTheCpuWithSlotsAndSnapshots) {
-  KESTREL_REQUIRE_CUDA();
-  const int32_t nk = 2, dk = 32, nv = 4, dv = 48, kernel = 4;
+// Key head dims 32 and 128 take the register kernel (128: Qwen3.5's, split over threads), 256 the
+// shared-memory one; dv 72 leaves part of the last column group idle.
+void CheckConvAndDeltaRule(int32_t dk, int32_t dv) {
+  SCOPED_TRACE("dk " + std::to_string(dk) + " dv " + std::to_string(dv));
+  const int32_t nk = 2, nv = 4, kernel = 4;
   const int32_t key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv;
   const int64_t conv_floats = (kernel - 1) * conv_dim, ssm_floats = int64_t{nv} * dk * dv;
   const int64_t slot_floats = conv_floats + ssm_floats;  // one recurrent layer
@@ -160,6 +162,14 @@ TEST(CudaDeltaNet, ConvAndDeltaRuleMatchTheCpuWithSlotsAndSnapshots) {
                          size_t(ssm_floats)),
               1e-4);
   }
+}
+
+TEST(CudaDeltaNet, ConvAndDeltaRuleMatchTheCpuWithSlotsAndSnapshots) {
+  KESTREL_REQUIRE_CUDA();
+  CheckConvAndDeltaRule(32, 48);
+  CheckConvAndDeltaRule(128, 128);
+  CheckConvAndDeltaRule(128, 72);
+  CheckConvAndDeltaRule(256, 64);
 }
 
 }  // namespace
