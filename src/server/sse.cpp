@@ -73,29 +73,30 @@ std::string StreamEncoder::Add(size_t index, const RequestOutput& event) {
     chunks.push_back(chat ? ChatChunk(meta_, Json{{"content", ""}}, std::move(lp), nullptr, index)
                           : CompletionChunk(meta_, "", std::move(lp), nullptr, index));
   }
+  // The chunks as frames (with continuous usage, each carrying the usage so far).
   std::string frames;
-  auto emit = [&](std::vector<Json>& out) {
-    if (meta_.continuous_usage && !out.empty()) {
+  auto emit = [&] {
+    if (meta_.continuous_usage && !chunks.empty()) {
       const Json usage = UsageJson(UsageSoFar());
-      for (Json& chunk : out) chunk["usage"] = usage;
+      for (Json& chunk : chunks) chunk["usage"] = usage;
     }
-    for (const Json& chunk : out) frames += SseJsonFrame(chunk);
-    out.clear();
+    for (const Json& chunk : chunks) frames += SseJsonFrame(chunk);
+    chunks.clear();
   };
   if (!event.finished) {
-    emit(chunks);
+    emit();
     return frames;
   }
 
   if (std::optional<ApiError> error = EventError(event)) {
-    emit(chunks);
+    emit();
     finished_ = true;
     return frames + SseErrorFrames(*error);
   }
   const char* reason = ChoiceFinishReason(c.output);
   chunks.push_back(chat ? ChatChunk(meta_, Json::object(), nullptr, reason, index)
                         : CompletionChunk(meta_, "", nullptr, reason, index));
-  emit(chunks);
+  emit();
   if (++n_finished_ < choices_.size()) return frames;
 
   finished_ = true;

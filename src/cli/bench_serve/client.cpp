@@ -1,11 +1,11 @@
 #include "cli/bench_serve/client.h"
 
-#include "cli/bench_serve/stats.h"
-
 #include <httplib.h>
 
 #include <algorithm>
 #include <cmath>
+
+#include "cli/bench_serve/stats.h"
 
 namespace kestrel::bench {
 
