@@ -167,8 +167,8 @@ int Main(int argc, char** argv) {
       const int64_t n = shape.n, k = shape.k;
       const bool fp8 = format == WeightFormat::kFp8Block;
       const size_t code_bytes = static_cast<size_t>(fp8 ? n * k : n * k / 2);
-      const size_t scale_floats =
-          fp8 ? static_cast<size_t>((n + 127) / 128 * (k / 128)) : static_cast<size_t>(n * (k / 128));
+      const size_t scale_floats = static_cast<size_t>(fp8 ? (n + 127) / 128 * (k / 128)
+                                                          : n * (k / 128));
       const size_t w_bytes = code_bytes + scale_floats * 4 * (fp8 ? 1 : 2);
       const int n_copies = std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
       std::vector<DeviceBuffer> codes, scales, biases;

@@ -158,13 +158,12 @@ TEST(BenchStream, PerChunkUsageTimesEveryToken) {
   recorder.OnBytes(Frame(chunk("", 2)), 1.1);  // held back: no text, one more token
   recorder.OnBytes(Frame(chunk("bc", 3)), 1.2);
   recorder.OnBytes(Frame(chunk("de", 5)), 1.6);  // two tokens in one chunk
-  json finish = {{"choices", {{{"index", 0}, {"delta", json::object()}, {"finish_reason", "length"}}}},
-                 {"usage", {{"prompt_tokens", 4}, {"completion_tokens", 5}, {"total_tokens", 9}}}};
+  const json usage = {{"prompt_tokens", 4}, {"completion_tokens", 5}, {"total_tokens", 9}};
+  const json finish = {
+      {"choices", {{{"index", 0}, {"delta", json::object()}, {"finish_reason", "length"}}}},
+      {"usage", usage}};
   recorder.OnBytes(Frame(finish), 1.7);
-  recorder.OnBytes(Frame({{"choices", json::array()},
-                          {"usage", {{"prompt_tokens", 4}, {"completion_tokens", 5}, {"total_tokens", 9}}}}) +
-                       "data: [DONE]\n\n",
-                   1.8);
+  recorder.OnBytes(Frame({{"choices", json::array()}, {"usage", usage}}) + "data: [DONE]\n\n", 1.8);
   recorder.Finish(1.8);
   ASSERT_EQ(r.outcome, Outcome::kOk);
   EXPECT_EQ(r.content_times_s, (std::vector<double>{1.0, 1.2, 1.6}));

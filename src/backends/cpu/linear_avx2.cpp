@@ -565,10 +565,11 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
   if constexpr (T == DType::kQ8_0) {
     if (packed != nullptr) {
       const int64_t n_blocks = k_in / 32;
+      const uint8_t* groups = static_cast<const uint8_t*>(packed);
       for (int64_t t = 0; t < m_rows; ++t) {
         for (int64_t n = n_begin; n < n_end; n += 8) {
-          DotQ8_0Packed8(static_cast<const uint8_t*>(packed) + n / 8 * n_blocks * kQ8_0PackedBlockBytes,
-                         n_blocks, acts[t], y + t * n_out + n);
+          DotQ8_0Packed8(groups + n / 8 * n_blocks * kQ8_0PackedBlockBytes, n_blocks, acts[t],
+                         y + t * n_out + n);
         }
       }
       return;
