@@ -24,7 +24,7 @@
 # replaces the benchmark's flags, MODEL_SET adds generator flags (e.g. "--set num_hidden_layers=20"
 # where the full model would not fit the machine's disk), RACECHECK_FILTER / MEMCHECK_FILTER
 # narrow the sanitizer runs to some tests, TEST_GROUPS the test run; QUANT="fp8 mlx4" adds quantized copies of the model to
-# the benchmark (bench_<format>.json), QUANT_GEMV_VARIANTS="r1_ks4_u4 ..." their one-row GEMV
+# the benchmark (bench_<format>.json; an entry "mlx4:128" sets the group size, bench_mlx4_g128.json), QUANT_GEMV_VARIANTS="r1_ks4_u4 ..." their one-row GEMV
 # shapes, QUANT_ENVS="NAME=VALUE ..." the same with those switches; KV_DTYPES="fp8 int8" benchmarks the bf16 model with those KV caches (bench_kv_<dtype>.json).
 set -uo pipefail
 here=$(pwd)
@@ -100,10 +100,14 @@ if has bench; then
 fi
 # QUANT="fp8 mlx4": the same model with random codes in those formats
 # (tools/make_random_quantized.py), benchmarked with the same flags right after bf16.
-for q in ${QUANT:-}; do
+for entry in ${QUANT:-}; do
   has bench || break
+  # An entry is a format, or "mlx4:128" with make_random_quantized's --group-size.
+  IFS=: read -r fmt group <<< "$entry"
+  q=${entry/:/_g}
   t0=$SECONDS
-  python3 tools/make_random_quantized.py --model $model --out $model-$q --format $q > /tmp/make_$q.txt 2>&1
+  python3 tools/make_random_quantized.py --model $model --out $model-$q --format $fmt \
+    ${group:+--group-size $group} > /tmp/make_$q.txt 2>&1
   log "random $q: exit $? in $((SECONDS - t0)) s"
   bf16_model=$model
   model=$model-$q
@@ -117,7 +121,7 @@ for q in ${QUANT:-}; do
     bench bench_${q}_${e//=/_} "$e" -- --prefill 128 --decode-context 128 --batch 1 \
       --engine-batch 0 --no-profile
   done
-  if [[ $q == fp8 ]]; then  # prefill as W8A8 on the FP8 tensor cores
+  if [[ $fmt == fp8 ]]; then  # prefill as W8A8 on the FP8 tensor cores
     bench bench_fp8_w8a8 -- --fp8-activations --prefill 2048,8192 --decode-context 128 --batch 1,64 \
       --engine-batch 0 --no-profile
   fi
