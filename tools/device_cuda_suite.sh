@@ -23,9 +23,11 @@
 # PRESET=qwen3.5-27b (a tools/make_random_model.py preset) benchmarks another model; BENCH_FLAGS
 # replaces the benchmark's flags, MODEL_SET adds generator flags (e.g. "--set num_hidden_layers=20"
 # where the full model would not fit the machine's disk), RACECHECK_FILTER / MEMCHECK_FILTER
-# narrow the sanitizer runs to some tests, TEST_GROUPS the test run; QUANT="fp8 mlx4" adds quantized copies of the model to
-# the benchmark (bench_<format>.json; an entry "mlx4:128" sets the group size, bench_mlx4_g128.json), QUANT_GEMV_VARIANTS="r1_ks4_u4 ..." their one-row GEMV
-# shapes, QUANT_ENVS="NAME=VALUE ..." the same with those switches; KV_DTYPES="fp8 int8" benchmarks the bf16 model with those KV caches (bench_kv_<dtype>.json).
+# narrow the sanitizer runs to some tests, TEST_GROUPS the test run; QUANT="fp8 mlx4" adds
+# quantized copies of the model to the benchmark (bench_<format>.json; an entry "mlx4:128" sets the
+# group size, bench_mlx4_g128.json), QUANT_GEMV_VARIANTS="r1_ks4_u4 ..." their one-row GEMV shapes,
+# QUANT_ENVS="NAME=VALUE ..." the same with those switches (decode batch 1 each); KV_DTYPES="fp8
+# int8" benchmarks the bf16 model with those KV caches (bench_kv_<dtype>.json).
 set -uo pipefail
 here=$(pwd)
 OUT=${OUT:-/tmp/out}
@@ -113,12 +115,13 @@ for entry in ${QUANT:-}; do
   model=$model-$q
   # shellcheck disable=SC2086
   bench bench_$q -- ${BENCH_FLAGS:---prefill 2048 --decode-context 128,2048 --batch 1,64 --engine-batch 1,64}
-  for v in ${QUANT_GEMV_VARIANTS:-}; do  # one-row GEMV shapes (quant_linear.cu)
-    bench bench_${q}_$v KESTREL_QUANT_GEMV=$v -- --prefill 128 --decode-context 128 --batch 1 \
-      --engine-batch 0 --no-profile
-  done
-  for e in ${QUANT_ENVS:-}; do  # NAME=VALUE tuning switches, decode batch 1 each
-    bench bench_${q}_${e//=/_} "$e" -- --prefill 128 --decode-context 128 --batch 1 \
+  # Decode batch 1 under tuning switches, "name:NAME=VALUE" each: the one-row GEMV shapes
+  # (quant_linear.cu), then QUANT_ENVS.
+  switches=()
+  for v in ${QUANT_GEMV_VARIANTS:-}; do switches+=("$v:KESTREL_QUANT_GEMV=$v"); done
+  for e in ${QUANT_ENVS:-}; do switches+=("${e//=/_}:$e"); done
+  for sw in "${switches[@]}"; do
+    bench "bench_${q}_${sw%%:*}" "${sw#*:}" -- --prefill 128 --decode-context 128 --batch 1 \
       --engine-batch 0 --no-profile
   done
   if [[ $fmt == fp8 ]]; then  # prefill as W8A8 on the FP8 tensor cores
