@@ -11,6 +11,8 @@
 #include "backends/cuda/deltanet.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kv_cache.cuh"
@@ -217,9 +219,11 @@ __global__ void DeltaRuleKernel(const float* __restrict__ q, const float* __rest
 
 // The same rule by state columns: the columns of S are independent (column e needs only k, q and
 // v[e]), so each column lives in the registers of kSplit neighbouring threads (kDk / kSplit rows
-// each; the two partial dot products are combined with a shuffle) for the whole sequence. Grid
-// (column groups, value heads, sequences), 64 threads; one read and one write of the state, no
-// shared memory, no barriers. kDk: the key head dim.
+// each; the partial dot products are combined by a butterfly of shuffles, the same order in every
+// thread) for the whole sequence. Grid (column groups, value heads, sequences), 64 threads; one
+// read and one write of the state, no shared memory, no barriers. kDk: the key head dim. At
+// kDk = 128, kSplit 4 holds 32 state floats per thread (kSplit 2: 64, ~200 registers, few warps
+// per SM to keep the state's loads in flight).
 template <int kDk, int kSplit>
 __global__ void __launch_bounds__(64)
     DeltaRuleColumnsKernel(const float* __restrict__ q, const float* __restrict__ k,
@@ -254,7 +258,8 @@ __global__ void __launch_bounds__(64)
       S[d] *= decay;
       mem += S[d] * kt[d];
     }
-    if (kSplit == 2) mem += __shfl_xor_sync(0xffffffffu, mem, 1);
+#pragma unroll
+    for (int off = 1; off < kSplit; off *= 2) mem += __shfl_xor_sync(0xffffffffu, mem, off);
     const float delta = (v[t * v_stride + h * dv + ec] - mem) * bt;
     float o = 0.0f;
 #pragma unroll
@@ -262,7 +267,8 @@ __global__ void __launch_bounds__(64)
       S[d] += kt[d] * delta;
       o += S[d] * qt[d];
     }
-    if (kSplit == 2) o += __shfl_xor_sync(0xffffffffu, o, 1);
+#pragma unroll
+    for (int off = 1; off < kSplit; off *= 2) o += __shfl_xor_sync(0xffffffffu, o, off);
     if (valid && part == 0) out[(static_cast<int64_t>(t) * nv + h) * dv + e] = o;
     const int snap = b.snapshot_slot[t];
     if (valid && snap >= 0) {
@@ -420,6 +426,18 @@ void DeltaPrep(const float* conv_out, int32_t n_tokens, int32_t nk, int32_t dk, 
   KCUDA_CHECK_LAUNCH();
 }
 
+namespace {
+int DeltaSplit() {
+  static const int split = [] {
+    const char* env = std::getenv("KESTREL_DELTA_SPLIT");
+    if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
+    if (env != nullptr && std::strcmp(env, "8") == 0) return 8;
+    return 4;
+  }();
+  return split;
+}
+}  // namespace
+
 void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_stride,
                     const float* g, const float* beta, int32_t nk, int32_t dk, int32_t nv,
                     int32_t dv, const DeltaBatchView& b, const DeltaStateView& s, float* out,
@@ -441,7 +459,10 @@ void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_st
     case 64:
       return run_columns(DeltaRuleColumnsKernel<64, 1>, 1);
     case 128:
-      return run_columns(DeltaRuleColumnsKernel<128, 2>, 2);
+      // KESTREL_DELTA_SPLIT=2 or 8: that many threads per state column (tuning; 4 otherwise).
+      if (DeltaSplit() == 2) return run_columns(DeltaRuleColumnsKernel<128, 2>, 2);
+      if (DeltaSplit() == 8) return run_columns(DeltaRuleColumnsKernel<128, 8>, 8);
+      return run_columns(DeltaRuleColumnsKernel<128, 4>, 4);
     default:
       break;
   }
