@@ -7,8 +7,8 @@
 // kSkinnyKernelMaxRows both paths are timed ("run": true marks the one LinearEngine::Run takes),
 // so the crossover kSkinnyMaxRows can be chosen from these lines.
 // The weights rotate over >= 4 copies (> 200 MB in all) so the 60 MB L2 never serves them.
-// Then the quantized GEMV (QuantGemv) at m = 1 and 8 for FP8 block-128 and 4-bit affine (group
-// 128) codes on the same shapes: bytes = codes + scales (+ biases) + x + y.
+// Then the quantized GEMV (QuantGemv) at m = 1 and 8 for FP8 block-128 and 4-bit affine (groups
+// 64 and 128) codes on the same shapes: bytes = codes + scales (+ biases) + x + y.
 // Usage: bench_cuda_linear [--reps N] [--quant-only]
 #include <cstdio>
 #include <cstdlib>
@@ -161,14 +161,23 @@ int Main(int argc, char** argv) {
                           {24576, 4096, "gate_up"}, {4096, 12288, "down"},
                           {151936, 4096, "lm_head"}};
 
-  // Quantized GEMV: each shape in FP8 block-128 and 4-bit affine (group 128), m = 1 and 8.
-  for (const WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kAffine4}) {
+  // Quantized GEMV: each shape in FP8 block-128 and 4-bit affine (groups 64 and 128), m = 1
+  // and 8.
+  struct QuantCase {
+    WeightFormat format;
+    int group;
+  };
+  const QuantCase quant_cases[] = {{WeightFormat::kFp8Block, 128},
+                                   {WeightFormat::kAffine4, 64},
+                                   {WeightFormat::kAffine4, 128}};
+  for (const QuantCase& qc : quant_cases) {
+    const WeightFormat format = qc.format;
     for (const Shape& shape : shapes) {
       const int64_t n = shape.n, k = shape.k;
       const bool fp8 = format == WeightFormat::kFp8Block;
       const size_t code_bytes = static_cast<size_t>(fp8 ? n * k : n * k / 2);
       const size_t scale_floats = static_cast<size_t>(fp8 ? (n + 127) / 128 * (k / 128)
-                                                          : n * (k / 128));
+                                                          : n * (k / qc.group));
       const size_t w_bytes = code_bytes + scale_floats * 4 * (fp8 ? 1 : 2);
       const int n_copies = std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
       std::vector<DeviceBuffer> codes, scales, biases;
@@ -191,7 +200,7 @@ int Main(int argc, char** argv) {
           biases.push_back(MustAllocate(scale_floats * 4, "biases"));
           FillConstantF32(biases.back(), -0.08f);
           w.bias = biases.back().as<float>();
-          w.group = 128;
+          w.group = qc.group;
         }
         segs.push_back(w);
       }
@@ -205,9 +214,10 @@ int Main(int argc, char** argv) {
         const double bytes = static_cast<double>(w_bytes) + static_cast<double>(m) * k * 2 +
                              static_cast<double>(m) * n * 4;
         const double gb_s = bytes / sec / 1e9;
-        std::printf("{\"quant\": \"%s\", \"shape\": \"%s\", \"n\": %ld, \"k\": %ld, \"m\": %ld, "
-                    "\"weight_bytes\": %zu, \"us\": %.2f, \"gb_s\": %.1f, \"frac_bw\": %.3f}\n",
-                    WeightFormatName(format), shape.name, static_cast<long>(n),
+        std::printf("{\"quant\": \"%s\", \"group\": %d, \"shape\": \"%s\", \"n\": %ld, "
+                    "\"k\": %ld, \"m\": %ld, \"weight_bytes\": %zu, \"us\": %.2f, "
+                    "\"gb_s\": %.1f, \"frac_bw\": %.3f}\n",
+                    WeightFormatName(format), qc.group, shape.name, static_cast<long>(n),
                     static_cast<long>(k), static_cast<long>(m), w_bytes, sec * 1e6, gb_s,
                     gb_s / copy_gb_s);
         std::fflush(stdout);
