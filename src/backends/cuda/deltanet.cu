@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(64)
   const int thread = blockIdx.x * blockDim.x + threadIdx.x;
   const int e = thread / kSplit, part = thread % kSplit;
   const int h = blockIdx.y, seq = blockIdx.z;
-  const bool valid = e < dv;  // no early return: the pair's shuffles need both threads
+  const bool valid = e < dv;  // no early return: a column's shuffles need all its threads
   const int ec = valid ? e : 0;
   const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
   const int kh = h / (nv / nk);
