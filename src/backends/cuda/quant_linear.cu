@@ -119,7 +119,8 @@ __device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int 
     *s = __ldg(w.scale + static_cast<int64_t>(row / 128) * w.scale_ld + e / 128) * kFp8Unscale;
     *b = 0.0f;
   } else {
-    const int64_t at = static_cast<int64_t>(row) * (k / w.group) + e / w.group;
+    const int gshift = __ffs(w.group) - 1;  // a power of two (CheckSegment): no division
+    const int64_t at = static_cast<int64_t>(row) * (k >> gshift) + (e >> gshift);
     *s = __ldg(w.scale + at);
     *b = __ldg(w.bias + at);
   }
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(kThreads)
 // bench_cuda_linear. At these sizes a GEMV is a few microseconds, its time the launch and the
 // memory round trips more than the bytes.)
 template <WeightFormat F>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 5)
     QuantMmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
                        int m, int k, const WeightSegment w, int n,
                        float* __restrict__ y, int64_t ldy) {    // [m, ldy]
@@ -301,9 +302,19 @@ __global__ void __launch_bounds__(kThreads)
   const int row_lo = lo_ok ? n0 + g : 0, row_hi = hi_ok ? n0 + g + 8 : 0;
   const uint4* w_lo = reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row_lo) * row_vecs;
   const uint4* w_hi = reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row_hi) * row_vecs;
-  const bool token_ok = g < m;
-  const uint4* xg = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(token_ok ? g : 0) * x_vecs;
+  // Token columns past m read token 0's x (their sums are never stored), so x loads need no
+  // predicate; past k (a last step short of 4 vectors) they read the row's last vector, against
+  // zero weights.
+  const uint4* xg = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(g < m ? g : 0) * x_vecs;
   const uint4 zero = make_uint4(0, 0, 0, 0);
+  // 4-bit: this thread's rows' scales and biases (the group a power of two: shifts, not
+  // divisions, in the loop).
+  const int gshift = __ffs(w.group) - 1;
+  const int64_t row_groups = F == WeightFormat::kAffine4 ? k >> gshift : 0;
+  const float* sc_lo = w.scale + row_lo * row_groups;
+  const float* sc_hi = w.scale + row_hi * row_groups;
+  const float* bi_lo = w.bias + row_lo * row_groups;
+  const float* bi_hi = w.bias + row_hi * row_groups;
   // One step of a thread's weights: the codes of rows g and g+8 (zeros past k or n) and their
   // scales: 4-bit, scale and bias of each row; FP8, the block's scale in sl.
   struct Stage {
@@ -318,8 +329,11 @@ __global__ void __launch_bounds__(kThreads)
     st->sl = st->bl = st->sh = st->bh = 0.0f;
     if constexpr (F == WeightFormat::kAffine4) {
       if (in_k) {
-        GroupScale<F>(w, row_lo, static_cast<int>(v) * kE, k, &st->sl, &st->bl);
-        GroupScale<F>(w, row_hi, static_cast<int>(v) * kE, k, &st->sh, &st->bh);
+        const int c = (static_cast<int>(v) * kE) >> gshift;
+        st->sl = __ldg(sc_lo + c);
+        st->bl = __ldg(bi_lo + c);
+        st->sh = __ldg(sc_hi + c);
+        st->bh = __ldg(bi_hi + c);
       }
     } else {
       // One scale per 128-k block and 128-row block (rows g and g+8 share it, as do the 4 kE k
@@ -336,8 +350,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int step = warp; step < n_steps; step += kWarps) {
     const uint4 c_lo = cur.lo, c_hi = cur.hi;
     const int64_t v = static_cast<int64_t>(step) * 4 + t;  // this thread's vector
-    const bool in_k = v < row_vecs;
-    const bool x_ok = in_k && token_ok;
+    const int64_t vx = v < row_vecs ? v : row_vecs - 1;    // its x (weights past k are zero)
     if constexpr (F == WeightFormat::kAffine4) {
       const float sl = cur.sl, bl = cur.bl, sh = cur.sh, bh = cur.bh;
       // (1 + q/16) * s' + b' = q * (s'/16) + (b' + s'); rows past n read as zeros.
@@ -350,7 +363,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int p = 0; p < 4; ++p) {
         const uint32_t wl = Word(c_lo, p), wh = Word(c_hi, p);
         // x of k 8p .. 8p+7 (one 16-byte vector), re-paired as (k j, k j+4).
-        const uint4 xv = x_ok ? __ldg(xg + v * 4 + p) : zero;
+        const uint4 xv = __ldg(xg + vx * 4 + p);
         const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
         const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
         uint32_t a_lo[4], a_hi[4];
@@ -379,8 +392,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int p = 0; p < 4; ++p) {
         const uint32_t wl = Word(c_lo, p), wh = Word(c_hi, p);
         // x of k 4p .. 4p+3 (half a 16-byte vector), re-paired as (k0, k2), (k1, k3).
-        const uint2 xv =
-            x_ok ? __ldg(reinterpret_cast<const uint2*>(xg + v * 2) + p) : make_uint2(0, 0);
+        const uint2 xv = __ldg(reinterpret_cast<const uint2*>(xg + vx * 2) + p);
         const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
         MmaBf16(part, pair(wl, 0x4240), pair(wh, 0x4240), pair(wl, 0x4341), pair(wh, 0x4341), x02,
                 x13);
