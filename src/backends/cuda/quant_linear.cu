@@ -284,14 +284,14 @@ __global__ void __launch_bounds__(kThreads)
 // in flight per warp, was slower: 280.8 and 260.1 tok/s, and slower per GEMV in
 // bench_cuda_linear. At these sizes a GEMV is a few microseconds, its time the launch and the
 // memory round trips more than the bytes.)
-template <WeightFormat F>
-__global__ void __launch_bounds__(kThreads, 5)
+template <WeightFormat F, int W>
+__global__ void __launch_bounds__(W * 32, W == 8 ? 5 : 2)
     QuantMmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
                        int m, int k, const WeightSegment w, int n,
                        float* __restrict__ y, int64_t ldy) {    // [m, ldy]
   constexpr int kE = Codes<F>::kE;
   constexpr int kRows = 16;
-  __shared__ float partial[kWarps][8][kRows + 4];
+  __shared__ float partial[W][8][kRows + 4];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * kRows;
@@ -341,13 +341,13 @@ __global__ void __launch_bounds__(kThreads, 5)
       if (step < n_steps) GroupScale<F>(w, n0, step * 4 * kE, k, &st->sl, &st->bl);
     }
   };
-  // Warp w takes steps w, w + 8, ...
+  // Warp w takes steps w, w + W, ...
   Stage cur;
   load(warp, &cur);
   PdlWait();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
-  for (int step = warp; step < n_steps; step += kWarps) {
+  for (int step = warp; step < n_steps; step += W) {
     const uint4 c_lo = cur.lo, c_hi = cur.hi;
     const int64_t v = static_cast<int64_t>(step) * 4 + t;  // this thread's vector
     const int64_t vx = v < row_vecs ? v : row_vecs - 1;    // its x (weights past k are zero)
@@ -400,18 +400,18 @@ __global__ void __launch_bounds__(kThreads, 5)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[r] = __fmaf_rn(sc, part[r], acc[r]);
     }
-    load(step + kWarps, &cur);
+    load(step + W, &cur);
   }
   PdlLaunchDependents();
 #pragma unroll
   for (int r = 0; r < 4; ++r) partial[warp][2 * t + (r & 1)][g + 8 * (r >> 1)] = acc[r];
   __syncthreads();
-  for (int i = threadIdx.x; i < 8 * kRows; i += kThreads) {
+  for (int i = threadIdx.x; i < 8 * kRows; i += W * 32) {
     const int token = i / kRows, col = n0 + i % kRows;
     if (token < m && col < n) {
       float sum = partial[0][token][i % kRows];
 #pragma unroll
-      for (int wi = 1; wi < kWarps; ++wi) sum += partial[wi][token][i % kRows];
+      for (int wi = 1; wi < W; ++wi) sum += partial[wi][token][i % kRows];
       y[static_cast<int64_t>(token) * ldy + col] = sum;
     }
   }
@@ -421,7 +421,24 @@ template <WeightFormat F>
 void LaunchMmaGemv(const __nv_bfloat16* x, int m, int k, const WeightSegment& w, int n, float* y,
                    int64_t ldy, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((n + 15) / 16);
-  LaunchPdl(&QuantMmaGemvKernel<F>, dim3(blocks), dim3(kThreads), 0, stream, x, m, k, w, n, y, ldy);
+  // Grids of at most two blocks per SM (n <= 4224 on the H200: o_proj, down) take 16 warps per
+  // block, each with half the steps: a latency-bound GEMV waits on half as many round trips.
+  // Larger grids keep 8 warps and 5 blocks per SM. H200, m = 1, 8 -> 16 warps: FP8 down
+  // (4096 x 12288) 24.2 -> 17.9 us, o_proj 11.6 -> 9.6; 4-bit (group 64) 19.7 -> 18.2 and
+  // 10.7 -> 9.9; but gate|up 28.9 -> 33.3 and lm_head 141.8 -> 172.9 (4-bit).
+  static const int sms = [] {
+    int device = 0, v = 0;
+    KCUDA_CHECK(cudaGetDevice(&device));
+    KCUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+    return v;
+  }();
+  if (blocks <= 2u * static_cast<unsigned>(sms)) {
+    LaunchPdl(&QuantMmaGemvKernel<F, 16>, dim3(blocks), dim3(16 * 32), 0, stream, x, m, k, w, n,
+              y, ldy);
+  } else {
+    LaunchPdl(&QuantMmaGemvKernel<F, 8>, dim3(blocks), dim3(kThreads), 0, stream, x, m, k, w, n,
+              y, ldy);
+  }
 }
 
 constexpr int kR = 2, kKS = 4, kU = 2;
