@@ -46,6 +46,7 @@
 #include "backends/cuda/async_copy.cuh"
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/device.h"
 #include "backends/cuda/kv_cache.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "core/check.h"
@@ -616,12 +617,7 @@ std::atomic<int> g_splits_per_block{-1};  // -1: not read from the environment y
 int SplitsPerBlock(int32_t n_seqs, int32_t n_kv_heads, int32_t n_splits) {
   const int forced = DecodeSplitsPerBlock();
   if (forced > 0) return forced;
-  static const int64_t slots = [] {
-    int device = 0, sms = 0;
-    KCUDA_CHECK(cudaGetDevice(&device));
-    KCUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return int64_t{sms} * kMinBlocksPerSm;
-  }();
+  const int64_t slots = int64_t{CurrentDeviceSmCount()} * kMinBlocksPerSm;
   const int64_t heads = int64_t{n_seqs} * n_kv_heads;
   int best = 1;
   for (int s = 2; s <= kMaxSplitsPerBlock && s <= n_splits; s *= 2) {

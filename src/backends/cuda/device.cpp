@@ -88,6 +88,16 @@ Result<DeviceInfo> OpenDevice(int ordinal) {
   return info;
 }
 
+int CurrentDeviceSmCount() {
+  static const int sms = [] {
+    int device = 0, v = 0;
+    KCUDA_CHECK(cudaGetDevice(&device));
+    KCUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+    return v;
+  }();
+  return sms;
+}
+
 std::string DescribeDevice(const DeviceInfo& info) {
   return info.name + ", sm_" + std::to_string(info.cc_major) + std::to_string(info.cc_minor) +
          ", " + std::to_string(info.n_sms) + " SMs, " + FormatBytes(info.total_bytes) + " (" +

@@ -30,6 +30,10 @@ bool CudaAvailable();
 // kUnavailable / kUnsupported with a message that says what to do.
 Result<DeviceInfo> OpenDevice(int ordinal = 0);
 
+// The SM count of the calling thread's current device, read once per process (kernels size their
+// grids by it; a process uses one device).
+int CurrentDeviceSmCount();
+
 // "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB (137.2 GiB free)"
 std::string DescribeDevice(const DeviceInfo& info);
 

@@ -29,6 +29,7 @@
 #include <cstring>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/device.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/ptx.cuh"
 #include "backends/cuda/vec_io.cuh"
@@ -429,13 +430,7 @@ void LaunchMmaGemv(const __nv_bfloat16* x, int m, int k, const WeightSegment& w,
   // Larger grids keep 8 warps and 5 blocks per SM. H200, m = 1, 8 -> 16 warps: FP8 down
   // (4096 x 12288) 24.2 -> 17.9 us, o_proj 11.6 -> 9.6; 4-bit (group 64) 19.7 -> 18.2 and
   // 10.7 -> 9.9; but gate|up 28.9 -> 33.3 and lm_head 141.8 -> 172.9 (4-bit).
-  static const int sms = [] {
-    int device = 0, v = 0;
-    KCUDA_CHECK(cudaGetDevice(&device));
-    KCUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
-    return v;
-  }();
-  if (blocks <= 2u * static_cast<unsigned>(sms)) {
+  if (blocks <= 2u * static_cast<unsigned>(CurrentDeviceSmCount())) {
     LaunchPdl(&QuantMmaGemvKernel<F, 16>, dim3(blocks), dim3(16 * 32), 0, stream, x, m, k, w, n,
               y, ldy);
   } else {
