@@ -112,6 +112,9 @@ struct Codes<WeightFormat::kFp8Block> {
 
 constexpr float kFp8Unscale = 0x1p120f;
 
+// log2 of an affine segment's group (a power of two, CheckSegment): group indices by shifts.
+__device__ __forceinline__ int GroupShift(const WeightSegment& w) { return __ffs(w.group) - 1; }
+
 // Scale and bias of the vector starting at element e of row `row`.
 template <WeightFormat F>
 __device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int e, int k,
@@ -120,7 +123,7 @@ __device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int 
     *s = __ldg(w.scale + static_cast<int64_t>(row / 128) * w.scale_ld + e / 128) * kFp8Unscale;
     *b = 0.0f;
   } else {
-    const int gshift = __ffs(w.group) - 1;  // a power of two (CheckSegment): no division
+    const int gshift = GroupShift(w);
     const int64_t at = static_cast<int64_t>(row) * (k >> gshift) + (e >> gshift);
     *s = __ldg(w.scale + at);
     *b = __ldg(w.bias + at);
@@ -311,9 +314,8 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 5 : 2)
   // zero weights.
   const uint4* xg = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(g < m ? g : 0) * x_vecs;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  // 4-bit: this thread's rows' scales and biases (the group a power of two: shifts, not
-  // divisions, in the loop).
-  const int gshift = __ffs(w.group) - 1;
+  // 4-bit: this thread's rows' scales and biases (GroupScale's index, its row part hoisted).
+  const int gshift = GroupShift(w);
   const int64_t row_groups = F == WeightFormat::kAffine4 ? k >> gshift : 0;
   const float* sc_lo = w.scale + row_lo * row_groups;
   const float* sc_hi = w.scale + row_hi * row_groups;
