@@ -569,10 +569,9 @@ void CudaDecoder::DeltaNet(const LayerWeights& w, const DeviceBatchView& v,
   bv.snapshot_slot = v.snapshot_slot;
   bv.n_seqs = v.n_seqs;
   bv.n_tokens = v.n_tokens;
-  cuda::CausalConv1dSilu(qkv_, gdn_width_, static_cast<int32_t>(conv_dim),
-                         static_cast<int32_t>(la.conv_kernel), w.conv_w, bv, sv, conv_out_, stream);
-  cuda::DeltaPrep(conv_out_, static_cast<int32_t>(n), nk, dk, nv, dv, qkv_ + conv_dim + value_dim,
-                  gdn_width_, w.neg_exp_a, w.dt_bias, dq_, dk_, beta_, g_, stream);
+  cuda::CausalConv1dSiluDeltaPrep(qkv_, gdn_width_, static_cast<int32_t>(la.conv_kernel), w.conv_w,
+                                  bv, sv, conv_out_, nk, dk, nv, dv, qkv_ + conv_dim + value_dim,
+                                  gdn_width_, w.neg_exp_a, w.dt_bias, dq_, dk_, beta_, g_, stream);
   // In chunks where a sequence brings many rows (prefill; the workspace holds up to
   // kChunkedDeltaRuleMaxSeqs sequences); token by token otherwise.
   const float* values = conv_out_ + 2 * la.key_dim();

@@ -172,5 +172,96 @@ TEST(CudaDeltaNet, ConvAndDeltaRuleMatchTheCpuWithSlotsAndSnapshots) {
   CheckConvAndDeltaRule(256, 64);
 }
 
+// The decode form of CausalConv1dSiluDeltaPrep (one launch) against CausalConv1dSilu + DeltaPrep:
+// the same conv outputs, q, k, beta, g and state windows bit for bit, on a decode batch with a
+// fresh sequence, an empty one, sequences of 1 to 4 rows and a snapshot after a middle row.
+void CheckConvPrepFused(int32_t dk, int32_t dv, int32_t nk, int32_t nv) {
+  SCOPED_TRACE("dk " + std::to_string(dk) + " dv " + std::to_string(dv) + " nk " +
+               std::to_string(nk) + " nv " + std::to_string(nv));
+  const int32_t kernel = 4, key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv;
+  const int32_t width = conv_dim + nv * dv + 2 * nv;  // qkv | z | b | a, as the in_proj rows
+  const int64_t conv_floats = (kernel - 1) * conv_dim;
+  const int64_t slot_floats = conv_floats + int64_t{nv} * dk * dv;
+  const std::vector<int32_t> lens = {1, 3, 0, 1, 4, 2};
+  const int32_t n_seqs = static_cast<int32_t>(lens.size());
+  std::vector<int32_t> seq_starts = {0}, positions, slots, snapshot;
+  for (int32_t s = 0; s < n_seqs; ++s) {
+    seq_starts.push_back(seq_starts.back() + lens[size_t(s)]);
+    for (int32_t i = 0; i < lens[size_t(s)]; ++i) positions.push_back(s == 1 ? i : 50 + 3 * s + i);
+    slots.push_back(n_seqs - 1 - s);
+  }
+  const int32_t n = seq_starts.back();
+  snapshot.assign(size_t(n), -1);
+  snapshot[size_t(seq_starts[4] + 1)] = n_seqs;  // after the second row of sequence 4
+  std::mt19937 rng(17);
+  const std::vector<float> x = Random(rng, size_t(n) * width, 1.5f);
+  const std::vector<float> w = Random(rng, size_t(conv_dim) * kernel, 0.5f);
+  const std::vector<float> state = Random(rng, size_t(n_seqs + 1) * slot_floats, 0.3f);
+  const std::vector<float> neg_a = Random(rng, size_t(nv), 1.0f),
+                           dt = Random(rng, size_t(nv), 1.0f);
+  const cuda::DeviceBuffer d_x = Upload(x), d_w = Upload(w), d_neg = Upload(neg_a),
+                           d_dt = Upload(dt), d_starts = Upload(seq_starts),
+                           d_pos = Upload(positions), d_slots = Upload(slots),
+                           d_snap = Upload(snapshot);
+  cuda::DeltaBatchView bv;
+  bv.seq_starts = d_starts.as<int32_t>();
+  bv.positions = d_pos.as<int32_t>();
+  bv.state_slots = d_slots.as<int32_t>();
+  bv.snapshot_slot = d_snap.as<int32_t>();
+  bv.n_seqs = n_seqs;
+  bv.n_tokens = n;
+  struct Outputs {
+    std::vector<float> conv, q, k, beta, g, state;
+  };
+  auto run = [&](bool fused) {
+    cuda::DeviceBuffer d_state = Upload(state);
+    cuda::DeviceBuffer d_conv = Upload(std::vector<float>(size_t(n) * conv_dim, -7.0f));
+    cuda::DeviceBuffer d_q = Upload(std::vector<float>(size_t(n) * key_dim, -7.0f)),
+                       d_k = Upload(std::vector<float>(size_t(n) * key_dim, -7.0f)),
+                       d_beta = Upload(std::vector<float>(size_t(n) * nv, -7.0f)),
+                       d_g = Upload(std::vector<float>(size_t(n) * nv, -7.0f));
+    cuda::DeltaStateView sv;
+    sv.state = d_state.as<float>();
+    sv.slot_floats = slot_floats;
+    sv.layer_offset = 0;
+    sv.conv_floats = conv_floats;
+    const float* ba = d_x.as<float>() + conv_dim + nv * dv;
+    if (fused) {
+      cuda::CausalConv1dSiluDeltaPrep(
+          d_x.as<float>(), width, kernel, d_w.as<float>(), bv, sv, d_conv.as<float>(), nk, dk, nv,
+          dv, ba, width, d_neg.as<float>(), d_dt.as<float>(), d_q.as<float>(), d_k.as<float>(),
+          d_beta.as<float>(), d_g.as<float>(), nullptr);
+    } else {
+      cuda::CausalConv1dSilu(d_x.as<float>(), width, conv_dim, kernel, d_w.as<float>(), bv, sv,
+                             d_conv.as<float>(), nullptr);
+      cuda::DeltaPrep(d_conv.as<float>(), n, nk, dk, nv, dv, ba, width, d_neg.as<float>(),
+                      d_dt.as<float>(), d_q.as<float>(), d_k.as<float>(), d_beta.as<float>(),
+                      d_g.as<float>(), nullptr);
+    }
+    KCUDA_CHECK(cudaDeviceSynchronize());
+    return Outputs{Download<float>(d_conv, size_t(n) * conv_dim),
+                   Download<float>(d_q, size_t(n) * key_dim),
+                   Download<float>(d_k, size_t(n) * key_dim),
+                   Download<float>(d_beta, size_t(n) * nv),
+                   Download<float>(d_g, size_t(n) * nv),
+                   Download<float>(d_state, state.size())};
+  };
+  const Outputs two = run(false), one = run(true);
+  EXPECT_EQ(one.conv, two.conv);
+  EXPECT_EQ(one.q, two.q);
+  EXPECT_EQ(one.k, two.k);
+  EXPECT_EQ(one.beta, two.beta);
+  EXPECT_EQ(one.g, two.g);
+  EXPECT_EQ(one.state, two.state);
+  EXPECT_NE(one.state, state) << "the windows were not updated";
+}
+
+TEST(CudaDeltaNet, FusedDecodeConvPrepEqualsTheTwoKernels) {
+  KESTREL_REQUIRE_CUDA();
+  CheckConvPrepFused(32, 48, 2, 6);
+  CheckConvPrepFused(128, 128, 16, 32);  // Qwen3.5-35B-A3B's linear attention
+  CheckConvPrepFused(128, 128, 16, 48);  // Qwen3.5-27B's
+}
+
 }  // namespace
 }  // namespace kestrel

@@ -3,11 +3,15 @@
 // the batch composition.
 //   CausalConv1dSilu  grid (channel blocks, sequences): a thread walks one channel of one
 //                     sequence through its tokens, its window in registers.
-//   DeltaPrep         one warp per (token, key head) row for the norms; gates elementwise.
+//   DeltaPrep         one warp per (token, key head) row for the norms, then the gates
+//                     elementwise, in one launch.
 //   GatedDeltaRule    one block per (value head, sequence), dv threads; S [dk, dv] in shared
 //                     memory, thread e owning column e (conflict-free), token by token.
 //   GatedRmsNormSilu  one warp per row.
 //   GatedQkvRope      one block per (token, head), head_dim threads.
+// Every kernel here is launched with PDL (pdl.cuh) and opens with PdlWait() (before any global
+// read or write) and PdlLaunchDependents(): the next kernel, typically a GEMV that streams its
+// weights before its own wait, is scheduled while this one runs.
 #include "backends/cuda/deltanet.h"
 
 #include <algorithm>
@@ -16,6 +20,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kv_cache.cuh"
+#include "backends/cuda/pdl.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -39,6 +44,8 @@ __device__ __forceinline__ float WarpSumF(float v) {
 __global__ void ConvKernel(const float* __restrict__ x, int64_t x_stride, int conv_dim, int kernel,
                            const float* __restrict__ w, DeltaBatchView b, DeltaStateView s,
                            float* __restrict__ out) {
+  PdlWait();
+  PdlLaunchDependents();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int seq = blockIdx.y;
   if (c >= conv_dim) return;
@@ -77,6 +84,8 @@ __global__ void ConvKernel(const float* __restrict__ x, int64_t x_stride, int co
 __global__ void ConvRowsKernel(const float* __restrict__ x, int64_t x_stride, int conv_dim,
                                int kernel, const float* __restrict__ w, DeltaBatchView b,
                                DeltaStateView s, float* __restrict__ out) {
+  PdlWait();
+  PdlLaunchDependents();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<int64_t>(b.n_tokens) * conv_dim) return;
   const int t = static_cast<int>(idx / conv_dim), c = static_cast<int>(idx % conv_dim);
@@ -113,6 +122,8 @@ __global__ void ConvRowsKernel(const float* __restrict__ x, int64_t x_stride, in
 // Each sequence's window after its last row, into its slot (after ConvRowsKernel).
 __global__ void ConvWindowKernel(const float* __restrict__ x, int64_t x_stride, int conv_dim,
                                  int kernel, DeltaBatchView b, DeltaStateView s) {
+  PdlWait();
+  PdlLaunchDependents();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int seq = blockIdx.y;
   if (c >= conv_dim) return;
@@ -130,38 +141,125 @@ __global__ void ConvWindowKernel(const float* __restrict__ x, int64_t x_stride, 
   for (int j = 0; j < hist; ++j) window[j * conv_dim + c] = win[j];
 }
 
-// One warp per (token, key head): q and k rows normalised.
-__global__ void NormQkKernel(const float* __restrict__ conv_out, int n_tokens, int nk, int dk,
-                             int conv_dim, float q_scale, float* __restrict__ q,
-                             float* __restrict__ k) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+// beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) of (token t, value head h), at
+// t * nv + h.
+__device__ __forceinline__ void Gates(const float* __restrict__ ba, int64_t ba_stride, int nv,
+                                      int64_t t, int h, const float* __restrict__ neg_exp_a,
+                                      const float* __restrict__ dt_bias, float* __restrict__ beta,
+                                      float* __restrict__ g) {
+  const float bv = ba[t * ba_stride + h];
+  const float av = ba[t * ba_stride + nv + h] + dt_bias[h];
+  beta[t * nv + h] = SigmoidF(bv);
+  const float softplus = av > 20.0f ? av : log1pf(expf(av));
+  g[t * nv + h] = neg_exp_a[h] * softplus;
+}
+
+// One warp L2-normalises a row of dk floats (lane-strided sums, then the butterfly), times scale.
+__device__ __forceinline__ void NormRowWarp(const float* src, float* dst, int dk, float scale) {
   const int lane = threadIdx.x & 31;
-  const int rows = n_tokens * nk * 2;
-  if (warp >= rows) return;
-  const int which = warp % 2;  // 0: q, 1: k
-  const int th = warp / 2;     // token * nk + head
-  const int t = th / nk, h = th % nk;
-  const float* src = conv_out + static_cast<int64_t>(t) * conv_dim + which * nk * dk + h * dk;
-  float* dst = (which == 0 ? q : k) + static_cast<int64_t>(th) * dk;
   float ss = 0.0f;
   for (int j = lane; j < dk; j += 32) ss += src[j] * src[j];
   ss = WarpSumF(ss);
   const float inv = 1.0f / sqrtf(ss + 1e-6f);
-  const float scale = which == 0 ? q_scale : 1.0f;
   for (int j = lane; j < dk; j += 32) dst[j] = src[j] * inv * scale;
 }
 
-__global__ void GatesKernel(const float* __restrict__ ba, int64_t ba_stride, int n_tokens, int nv,
-                            const float* __restrict__ neg_exp_a, const float* __restrict__ dt_bias,
-                            float* __restrict__ beta, float* __restrict__ g) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n_tokens * nv) return;
-  const int t = i / nv, h = i % nv;
-  const float bv = ba[t * ba_stride + h];
-  const float av = ba[t * ba_stride + nv + h] + dt_bias[h];
-  beta[i] = SigmoidF(bv);
-  const float softplus = av > 20.0f ? av : log1pf(expf(av));
-  g[i] = neg_exp_a[h] * softplus;
+// q and k rows L2-normalised, one warp per (token, key head, q or k) row; then, in the threads
+// after those warps, the gates, one (token, value head) each. One launch for both.
+__global__ void DeltaPrepKernel(const float* __restrict__ conv_out, int n_tokens, int nk, int dk,
+                                int conv_dim, float q_scale, float* __restrict__ q,
+                                float* __restrict__ k, const float* __restrict__ ba,
+                                int64_t ba_stride, int nv, const float* __restrict__ neg_exp_a,
+                                const float* __restrict__ dt_bias, float* __restrict__ beta,
+                                float* __restrict__ g) {
+  PdlWait();
+  PdlLaunchDependents();
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t rows = int64_t{n_tokens} * nk * 2;
+  if (idx < rows * 32) {  // whole warps: rows * 32 is a multiple of 32
+    const int warp = static_cast<int>(idx >> 5);
+    const int which = warp % 2;  // 0: q, 1: k
+    const int th = warp / 2;     // token * nk + head
+    const int t = th / nk, h = th % nk;
+    NormRowWarp(conv_out + static_cast<int64_t>(t) * conv_dim + which * nk * dk + h * dk,
+                (which == 0 ? q : k) + static_cast<int64_t>(th) * dk, dk,
+                which == 0 ? q_scale : 1.0f);
+    return;
+  }
+  const int64_t i = idx - rows * 32;
+  if (i >= int64_t{n_tokens} * nv) return;
+  Gates(ba, ba_stride, nv, i / nv, static_cast<int>(i % nv), neg_exp_a, dt_bias, beta, g);
+}
+
+// Block (key head kh, sequence) of CausalConv1dSiluDeltaPrep's decode form: its channels i are
+// kh's q channels, then its k channels, then the v channels of its nv / nk value heads; thread
+// x owns channels x, x + blockDim, ... (their windows in shared memory, [hist][n_ch]). Per row:
+// the conv as ConvKernel computes it, then warps 0 and 1 normalise q and k as DeltaPrepKernel,
+// the threads from 64 on take the heads' gates.
+__global__ void ConvPrepKernel(const float* __restrict__ x, int64_t x_stride, int kernel,
+                               const float* __restrict__ w, DeltaBatchView b, DeltaStateView s,
+                               float* __restrict__ out, int nk, int dk, int nv, int dv,
+                               float q_scale, const float* __restrict__ ba, int64_t ba_stride,
+                               const float* __restrict__ neg_exp_a,
+                               const float* __restrict__ dt_bias, float* __restrict__ q,
+                               float* __restrict__ k, float* __restrict__ beta,
+                               float* __restrict__ g) {
+  extern __shared__ float smem[];
+  PdlWait();
+  PdlLaunchDependents();
+  const int kh = blockIdx.x, seq = blockIdx.y;
+  const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
+  if (begin == end) return;  // the whole block
+  const int heads = nv / nk, conv_dim = 2 * nk * dk + nv * dv;
+  const int n_ch = 2 * dk + heads * dv, hist = kernel - 1;
+  float* win = smem;                // [hist][n_ch]
+  float* qk = win + hist * n_ch;    // [2][dk]: the row's q and k conv outputs
+  auto channel = [&](int i) {
+    return i < dk       ? kh * dk + i
+           : i < 2 * dk ? nk * dk + kh * dk + (i - dk)
+                        : 2 * nk * dk + kh * heads * dv + (i - 2 * dk);
+  };
+  float* window = s.state + b.state_slots[seq] * s.slot_floats + s.layer_offset;
+  const bool fresh = b.positions[begin] == 0;
+  for (int i = threadIdx.x; i < n_ch; i += blockDim.x) {
+    const int c = channel(i);
+    for (int j = 0; j < hist; ++j) win[j * n_ch + i] = fresh ? 0.0f : window[j * conv_dim + c];
+  }
+  const int warp = threadIdx.x / 32;
+  for (int t = begin; t < end; ++t) {
+    const int snap = b.snapshot_slot[t];
+    for (int i = threadIdx.x; i < n_ch; i += blockDim.x) {  // only this thread's channels
+      const int c = channel(i);
+      const float in = x[t * x_stride + c];
+      float acc = 0.0f;
+      for (int j = 0; j < hist; ++j) acc += w[c * kernel + j] * win[j * n_ch + i];
+      acc += w[c * kernel + hist] * in;
+      const float o = SiluF(acc);
+      out[static_cast<int64_t>(t) * conv_dim + c] = o;
+      if (i < 2 * dk) qk[i] = o;
+      for (int j = 0; j + 1 < hist; ++j) win[j * n_ch + i] = win[(j + 1) * n_ch + i];
+      if (hist > 0) win[(hist - 1) * n_ch + i] = in;
+      if (snap >= 0) {
+        float* dst = s.state + snap * s.slot_floats + s.layer_offset;
+        for (int j = 0; j < hist; ++j) dst[j * conv_dim + c] = win[j * n_ch + i];
+      }
+    }
+    __syncthreads();
+    if (warp < 2) {
+      NormRowWarp(qk + warp * dk, (warp == 0 ? q : k) + (static_cast<int64_t>(t) * nk + kh) * dk,
+                  dk, warp == 0 ? q_scale : 1.0f);
+    } else {
+      for (int hh = static_cast<int>(threadIdx.x) - 64; hh < heads; hh += blockDim.x - 64) {
+        const int h = kh * heads + hh;
+        Gates(ba, ba_stride, nv, t, h, neg_exp_a, dt_bias, beta, g);
+      }
+    }
+    __syncthreads();  // qk is rewritten by the next row
+  }
+  for (int i = threadIdx.x; i < n_ch; i += blockDim.x) {
+    const int c = channel(i);
+    for (int j = 0; j < hist; ++j) window[j * conv_dim + c] = win[j * n_ch + i];
+  }
 }
 
 // Block (value head h, sequence), dv threads; dynamic shared memory: S [dk, dv], q_t, k_t [dk].
@@ -170,6 +268,8 @@ __global__ void DeltaRuleKernel(const float* __restrict__ q, const float* __rest
                                 const float* __restrict__ g, const float* __restrict__ beta, int nk,
                                 int dk, int nv, int dv, DeltaBatchView b, DeltaStateView st,
                                 float* __restrict__ out) {
+  PdlWait();
+  PdlLaunchDependents();
   extern __shared__ float smem[];
   float* S = smem;          // [dk, dv]
   float* qs = S + dk * dv;  // [dk]
@@ -231,6 +331,8 @@ __global__ void __launch_bounds__(64)
                            const float* __restrict__ g, const float* __restrict__ beta, int nk,
                            int nv, int dv, DeltaBatchView b, DeltaStateView st,
                            float* __restrict__ out) {
+  PdlWait();
+  PdlLaunchDependents();
   constexpr int kRows = kDk / kSplit;
   const int thread = blockIdx.x * blockDim.x + threadIdx.x;
   const int e = thread / kSplit, part = thread % kSplit;
@@ -286,6 +388,8 @@ __global__ void __launch_bounds__(64)
 __global__ void GatedNormKernel(const float* __restrict__ x, const float* __restrict__ z,
                                 int64_t z_stride, int rows_per_token, int64_t n_rows, int d,
                                 const float* __restrict__ w, float eps, __nv_bfloat16* y) {
+  PdlWait();
+  PdlLaunchDependents();
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (r >= n_rows) return;
@@ -302,6 +406,8 @@ __global__ void GatedNormKernel(const float* __restrict__ x, const float* __rest
 
 __global__ void CopySlotsKernel(float* state, int64_t slot_floats, const int32_t* src,
                                 const int32_t* dst, int n) {
+  PdlWait();
+  PdlLaunchDependents();
   for (int c = 0; c < n; ++c) {
     const float* from = state + src[c] * slot_floats;
     float* to = state + dst[c] * slot_floats;
@@ -318,6 +424,8 @@ __global__ void GatedQkvRopeKernel(
     const __nv_bfloat16* __restrict__ k_norm, const int32_t* __restrict__ positions,
     const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_mapping, GatedQkvShape sh,
     __nv_bfloat16* q_out, float* gate_out, KvCacheOut kv) {
+  PdlWait();
+  PdlLaunchDependents();
   __shared__ float row[256];
   __shared__ float partial[8];
   __shared__ float partial_max[8];
@@ -382,6 +490,8 @@ __global__ void GatedQkvRopeKernel(
 }
 
 __global__ void SigmoidGateKernel(__nv_bfloat16* x, const float* gate, int64_t n) {
+  PdlWait();
+  PdlLaunchDependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) * SigmoidF(gate[i]));
 }
@@ -399,14 +509,16 @@ void CausalConv1dSilu(const float* x, int64_t x_stride, int32_t conv_dim, int32_
   if (b.n_seqs == 0) return;
   const dim3 per_channel(Blocks(conv_dim, 128), static_cast<unsigned>(b.n_seqs));
   if (b.n_tokens <= 4 * b.n_seqs) {  // decode: a few rows per sequence, one launch
-    ConvKernel<<<per_channel, 128, 0, stream>>>(x, x_stride, conv_dim, kernel, w, b, s, out);
+    LaunchPdl(&ConvKernel, per_channel, dim3(128), 0, stream, x, x_stride, conv_dim, kernel, w, b,
+              s, out);
     KCUDA_CHECK_LAUNCH();
     return;
   }
-  ConvRowsKernel<<<Blocks(int64_t{b.n_tokens} * conv_dim, 256), 256, 0, stream>>>(
-      x, x_stride, conv_dim, kernel, w, b, s, out);
+  LaunchPdl(&ConvRowsKernel, dim3(Blocks(int64_t{b.n_tokens} * conv_dim, 256)), dim3(256), 0,
+            stream, x, x_stride, conv_dim, kernel, w, b, s, out);
   KCUDA_CHECK_LAUNCH();
-  ConvWindowKernel<<<per_channel, 128, 0, stream>>>(x, x_stride, conv_dim, kernel, b, s);
+  LaunchPdl(&ConvWindowKernel, per_channel, dim3(128), 0, stream, x, x_stride, conv_dim, kernel, b,
+            s);
   KCUDA_CHECK_LAUNCH();
 }
 
@@ -416,13 +528,34 @@ void DeltaPrep(const float* conv_out, int32_t n_tokens, int32_t nk, int32_t dk, 
                cudaStream_t stream) {
   if (n_tokens == 0) return;
   const int32_t conv_dim = 2 * nk * dk + nv * dv;
-  const int64_t rows = int64_t{n_tokens} * nk * 2;
+  const int64_t threads = int64_t{n_tokens} * nk * 2 * 32 + int64_t{n_tokens} * nv;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(dk));
-  NormQkKernel<<<Blocks(rows * 32, 256), 256, 0, stream>>>(conv_out, n_tokens, nk, dk, conv_dim,
-                                                           q_scale, q, k);
+  LaunchPdl(&DeltaPrepKernel, dim3(Blocks(threads, 256)), dim3(256), 0, stream, conv_out, n_tokens,
+            nk, dk, conv_dim, q_scale, q, k, ba, ba_stride, nv, neg_exp_a, dt_bias, beta, g);
   KCUDA_CHECK_LAUNCH();
-  GatesKernel<<<Blocks(int64_t{n_tokens} * nv, 256), 256, 0, stream>>>(ba, ba_stride, n_tokens, nv,
-                                                                       neg_exp_a, dt_bias, beta, g);
+}
+
+void CausalConv1dSiluDeltaPrep(const float* x, int64_t x_stride, int32_t kernel, const float* w,
+                               const DeltaBatchView& b, const DeltaStateView& s, float* conv_out,
+                               int32_t nk, int32_t dk, int32_t nv, int32_t dv, const float* ba,
+                               int64_t ba_stride, const float* neg_exp_a, const float* dt_bias,
+                               float* q, float* k, float* beta, float* g, cudaStream_t stream) {
+  KCHECK(kernel >= 1 && kernel <= kMaxKernel && nk > 0 && nv % nk == 0);
+  const int32_t conv_dim = 2 * nk * dk + nv * dv;
+  const int32_t n_ch = 2 * dk + (nv / nk) * dv;
+  const size_t smem = (size_t(kernel - 1) * n_ch + 2 * size_t(dk)) * sizeof(float);
+  constexpr int kThreads = 256;
+  if (b.n_seqs == 0 || b.n_tokens > 4 * b.n_seqs || smem > (48u << 10)) {
+    CausalConv1dSilu(x, x_stride, conv_dim, kernel, w, b, s, conv_out, stream);
+    DeltaPrep(conv_out, b.n_tokens, nk, dk, nv, dv, ba, ba_stride, neg_exp_a, dt_bias, q, k, beta,
+              g, stream);
+    return;
+  }
+  const float q_scale = 1.0f / sqrtf(static_cast<float>(dk));
+  LaunchPdl(&ConvPrepKernel, dim3(static_cast<unsigned>(nk), static_cast<unsigned>(b.n_seqs)),
+            dim3(kThreads), smem, stream, x, x_stride, static_cast<int>(kernel), w, b, s, conv_out,
+            static_cast<int>(nk), static_cast<int>(dk), static_cast<int>(nv), static_cast<int>(dv),
+            q_scale, ba, ba_stride, neg_exp_a, dt_bias, q, k, beta, g);
   KCUDA_CHECK_LAUNCH();
 }
 
@@ -446,7 +579,7 @@ void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_st
   auto run_columns = [&](auto kernel, int split) {
     const dim3 grid(static_cast<unsigned>((dv * split + 63) / 64), static_cast<unsigned>(nv),
                     static_cast<unsigned>(b.n_seqs));
-    kernel<<<grid, 64, 0, stream>>>(q, k, v, v_stride, g, beta, nk, nv, dv, b, s, out);
+    LaunchPdl(kernel, grid, dim3(64), 0, stream, q, k, v, v_stride, g, beta, nk, nv, dv, b, s, out);
     KCUDA_CHECK_LAUNCH();
   };
   switch (dk) {
@@ -479,8 +612,9 @@ void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_st
     opted_in = smem;
   }
   const int threads = std::max(32, (dv + 31) / 32 * 32);
-  DeltaRuleKernel<<<dim3(static_cast<unsigned>(nv), static_cast<unsigned>(b.n_seqs)), threads, smem,
-                    stream>>>(q, k, v, v_stride, g, beta, nk, dk, nv, dv, b, s, out);
+  LaunchPdl(&DeltaRuleKernel, dim3(static_cast<unsigned>(nv), static_cast<unsigned>(b.n_seqs)),
+            dim3(static_cast<unsigned>(threads)), smem, stream, q, k, v, v_stride, g, beta, nk, dk,
+            nv, dv, b, s, out);
   KCUDA_CHECK_LAUNCH();
 }
 
@@ -488,16 +622,16 @@ void GatedRmsNormSilu(const float* x, const float* z, int64_t z_stride, int32_t 
                       int64_t n_rows, int32_t d, const float* w, float eps, __nv_bfloat16* y,
                       cudaStream_t stream) {
   if (n_rows == 0) return;
-  GatedNormKernel<<<Blocks(n_rows * 32, 256), 256, 0, stream>>>(x, z, z_stride, rows_per_token,
-                                                                n_rows, d, w, eps, y);
+  LaunchPdl(&GatedNormKernel, dim3(Blocks(n_rows * 32, 256)), dim3(256), 0, stream, x, z, z_stride,
+            rows_per_token, n_rows, d, w, eps, y);
   KCUDA_CHECK_LAUNCH();
 }
 
 void CopyStateSlots(float* state, int64_t slot_floats, const int32_t* src, const int32_t* dst,
                     int32_t n, cudaStream_t stream) {
   if (n == 0) return;
-  CopySlotsKernel<<<Blocks(slot_floats, 256 * 8), 256, 0, stream>>>(state, slot_floats, src, dst,
-                                                                    n);
+  LaunchPdl(&CopySlotsKernel, dim3(Blocks(slot_floats, 256 * 8)), dim3(256), 0, stream, state,
+            slot_floats, src, dst, n);
   KCUDA_CHECK_LAUNCH();
 }
 
@@ -511,14 +645,14 @@ void GatedQkvRope(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bflo
   if (n == 0) return;
   const dim3 grid(static_cast<unsigned>(n),
                   static_cast<unsigned>(shape.n_heads + 2 * shape.n_kv_heads));
-  GatedQkvRopeKernel<<<grid, shape.head_dim, 0, stream>>>(qkv, q_norm, k_norm, positions, inv_freq,
-                                                          slot_mapping, shape, q_out, gate_out, kv);
+  LaunchPdl(&GatedQkvRopeKernel, grid, dim3(static_cast<unsigned>(shape.head_dim)), 0, stream, qkv,
+            q_norm, k_norm, positions, inv_freq, slot_mapping, shape, q_out, gate_out, kv);
   KCUDA_CHECK_LAUNCH();
 }
 
 void SigmoidGate(__nv_bfloat16* x, const float* gate, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  SigmoidGateKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, gate, n);
+  LaunchPdl(&SigmoidGateKernel, dim3(Blocks(n, 256)), dim3(256), 0, stream, x, gate, n);
   KCUDA_CHECK_LAUNCH();
 }
 

@@ -56,6 +56,18 @@ void DeltaPrep(const float* conv_out, int32_t n_tokens, int32_t nk, int32_t dk, 
                const float* dt_bias, float* q, float* k, float* beta, float* g,
                cudaStream_t stream);
 
+// CausalConv1dSilu (x of conv_dim = 2*nk*dk + nv*dv channels) then DeltaPrep, bit for bit the
+// same outputs and state. Decode batches (at most 4 rows per sequence on average, as
+// CausalConv1dSilu's own per-sequence form) run as one launch: a block per (key head,
+// sequence) convolves the head's q, k and v channels with their windows in shared memory,
+// normalises q and k per row (NormQk's sums) and computes the heads' gates. Others take the two
+// calls.
+void CausalConv1dSiluDeltaPrep(const float* x, int64_t x_stride, int32_t kernel, const float* w,
+                               const DeltaBatchView& b, const DeltaStateView& s, float* conv_out,
+                               int32_t nk, int32_t dk, int32_t nv, int32_t dv, const float* ba,
+                               int64_t ba_stride, const float* neg_exp_a, const float* dt_bias,
+                               float* q, float* k, float* beta, float* g, cudaStream_t stream);
+
 // The recurrent gated delta rule over every sequence's tokens; v at conv_out + 2*nk*dk with row
 // stride v_stride. out: [n, nv, dv]. dv <= 256, dk <= 256.
 void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_stride,
