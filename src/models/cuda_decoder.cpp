@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -113,6 +114,13 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const ModelConfig& c,
     d->gdn_width_ = la.conv_dim() + la.value_dim() + 2 * la.n_value_heads;
   }
   d->norm_offset_ = c.norm_weight_offset ? 1.0f : 0.0f;
+  d->moe_shared_slot_ = c.has_moe() && c.moe.shared_expert_intermediate > 0 &&
+                        c.moe.shared_expert_intermediate == c.moe.expert_intermediate;
+  // KESTREL_MOE_SHARED_SLOT_MAX_TOKENS overrides the step size up to which the slot is used
+  // (0: never; for comparison).
+  if (const char* env = std::getenv("KESTREL_MOE_SHARED_SLOT_MAX_TOKENS"); env != nullptr) {
+    d->moe_slot_max_tokens_ = std::atoi(env);
+  }
   d->mlp_inter_ = std::max(c.intermediate_size, c.moe.shared_expert_intermediate);
   if (c.has_moe()) {
     d->router_width_ = c.moe.n_experts + (c.moe.shared_expert_intermediate > 0 ? 1 : 0);
@@ -203,16 +211,22 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
       const bool shared = !m.shared_expert.gate_proj.empty();
       o.router = shared ? plan->PlaceLinear({&m.router, &m.shared_expert_gate})
                         : plan->PlaceLinear({&m.router});
-      // The routed experts run through the bf16 grouped kernels (quantized ones dequantized).
+      // The routed experts run through the bf16 grouped kernels (quantized ones dequantized),
+      // the shared expert as the last of them when it has their shape.
       std::vector<const TensorView*> gate_up, down;
       for (const MlpWeights& e : m.experts) {
         gate_up.push_back(&e.gate_proj);
         gate_up.push_back(&e.up_proj);
         down.push_back(&e.down_proj);
       }
+      if (moe_shared_slot_) {
+        gate_up.push_back(&m.shared_expert.gate_proj);
+        gate_up.push_back(&m.shared_expert.up_proj);
+        down.push_back(&m.shared_expert.down_proj);
+      }
       o.experts_gate_up = plan->Place(gate_up);
       o.experts_down = plan->Place(down);
-      if (shared) {
+      if (shared && !moe_shared_slot_) {
         o.shared_gate_up =
             plan->PlaceLinear({&m.shared_expert.gate_proj, &m.shared_expert.up_proj});
         o.shared_down = plan->PlaceLinear({&m.shared_expert.down_proj});
@@ -263,6 +277,11 @@ void CudaDecoder::BindWeights(const uint8_t* base) {
     l.experts_down = at(o.experts_down);
     l.shared_gate_up = linear(o.shared_gate_up);
     l.shared_down = linear(o.shared_down);
+    if (l.moe && moe_shared_slot_) {  // the slot's bf16 matrices, for steps that run it apart
+      const int64_t inter = c_.moe.expert_intermediate, n_e = c_.moe.n_experts;
+      l.shared_gate_up = l.experts_gate_up + n_e * 2 * inter * c_.hidden_size;
+      l.shared_down = l.experts_down + n_e * c_.hidden_size * inter;
+    }
   }
   int64_t n_attention = 0, n_recurrent = 0, n_moe = 0;
   for (LayerWeights& l : layers_) {
@@ -353,10 +372,12 @@ ActivationLayout Layout(const ModelConfig& c, const CudaDecoder::LayoutDims& d, 
                               n_tokens, std::min(n_tokens, CudaDecoder::kChunkedDeltaRuleMaxSeqs),
                               static_cast<int32_t>(la.n_value_heads)))
                         : 0);
-  // MoE: routing of n * top_k pairs, the permuted expert rows, the shared expert's output.
+  // MoE: routing of n * picks pairs (the shared slot's included), the permuted expert rows, the
+  // shared expert's output when it runs apart.
   const bool moe = d.n_moe_layers > 0;
-  const int64_t pairs = moe ? n * c.moe.top_k : 0;
-  const int64_t experts = moe ? c.moe.n_experts : 0;
+  const int64_t slot = d.moe_shared_slot ? 1 : 0;
+  const int64_t pairs = moe ? n * (c.moe.top_k + slot) : 0;
+  const int64_t experts = moe ? c.moe.n_experts + slot : 0;
   l.router = reserve(moe ? n * d.router_width * 4 : 0);
   l.topk_ids = reserve(pairs * 4);
   l.topk_w = reserve(pairs * 4);
@@ -383,7 +404,8 @@ CudaDecoder::LayoutDims CudaDecoder::layout_dims() const {
           router_width_,
           n_moe_layers_,
           c_.attention_output_gate,
-          n_recurrent_layers_ > 0};
+          n_recurrent_layers_ > 0,
+          moe_shared_slot_};
 }
 
 size_t CudaDecoder::ActivationBytes(int32_t n_tokens, int32_t n_logits, int32_t max_context) const {
@@ -597,7 +619,11 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
   const int32_t n_e = static_cast<int32_t>(m.n_experts), top_k = static_cast<int32_t>(m.top_k);
   const int32_t inter = static_cast<int32_t>(m.expert_intermediate);
   const int64_t shared_inter = m.shared_expert_intermediate;
-  const bool shared = !w.shared_gate_up.empty();
+  // The shared expert runs as one of the grouped experts (the slot) in steps of few tokens, else
+  // as its own GEMMs: there the slot's blocks, with every token's row, would outlast the routed
+  // experts' (a few rows each).
+  const bool slot = UseSharedSlot(n);
+  const bool shared = !w.shared_gate_up.empty() && !slot;
   // Router logits and, in the last column, the shared expert's gate logit.
   linear->Run(xn_, n, hidden, w.router, router_width_, router_, stream);  // [n, router_width]
   if (shared) {
@@ -608,33 +634,36 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
     linear->Run(act_, n, shared_inter, w.shared_down, hidden, shared_out_, stream);  // [n, hidden]
   }
   marks->Mark(CudaStage::kMatmul);
-  cuda::MoeRoute(router_, router_width_, n, n_e, top_k, m.norm_topk_prob, routing_,
+  cuda::MoeRoute(router_, router_width_, n, n_e, top_k, m.norm_topk_prob, slot, routing_,
                  moe_active_log_ + w.moe_index, stream);
-  const int32_t pairs = n * top_k;
+  // The shared slot makes the shared expert one more expert (id n_e) that every token picks.
+  const int32_t picks = static_cast<int32_t>(moe_picks(n));
+  const int32_t slots = n_e + (slot ? 1 : 0);
+  const int32_t pairs = n * picks;
   if (n >= kMoeGemmMinTokens) {
     // Many rows per expert (prefill): tiles of 128 rows of one expert on the tensor cores, each
     // weight tile staged once per tile; the grid is sized for the most tiles n * top_k rows can
     // make (every expert's last tile partial).
     const int32_t max_tiles =
-        (pairs + (cuda::kMoeGemmTileRows - 1) * std::min(n_e, pairs)) / cuda::kMoeGemmTileRows;
+        (pairs + (cuda::kMoeGemmTileRows - 1) * std::min(slots, pairs)) / cuda::kMoeGemmTileRows;
     cuda::MoeGroupedGemm(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up,
-                         2 * inter, routing_.expert_begin, routing_.tile_begin, n_e, max_tiles,
+                         2 * inter, routing_.expert_begin, routing_.tile_begin, slots, max_tiles,
                          expert_gate_up_, stream);
     cuda::SiluMul(expert_gate_up_, nullptr, nullptr, pairs, inter, expert_act_, stream);
     cuda::MoeGroupedGemm(expert_act_, nullptr, inter, w.experts_down, static_cast<int32_t>(hidden),
-                         routing_.expert_begin, routing_.tile_begin, n_e, max_tiles, expert_out_,
+                         routing_.expert_begin, routing_.tile_begin, slots, max_tiles, expert_out_,
                          stream);
   } else {
     // Few rows (decode): one grouped launch per GEMM that streams only the routed experts'
     // weights. A token picks an expert at most once; at most n * top_k experts get rows.
-    const int32_t max_active = std::min(n_e, pairs);
+    const int32_t max_active = std::min(slots, pairs);
     cuda::MoeLinear(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up, 2 * inter,
                     routing_, n, max_active, expert_gate_up_, stream);
     cuda::SiluMul(expert_gate_up_, nullptr, nullptr, pairs, inter, expert_act_, stream);
     cuda::MoeLinear(expert_act_, nullptr, inter, w.experts_down, static_cast<int32_t>(hidden),
                     routing_, n, max_active, expert_out_, stream);  // [pairs, hidden]
   }
-  cuda::MoeCombine(expert_out_, routing_, n, top_k, static_cast<int32_t>(hidden),
+  cuda::MoeCombine(expert_out_, routing_, n, picks, static_cast<int32_t>(hidden),
                    shared ? shared_out_ : nullptr, router_ + n_e, router_width_, tmp_, stream);
   marks->Mark(CudaStage::kMoe);
 }

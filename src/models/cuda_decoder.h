@@ -149,7 +149,7 @@ class CudaDecoder {
   // Widths the activation layout needs beyond the config.
   struct LayoutDims {
     int64_t q_dim, fused_width, mlp_inter, router_width, n_moe_layers;
-    bool gated, recurrent;
+    bool gated, recurrent, moe_shared_slot;
   };
 
   // Activations for n_tokens rows, logits for n_logits rows, attention over contexts up to
@@ -173,6 +173,11 @@ class CudaDecoder {
   // number of experts the last Forward routed rows to (device array, [n_moe_layers]).
   int64_t n_moe_layers() const { return n_moe_layers_; }
   int64_t moe_expert_bytes() const;
+  // Experts a token's rows go through in a MoE layer of a step of n tokens: top_k, + 1 when the
+  // shared expert runs as one of them (UseSharedSlot).
+  int64_t moe_picks(int32_t n_tokens) const {
+    return c_.moe.top_k + (UseSharedSlot(n_tokens) ? 1 : 0);
+  }
   // Whether the LM head is the (bf16) embedding table itself (tied, unquantized).
   bool head_is_embedding() const {
     return head_plan_.size() == 1 && head_plan_[0].data == embed_off_;
@@ -209,7 +214,9 @@ class CudaDecoder {
     const float* gdn_norm = nullptr;   // [dv]
     // MoE layers: router (n_experts (+1 shared-expert gate row), hidden); the experts one after
     // the other, gate|up (n_experts, 2*moe_inter, hidden) and down (n_experts, hidden,
-    // moe_inter); the shared expert's gate|up (2*shared_inter, hidden) and down.
+    // moe_inter), the shared expert as expert n_experts when it has their shape
+    // (moe_shared_slot_); its gate|up (2*shared_inter, hidden) and down (those of the slot, or
+    // its own).
     bool moe = false;
     int64_t moe_index = 0;
     cuda::Weight router;
@@ -252,6 +259,14 @@ class CudaDecoder {
   int64_t n_attention_layers_ = 0, n_recurrent_layers_ = 0, n_moe_layers_ = 0;
   int64_t router_width_ = 0;       // n_experts (+1 with a shared expert: its gate's logit)
   int64_t mlp_inter_ = 0;          // the widest dense / shared-expert MLP (gate_up_, act_)
+  // The shared expert has the routed experts' shape and is stored as expert n_experts: steps of
+  // up to moe_slot_max_tokens_ tokens run it with the routed ones (MoeRoute's shared slot: three
+  // launches fewer per MoE layer), larger steps as its own GEMMs on the same matrices.
+  bool moe_shared_slot_ = false;
+  int32_t moe_slot_max_tokens_ = 8;
+  bool UseSharedSlot(int32_t n_tokens) const {
+    return moe_shared_slot_ && n_tokens <= moe_slot_max_tokens_;
+  }
   std::deque<TensorView> slices_;  // row views that weight-plan pieces point at
   float norm_offset_ = 0.0f;       // 1 for (1 + w) norms
   std::vector<float> small_host_;  // f32 constants of the recurrent layers, uploaded to small_

@@ -781,7 +781,8 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
     KCUDA_CHECK(cudaMemcpyAsync(active.data(), decoder_->moe_active_log(), active.size() * 4,
                                 cudaMemcpyDeviceToHost, stream_));
     KCUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (int32_t a : active) weight_bytes += (a - c.moe.top_k) * decoder_->moe_expert_bytes();
+    for (int32_t a : active)
+      weight_bytes += (a - decoder_->moe_picks(n)) * decoder_->moe_expert_bytes();
   }
   CollectProfile();  // synchronises when profiling
   stats_.weight_bytes_read += weight_bytes + (int64_t{n} - 1) * c.hidden_size * 2;

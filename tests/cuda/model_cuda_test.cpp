@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -25,7 +26,9 @@
 
 #include "backends/cuda/pdl.cuh"
 #include "cuda/cuda_test_util.h"
+#include "core/dtype.h"
 #include "models/model.h"
+#include "models/safetensors.h"
 #include "tiny_model.h"
 
 namespace kestrel {
@@ -243,6 +246,99 @@ TEST(CudaModel, HybridChunkedPrefillAgreesWithOneStep) {
         kEmulatedTolerance);
     EXPECT_LE(worst, kEmulatedTolerance);
   }
+}
+
+// A copy of a MoE fixture whose shared expert keeps its first `inter` rows of gate and up and
+// columns of down, its config saying so: a shared expert with the routed experts' shape.
+std::string NarrowSharedExpert(const std::string& src, int64_t inter) {
+  const std::string dst = testing::MakeTempDir("moe_shared_slot");
+  Result<WeightStore> store = WeightStore::Open(src);
+  KCHECK_MSG(store.ok(), store.status().message().c_str());
+  std::map<std::string, testing::TensorToWrite> out;
+  for (const auto& [name, t] : store->tensors()) {
+    KCHECK(t.dtype == DType::kBF16);
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.n_dims);
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, static_cast<const uint8_t*>(t.data) + 2 * i, 2);
+      v[i] = Bf16ToF32(h);
+    }
+    if (name.find("shared_expert.gate_proj") != std::string::npos ||
+        name.find("shared_expert.up_proj") != std::string::npos) {
+      shape[0] = inter;
+      v.resize(static_cast<size_t>(inter * shape[1]));
+    } else if (name.find("shared_expert.down_proj") != std::string::npos) {
+      std::vector<float> narrow;
+      for (int64_t r = 0; r < shape[0]; ++r) {
+        narrow.insert(narrow.end(), v.begin() + r * shape[1], v.begin() + r * shape[1] + inter);
+      }
+      shape[1] = inter;
+      v = std::move(narrow);
+    }
+    out[name] = {shape, v};
+  }
+  testing::WriteSafetensors(dst + "/model.safetensors", out, DType::kBF16);
+  std::ifstream in(src + "/config.json");
+  json config = json::parse(in);
+  KCHECK(config.contains("shared_expert_intermediate_size"));
+  config["shared_expert_intermediate_size"] = inter;
+  std::ofstream(dst + "/config.json") << config.dump(2);
+  return dst;
+}
+
+// A shared expert of the routed experts' shape is stored as one more grouped expert: steps of up
+// to 8 tokens run it as one (MoeRoute's shared slot; the 7-row prompt and the decode steps, in
+// graphs), larger ones as its own GEMMs on the slot's matrices (70 rows on the decode kernels,
+// 254 on the grouped GEMM). Against the CPU with the same bf16 roundings, with
+// FixturesMatchTransformers' allowance for router near-ties.
+TEST(CudaModel, MoeSharedExpertAsGroupedExpertMatchesCpu) {
+  KESTREL_REQUIRE_CUDA();
+  const std::string src = std::string(KESTREL_SOURCE_DIR) + "/tests/data/models/qwen3_5_moe";
+  std::ifstream ref_file(src + "/reference.json");
+  const json ref = json::parse(ref_file);
+  const auto prompts = ref.at("prompts").get<std::vector<std::vector<int32_t>>>();
+  const auto greedy = ref.at("greedy").get<std::vector<std::vector<int32_t>>>();
+  const std::string dir = NarrowSharedExpert(src, 32);  // moe_intermediate_size
+  std::unique_ptr<Model> model = LoadCuda(dir, 1024);
+  ModelLoadOptions cpu_opts;
+  cpu_opts.kv_cache_tokens = 1024;
+  cpu_opts.bf16_activations = true;
+  Result<std::unique_ptr<Model>> cpu = Model::Load(dir, cpu_opts);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  int n_positions = 0, n_ties = 0;
+  double worst = 0;
+  auto compare = [&](const std::vector<float>& got, const std::vector<float>& want) {
+    const double range = testing::Range(want);
+    const double d = testing::MaxAbsDiff(got, want);
+    worst = std::max(worst, d / range);
+    ++n_positions;
+    n_ties += d > kEmulatedTolerance * range;
+    EXPECT_LE(d, kMoeTieTolerance * range) << "position " << n_positions;
+  };
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("prompt " + std::to_string(i));
+    testing::SeqRunner gpu_runner(model.get(), testing::ReversedBlocks(*model));
+    testing::SeqRunner cpu_runner(cpu->get(), testing::ReversedBlocks(**cpu));
+    const int a = gpu_runner.AddSequence(prompts[i]);
+    const int b = cpu_runner.AddSequence(prompts[i]);
+    const int64_t n = static_cast<int64_t>(prompts[i].size());
+    auto got = gpu_runner.Step({{a, n}})[0];
+    auto want = cpu_runner.Step({{b, n}})[0];
+    for (size_t p = 0; p < got.size(); ++p) compare(got[p], want[p]);
+    for (size_t step = 0; step < 16 && step < greedy[i].size(); ++step) {
+      gpu_runner.Append(a, greedy[i][step]);
+      cpu_runner.Append(b, greedy[i][step]);
+      compare(gpu_runner.Step({{a, 1}})[0][0], cpu_runner.Step({{b, 1}})[0][0]);
+    }
+  }
+  EXPECT_LE(n_ties, kMoeTieShare * n_positions);
+  std::printf(
+      "cuda qwen3_5_moe, shared expert as grouped expert %lld: max |delta| / range against the "
+      "CPU %.3g, %d of %d positions beyond %.3g\n",
+      static_cast<long long>(model->config().moe.n_experts), worst, n_ties, n_positions,
+      kEmulatedTolerance);
+  fs::remove_all(dir);
 }
 
 // One sequence's greedy decode alone, inside a batch of 8 and inside a batch of 64 sequences

@@ -84,8 +84,8 @@ TEST(CudaMoe, RouteMatchesTheCpuAndGroupsRowsByExpert) {
     const Routing want = CpuRoute(logits, stride, n, n_e, k, norm);
     const DeviceBuffer d_logits = Upload(logits);
     DeviceRouting r(n, n_e, k);
-    cuda::MoeRoute(d_logits.as<float>(), stride, n, n_e, k, norm, r.view, r.log.as<int32_t>(),
-                   nullptr);
+    cuda::MoeRoute(d_logits.as<float>(), stride, n, n_e, k, norm, false, r.view,
+                   r.log.as<int32_t>(), nullptr);
     const auto ids = Download<int32_t>(r.ids, size_t(n) * k);
     const auto w = Download<float>(r.w, size_t(n) * k);
     EXPECT_EQ(ids, want.ids);
@@ -124,6 +124,77 @@ TEST(CudaMoe, RouteMatchesTheCpuAndGroupsRowsByExpert) {
       seen.insert(p);
     }
     EXPECT_EQ(seen.size(), size_t(n) * k);
+  }
+}
+
+// The shared slot: every token's routed picks as without it, then the shared expert (id n_e)
+// weighted by the sigmoid of its gate logit; the grouping covers n_e + 1 experts. MoeCombine over
+// those k + 1 picks equals, bit for bit, MoeCombine over the k routed picks plus separate shared
+// rows (what the decoder ran before the slot).
+TEST(CudaMoe, SharedSlotRoutesEveryTokenAndCombinesAsTheSharedRows) {
+  KESTREL_REQUIRE_CUDA();
+  for (const auto& [n, n_e, k] : std::vector<std::tuple<int, int, int>>{
+           {1, 8, 2}, {5, 64, 8}, {37, 256, 8}, {300, 512, 10}}) {
+    SCOPED_TRACE(testing::Message() << "n " << n << " experts " << n_e << " k " << k);
+    const int64_t stride = n_e + 1;
+    const int hidden = 72, picks = k + 1;
+    const std::vector<float> logits = RandomF32(size_t(n) * stride, 31 + n, -4.0f, 4.0f);
+    const Routing want = CpuRoute(logits, stride, n, n_e, k, true);
+    const DeviceBuffer d_logits = Upload(logits);
+    DeviceRouting plain(n, n_e, k), slot(n, n_e + 1, picks);
+    cuda::MoeRoute(d_logits.as<float>(), stride, n, n_e, k, true, false, plain.view, nullptr,
+                   nullptr);
+    cuda::MoeRoute(d_logits.as<float>(), stride, n, n_e, k, true, true, slot.view,
+                   slot.log.as<int32_t>(), nullptr);
+    const auto ids = Download<int32_t>(slot.ids, size_t(n) * picks);
+    const auto w = Download<float>(slot.w, size_t(n) * picks);
+    const auto plain_w = Download<float>(plain.w, size_t(n) * k);
+    for (int t = 0; t < n; ++t) {
+      for (int j = 0; j < k; ++j) {
+        EXPECT_EQ(ids[size_t(t) * picks + j], want.ids[size_t(t) * k + j]) << t << " " << j;
+        EXPECT_EQ(w[size_t(t) * picks + j], plain_w[size_t(t) * k + j]) << t << " " << j;
+      }
+      EXPECT_EQ(ids[size_t(t) * picks + k], n_e) << t;
+      const double gate = 1.0 / (1.0 + std::exp(-double(logits[size_t(t) * stride + n_e])));
+      EXPECT_NEAR(w[size_t(t) * picks + k], gate, 1e-6) << t;
+    }
+    const auto begin = Download<int32_t>(slot.begin, size_t(n_e) + 2);
+    EXPECT_EQ(begin[size_t(n_e) + 1], n * picks);
+    EXPECT_EQ(begin[size_t(n_e) + 1] - begin[size_t(n_e)], n) << "the shared expert's rows";
+    const int32_t n_active = Download<int32_t>(slot.n_active, 1)[0];
+    EXPECT_EQ(Download<int32_t>(slot.log, 1)[0], n_active);
+    EXPECT_EQ(Download<int32_t>(slot.active, size_t(n_active))[size_t(n_active) - 1], n_e);
+    const auto rows = Download<int32_t>(slot.rows, size_t(n) * picks);
+    const auto pos = Download<int32_t>(slot.pos, size_t(n) * picks);
+    for (int i = 0; i < n * picks; ++i) {
+      const int32_t e = ids[size_t(i)], p = pos[size_t(i)];
+      ASSERT_GE(p, begin[size_t(e)]);
+      ASSERT_LT(p, begin[size_t(e) + 1]);
+      EXPECT_EQ(rows[size_t(p)], i / picks);
+    }
+
+    // Expert outputs for the k routed picks and the shared rows, placed at both routings' rows.
+    const std::vector<float> y_plain = RandomF32(size_t(n) * k * hidden, 41 + n);
+    const std::vector<float> shared = RandomF32(size_t(n) * hidden, 43 + n);
+    const auto plain_pos = Download<int32_t>(plain.pos, size_t(n) * k);
+    std::vector<float> y_slot(size_t(n) * picks * hidden);
+    for (int t = 0; t < n; ++t) {
+      for (int j = 0; j < picks; ++j) {
+        const float* from = j < k ? &y_plain[size_t(plain_pos[size_t(t) * k + j]) * hidden]
+                                  : &shared[size_t(t) * hidden];
+        std::copy(from, from + hidden, &y_slot[size_t(pos[size_t(t) * picks + j]) * hidden]);
+      }
+    }
+    const DeviceBuffer d_y_plain = Upload(y_plain), d_y_slot = Upload(y_slot),
+                       d_shared = Upload(shared);
+    DeviceBuffer d_sum_plain = Poisoned<float>(size_t(n) * hidden);
+    DeviceBuffer d_sum_slot = Poisoned<float>(size_t(n) * hidden);
+    cuda::MoeCombine(d_y_plain.as<float>(), plain.view, n, k, hidden, d_shared.as<float>(),
+                     d_logits.as<float>() + n_e, stride, d_sum_plain.as<float>(), nullptr);
+    cuda::MoeCombine(d_y_slot.as<float>(), slot.view, n, picks, hidden, nullptr, nullptr, 0,
+                     d_sum_slot.as<float>(), nullptr);
+    EXPECT_EQ(Download<float>(d_sum_slot, size_t(n) * hidden),
+              Download<float>(d_sum_plain, size_t(n) * hidden));
   }
 }
 
@@ -171,7 +242,7 @@ TEST(CudaMoe, GroupedExpertGemmsAndCombineMatchTheReference) {
     DeviceBuffer d_gate_up = Poisoned<float>(size_t(pairs) * 2 * inter);
     DeviceBuffer d_out = Poisoned<float>(size_t(pairs) * hidden);
     DeviceBuffer d_sum = Poisoned<float>(size_t(n) * hidden);
-    cuda::MoeRoute(d_logits.as<float>(), stride, n, n_e, k, true, r.view, nullptr, nullptr);
+    cuda::MoeRoute(d_logits.as<float>(), stride, n, n_e, k, true, false, r.view, nullptr, nullptr);
     const auto* xb = static_cast<const __nv_bfloat16*>(d_x.get());
     cuda::MoeLinear(xb, r.view.rows, hidden, static_cast<const __nv_bfloat16*>(d_gu.get()),
                     2 * inter, r.view, n, std::min(n_e, pairs), d_gate_up.as<float>(), nullptr);
@@ -260,7 +331,7 @@ void ExpertRowsIndependentOfTheBatch(int hidden) {
     const DeviceBuffer d_logits = Upload(logits), d_x = Upload(x);
     DeviceRouting r(n, n_e, k);
     DeviceBuffer d_gate_up = Poisoned<float>(size_t(n) * k * 2 * inter);
-    cuda::MoeRoute(d_logits.as<float>(), n_e, n, n_e, k, true, r.view, nullptr, nullptr);
+    cuda::MoeRoute(d_logits.as<float>(), n_e, n, n_e, k, true, false, r.view, nullptr, nullptr);
     cuda::MoeLinear(static_cast<const __nv_bfloat16*>(d_x.get()), r.view.rows, hidden,
                     static_cast<const __nv_bfloat16*>(d_gu.get()), 2 * inter, r.view, n,
                     std::min(n_e, n * k), d_gate_up.as<float>(), nullptr);

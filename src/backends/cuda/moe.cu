@@ -35,17 +35,24 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
+// The shared expert's weight from its gate logit (one definition for both shared paths).
+__device__ __forceinline__ float SharedGate(float logit) { return 1.0f / (1.0f + expf(-logit)); }
+
 // Softmax over the token's n_experts logits, then top_k picks of the largest probability (the
 // lower expert id on ties). Probabilities are >= 0; a picked expert is marked -2 and a NaN
 // probability counts as -0.5, so a broken row still yields k distinct valid experts.
-__global__ void __launch_bounds__(kRouteWarps * 32)
-    MoeTopKKernel(const float* __restrict__ logits, int64_t stride, int n, int n_experts, int top_k,
-                  bool norm_topk, int32_t* __restrict__ ids, float* __restrict__ w) {
-  PdlWait();
+// With shared_slot, pick top_k (of picks = top_k + 1 per token) is the shared expert n_experts,
+// weighted sigmoid(its gate logit), as MoeCombineKernel weighs separate shared rows.
+// One warp routes token t.
+__device__ __forceinline__ void RouteToken(const float* __restrict__ logits, int64_t stride, int t,
+                                           int n_experts, int top_k, bool norm_topk,
+                                           bool shared_slot, int32_t* __restrict__ ids,
+                                           float* __restrict__ w) {
   const int lane = threadIdx.x % 32;
-  const int t = blockIdx.x * kRouteWarps + threadIdx.x / 32;
-  if (t >= n) return;
   const float* row = logits + static_cast<int64_t>(t) * stride;
+  const int picks = top_k + (shared_slot ? 1 : 0);
+  ids += static_cast<int64_t>(t) * picks;
+  w += static_cast<int64_t>(t) * picks;
   float p[kPerLane];
   float mx = -INFINITY;
 #pragma unroll
@@ -94,28 +101,43 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     }
     const float prob = fmaxf(bv, 0.0f);
     if (lane == 0) {
-      ids[t * top_k + j] = bi;
-      w[t * top_k + j] = prob;
+      ids[j] = bi;
+      w[j] = prob;
     }
     top_sum += prob;  // the same sequence of adds as the CPU's loop over j
   }
   if (norm_topk && lane == 0) {
-    for (int j = 0; j < top_k; ++j) w[t * top_k + j] = w[t * top_k + j] / top_sum;
+    for (int j = 0; j < top_k; ++j) w[j] = w[j] / top_sum;
   }
+  if (shared_slot && lane == 0) {
+    ids[top_k] = n_experts;
+    w[top_k] = SharedGate(row[n_experts]);
+  }
+}
+
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    MoeTopKKernel(const float* __restrict__ logits, int64_t stride, int n, int n_experts, int top_k,
+                  bool norm_topk, bool shared_slot, int32_t* __restrict__ ids,
+                  float* __restrict__ w) {
+  PdlWait();
+  const int t = blockIdx.x * kRouteWarps + threadIdx.x / 32;
+  if (t >= n) return;
+  RouteToken(logits, stride, t, n_experts, top_k, norm_topk, shared_slot, ids, w);
 }
 
 // Counting sort of the n*top_k (token, j) pairs by expert, in one block.
 constexpr int kAlignThreads = 1024;
 
-__global__ void __launch_bounds__(kAlignThreads)
-    MoeAlignKernel(const int32_t* __restrict__ ids, int total, int top_k, int n_experts,
-                   int32_t* __restrict__ expert_begin, int32_t* __restrict__ active,
-                   int32_t* __restrict__ n_active, int32_t* __restrict__ rows,
-                   int32_t* __restrict__ pos, int32_t* __restrict__ tile_begin,
-                   int32_t* __restrict__ active_log) {
-  __shared__ int32_t count[kMoeMaxExperts];
-  __shared__ int32_t fill[kMoeMaxExperts];
-  PdlWait();
+// The block's part: every thread of one kAlignThreads block takes part.
+__device__ __forceinline__ void AlignRows(const int32_t* __restrict__ ids, int total, int top_k,
+                                          int n_experts, int32_t* __restrict__ expert_begin,
+                                          int32_t* __restrict__ active,
+                                          int32_t* __restrict__ n_active,
+                                          int32_t* __restrict__ rows, int32_t* __restrict__ pos,
+                                          int32_t* __restrict__ tile_begin,
+                                          int32_t* __restrict__ active_log) {
+  __shared__ int32_t count[kMoeMaxExperts + 1];  // + the shared slot
+  __shared__ int32_t fill[kMoeMaxExperts + 1];
   const int tid = threadIdx.x;
   for (int e = tid; e < n_experts; e += kAlignThreads) count[e] = 0;
   __syncthreads();
@@ -167,6 +189,46 @@ __global__ void __launch_bounds__(kAlignThreads)
     rows[p] = i / top_k;
     pos[i] = p;
   }
+}
+
+__global__ void __launch_bounds__(kAlignThreads)
+    MoeAlignKernel(const int32_t* __restrict__ ids, int total, int top_k, int n_experts,
+                   int32_t* __restrict__ expert_begin, int32_t* __restrict__ active,
+                   int32_t* __restrict__ n_active, int32_t* __restrict__ rows,
+                   int32_t* __restrict__ pos, int32_t* __restrict__ tile_begin,
+                   int32_t* __restrict__ active_log) {
+  PdlWait();
+  AlignRows(ids, total, top_k, n_experts, expert_begin, active, n_active, rows, pos, tile_begin,
+            active_log);
+}
+
+// Both in one block for few tokens (decode): its 32 warps route the tokens (the same
+// RouteToken, so the same bits), then group the pairs; one launch instead of two.
+constexpr int kFusedRouteMaxTokens = 8;
+
+__global__ void __launch_bounds__(kAlignThreads)
+    MoeRouteFusedKernel(const float* __restrict__ logits, int64_t stride, int n, int n_experts,
+                        int top_k, bool norm_topk, bool shared_slot, int32_t* __restrict__ ids,
+                        float* __restrict__ w, int32_t* __restrict__ expert_begin,
+                        int32_t* __restrict__ active, int32_t* __restrict__ n_active,
+                        int32_t* __restrict__ rows, int32_t* __restrict__ pos,
+                        int32_t* __restrict__ tile_begin, int32_t* __restrict__ active_log) {
+  // The picks go to shared memory first: the grouping reads them back (global ids written in
+  // this kernel could not be read through the read-only path), then to ids and w.
+  __shared__ int32_t s_ids[kFusedRouteMaxTokens * (kMoeMaxTopK + 1)];
+  __shared__ float s_w[kFusedRouteMaxTokens * (kMoeMaxTopK + 1)];
+  PdlWait();
+  for (int t = threadIdx.x / 32; t < n; t += kAlignThreads / 32) {
+    RouteToken(logits, stride, t, n_experts, top_k, norm_topk, shared_slot, s_ids, s_w);
+  }
+  __syncthreads();
+  const int picks = top_k + (shared_slot ? 1 : 0);
+  for (int i = threadIdx.x; i < n * picks; i += kAlignThreads) {
+    ids[i] = s_ids[i];
+    w[i] = s_w[i];
+  }
+  AlignRows(s_ids, n * picks, picks, n_experts + (shared_slot ? 1 : 0), expert_begin, active,
+            n_active, rows, pos, tile_begin, active_log);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -365,18 +427,24 @@ void LaunchMoeSkinny(const __nv_bfloat16* x, const int32_t* x_rows, int k, const
 
 // ---------------------------------------------------------------------------------------------
 constexpr int kCombineThreads = 256;
+constexpr int kCombineBatch = 8;  // picks whose rows are loaded before they are added
 
+// Grid (tokens, hidden / kCombineThreads): a thread per output element, its picks' rows
+// loaded kCombineBatch at a time and added in increasing expert id (the order its block's first
+// thread sorts them into), so a one-token step spreads over hidden / 256 blocks.
 __global__ void __launch_bounds__(kCombineThreads)
     MoeCombineKernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
                      const float* __restrict__ wts, const int32_t* __restrict__ pos, int top_k,
                      int hidden, const float* __restrict__ shared,
                      const float* __restrict__ shared_gate, int64_t gate_stride,
                      float* __restrict__ out) {
-  __shared__ int32_t order[kMoeMaxTopK];
+  __shared__ int32_t s_pos[kMoeMaxTopK + 1];  // + the shared slot
+  __shared__ float s_w[kMoeMaxTopK + 1];
   PdlWait();
   const int t = blockIdx.x;
   const int64_t base = static_cast<int64_t>(t) * top_k;
   if (threadIdx.x == 0) {  // the token's choices by increasing expert id (insertion sort)
+    int32_t order[kMoeMaxTopK + 1];
     for (int j = 0; j < top_k; ++j) {
       int i = j;
       while (i > 0 && ids[base + order[i - 1]] > ids[base + j]) {
@@ -385,40 +453,59 @@ __global__ void __launch_bounds__(kCombineThreads)
       }
       order[i] = j;
     }
+    for (int jj = 0; jj < top_k; ++jj) {
+      s_pos[jj] = pos[base + order[jj]];
+      s_w[jj] = wts[base + order[jj]];
+    }
   }
   __syncthreads();
-  const float gate = shared != nullptr ? 1.0f / (1.0f + expf(-shared_gate[t * gate_stride])) : 0.0f;
-  for (int h = threadIdx.x; h < hidden; h += kCombineThreads) {
-    float acc = 0.0f;
-    for (int jj = 0; jj < top_k; ++jj) {
-      const int j = order[jj];
-      acc = __fadd_rn(
-          acc, __fmul_rn(y[static_cast<int64_t>(pos[base + j]) * hidden + h], wts[base + j]));
+  const int h = blockIdx.y * kCombineThreads + threadIdx.x;
+  if (h >= hidden) return;
+  float acc = 0.0f;
+  for (int j0 = 0; j0 < top_k; j0 += kCombineBatch) {
+    float v[kCombineBatch];
+#pragma unroll
+    for (int b = 0; b < kCombineBatch; ++b) {
+      v[b] = j0 + b < top_k ? y[static_cast<int64_t>(s_pos[j0 + b]) * hidden + h] : 0.0f;
     }
-    if (shared != nullptr) {
-      acc = __fadd_rn(acc, __fmul_rn(gate, shared[static_cast<int64_t>(t) * hidden + h]));
+#pragma unroll
+    for (int b = 0; b < kCombineBatch; ++b) {
+      if (j0 + b < top_k) acc = __fadd_rn(acc, __fmul_rn(v[b], s_w[j0 + b]));
     }
-    out[static_cast<int64_t>(t) * hidden + h] = acc;
   }
+  if (shared != nullptr) {
+    const float gate = SharedGate(shared_gate[t * gate_stride]);
+    acc = __fadd_rn(acc, __fmul_rn(gate, shared[static_cast<int64_t>(t) * hidden + h]));
+  }
+  out[static_cast<int64_t>(t) * hidden + h] = acc;
 }
 
 }  // namespace
 
 void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_experts,
-              int32_t top_k, bool norm_topk_prob, const MoeRouting& r, int32_t* active_log,
-              cudaStream_t stream) {
+              int32_t top_k, bool norm_topk_prob, bool shared_slot, const MoeRouting& r,
+              int32_t* active_log, cudaStream_t stream) {
   KCHECK(n >= 1 && n_experts >= 1 && n_experts <= kMoeMaxExperts);
   KCHECK(top_k >= 1 && top_k <= n_experts && top_k <= kMoeMaxTopK);
-  KCHECK(logits_stride >= n_experts && r.tile_begin != nullptr);
+  KCHECK(logits_stride >= n_experts + (shared_slot ? 1 : 0) && r.tile_begin != nullptr);
+  const int picks = top_k + (shared_slot ? 1 : 0);
+  const int slots = n_experts + (shared_slot ? 1 : 0);
+  if (n <= kFusedRouteMaxTokens) {
+    LaunchPdl(&MoeRouteFusedKernel, dim3(1), dim3(kAlignThreads), 0, stream, logits,
+              logits_stride, static_cast<int>(n), static_cast<int>(n_experts),
+              static_cast<int>(top_k), norm_topk_prob, shared_slot, r.topk_ids, r.topk_w,
+              r.expert_begin, r.active, r.n_active, r.rows, r.pos, r.tile_begin, active_log);
+    KCUDA_CHECK_LAUNCH();
+    return;
+  }
   const unsigned blocks = static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps);
   LaunchPdl(&MoeTopKKernel, dim3(blocks), dim3(kRouteWarps * 32), 0, stream, logits, logits_stride,
             static_cast<int>(n), static_cast<int>(n_experts), static_cast<int>(top_k),
-            norm_topk_prob, r.topk_ids, r.topk_w);
+            norm_topk_prob, shared_slot, r.topk_ids, r.topk_w);
   KCUDA_CHECK_LAUNCH();
   LaunchPdl(&MoeAlignKernel, dim3(1), dim3(kAlignThreads), 0, stream,
-            static_cast<const int32_t*>(r.topk_ids), static_cast<int>(n * top_k),
-            static_cast<int>(top_k), static_cast<int>(n_experts), r.expert_begin, r.active,
-            r.n_active, r.rows, r.pos, r.tile_begin, active_log);
+            static_cast<const int32_t*>(r.topk_ids), static_cast<int>(n * picks), picks, slots,
+            r.expert_begin, r.active, r.n_active, r.rows, r.pos, r.tile_begin, active_log);
   KCUDA_CHECK_LAUNCH();
 }
 
@@ -448,8 +535,10 @@ void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const _
 void MoeCombine(const float* y, const MoeRouting& r, int32_t n, int32_t top_k, int32_t hidden,
                 const float* shared, const float* shared_gate, int64_t shared_gate_stride,
                 float* out, cudaStream_t stream) {
-  KCHECK(n >= 1 && top_k >= 1 && top_k <= kMoeMaxTopK && hidden >= 1);
-  LaunchPdl(&MoeCombineKernel, dim3(static_cast<unsigned>(n)), dim3(kCombineThreads), 0, stream, y,
+  KCHECK(n >= 1 && top_k >= 1 && top_k <= kMoeMaxTopK + 1 && hidden >= 1);
+  const dim3 grid(static_cast<unsigned>(n),
+                  static_cast<unsigned>((hidden + kCombineThreads - 1) / kCombineThreads));
+  LaunchPdl(&MoeCombineKernel, grid, dim3(kCombineThreads), 0, stream, y,
             static_cast<const int32_t*>(r.topk_ids), static_cast<const float*>(r.topk_w),
             static_cast<const int32_t*>(r.pos), static_cast<int>(top_k), static_cast<int>(hidden),
             shared, shared_gate, shared_gate_stride, out);

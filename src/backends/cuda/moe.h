@@ -5,7 +5,8 @@
 //                to the lower expert id, as the CPU's partial_sort), optional renormalisation of
 //                the k probabilities; then the token rows grouped by expert: expert_begin, the
 //                list of experts that got rows, each permuted row's token and each (token, j)'s
-//                permuted row.
+//                permuted row. Two kernels (a warp per token, then one block grouping), or for
+//                steps of up to 8 tokens both in one block.
 //   MoeLinear    y[r, :] = x[row(r), :] . W_e^T for every permuted row r of every routed expert
 //                e: a grouped form of the skinny tensor-core kernel (linear.h) in which a block
 //                streams rows of one expert's matrix once for up to 64 of that expert's token
@@ -16,7 +17,9 @@
 //   (SiluMul of activation.h between the two expert GEMMs, on the n*top_k permuted rows.)
 //   MoeCombine   out[t, :] = sum over the token's experts in increasing expert id of
 //                w_j * y[pos(t, j), :]  (+ sigmoid(shared_gate[t]) * shared[t, :]),
-//                the order cpu_decoder.cpp adds them in.
+//                the order cpu_decoder.cpp adds them in; a thread per output element.
+//   A shared expert of the routed experts' shape may ride along as one more expert (MoeRoute's
+//   shared slot), so its GEMMs are the grouped ones.
 //   Prefill steps run the expert GEMMs as MoeGroupedGemm (moe_gemm.h) instead: tiles of 128 rows
 //   of one expert on the tensor cores, numbered by tile_begin, which MoeRoute also writes.
 //
@@ -37,12 +40,13 @@ namespace kestrel::cuda {
 inline constexpr int32_t kMoeMaxExperts = 512;
 inline constexpr int32_t kMoeMaxTopK = 32;
 
-// Device arrays of one layer's routing (reused by every MoE layer of a step).
+// Device arrays of one layer's routing (reused by every MoE layer of a step). With MoeRoute's
+// shared slot, top_k reads top_k + 1 and n_experts reads n_experts + 1 in these sizes.
 struct MoeRouting {
   int32_t* topk_ids = nullptr;      // [n, top_k] expert of the token's j-th choice
   float* topk_w = nullptr;          // [n, top_k] its weight
   int32_t* expert_begin = nullptr;  // [n_experts + 1] first permuted row of each expert
-  int32_t* active = nullptr;        // [n_experts] experts with rows, increasing; then unused
+  int32_t* active = nullptr;        // [n_experts (+1)] experts with rows, increasing; then unused
   int32_t* n_active = nullptr;      // [1]
   int32_t* rows = nullptr;          // [n * top_k] token of each permuted row
   int32_t* pos = nullptr;           // [n * top_k] permuted row of (token, j)
@@ -53,9 +57,17 @@ struct MoeRouting {
 // 1 <= top_k <= min(n_experts, kMoeMaxTopK), n_experts <= kMoeMaxExperts. When active_log is not
 // null, the number of experts that received rows is also written to *active_log (statistics:
 // expert bytes a step actually reads).
+//
+// shared_slot: the shared expert rides along as expert n_experts (its weights stored after the
+// routed ones, same shapes): every token gets a (top_k+1)-th pick of it, weighted
+// sigmoid(logits[t, n_experts]) (the shared gate's column), after the top_k renormalisation.
+// Then ids/w hold top_k + 1 picks per token, the grouping covers n_experts + 1 experts, and
+// MoeLinear / MoeCombine (with top_k + 1 and no separate shared rows) compute the shared expert
+// with the routed ones, bit for bit what the separate path gives: MoeCombine adds it last, as
+// the expert of the largest id.
 void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_experts,
-              int32_t top_k, bool norm_topk_prob, const MoeRouting& r, int32_t* active_log,
-              cudaStream_t stream);
+              int32_t top_k, bool norm_topk_prob, bool shared_slot, const MoeRouting& r,
+              int32_t* active_log, cudaStream_t stream);
 
 // y[r, :n_out] = x[x_row(r), :k] . W_e[n_out, k]^T for every permuted row r of each routed
 // expert e, where W_e = w + e * n_out * k (experts stored one after the other, row-major) and
@@ -69,6 +81,7 @@ void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const _
 
 // out[t, :hidden] = sum_j topk_w[t, j] * y[pos[t, j], :] over j by increasing expert id, then
 // + sigmoid(shared_gate[t * shared_gate_stride]) * shared[t, :] when shared is not null.
+// top_k <= kMoeMaxTopK + 1 (the routing's picks, a shared slot included).
 void MoeCombine(const float* y, const MoeRouting& r, int32_t n, int32_t top_k, int32_t hidden,
                 const float* shared, const float* shared_gate, int64_t shared_gate_stride,
                 float* out, cudaStream_t stream);
