@@ -203,13 +203,8 @@ void CheckConvPrepFused(int32_t dk, int32_t dv, int32_t nk, int32_t nv) {
                            d_dt = Upload(dt), d_starts = Upload(seq_starts),
                            d_pos = Upload(positions), d_slots = Upload(slots),
                            d_snap = Upload(snapshot);
-  cuda::DeltaBatchView bv;
-  bv.seq_starts = d_starts.as<int32_t>();
-  bv.positions = d_pos.as<int32_t>();
-  bv.state_slots = d_slots.as<int32_t>();
-  bv.snapshot_slot = d_snap.as<int32_t>();
-  bv.n_seqs = n_seqs;
-  bv.n_tokens = n;
+  const cuda::DeltaBatchView bv{d_starts.as<int32_t>(), d_pos.as<int32_t>(),
+                                d_slots.as<int32_t>(), d_snap.as<int32_t>(), n_seqs, n};
   struct Outputs {
     std::vector<float> conv, q, k, beta, g, state;
   };
