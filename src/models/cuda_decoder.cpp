@@ -642,8 +642,8 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
   const int32_t pairs = n * picks;
   if (n >= kMoeGemmMinTokens) {
     // Many rows per expert (prefill): tiles of 128 rows of one expert on the tensor cores, each
-    // weight tile staged once per tile; the grid is sized for the most tiles n * top_k rows can
-    // make (every expert's last tile partial).
+    // weight tile staged once per tile; the grid is sized for the most tiles the pairs can make
+    // (every expert's last tile partial).
     const int32_t max_tiles =
         (pairs + (cuda::kMoeGemmTileRows - 1) * std::min(slots, pairs)) / cuda::kMoeGemmTileRows;
     cuda::MoeGroupedGemm(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up,
@@ -655,7 +655,7 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
                          stream);
   } else {
     // Few rows (decode): one grouped launch per GEMM that streams only the routed experts'
-    // weights. A token picks an expert at most once; at most n * top_k experts get rows.
+    // weights. A token picks an expert at most once; at most `pairs` experts get rows.
     const int32_t max_active = std::min(slots, pairs);
     cuda::MoeLinear(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up, 2 * inter,
                     routing_, n, max_active, expert_gate_up_, stream);

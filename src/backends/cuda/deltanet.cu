@@ -41,6 +41,17 @@ __device__ __forceinline__ float WarpSumF(float v) {
   return v;
 }
 
+// SiLU of one row of one channel's causal conv: weights wc[0..hist) on the hist inputs before the
+// row (oldest first, at(0) .. at(hist - 1)), then wc[hist] on the row's input. Every conv kernel
+// sums through here, in this order, so they give the same bits.
+template <typename At>
+__device__ __forceinline__ float ConvRow(const float* wc, int hist, At at, float in) {
+  float acc = 0.0f;
+  for (int j = 0; j < hist; ++j) acc += wc[j] * at(j);
+  acc += wc[hist] * in;
+  return SiluF(acc);
+}
+
 __global__ void ConvKernel(const float* __restrict__ x, int64_t x_stride, int conv_dim, int kernel,
                            const float* __restrict__ w, DeltaBatchView b, DeltaStateView s,
                            float* __restrict__ out) {
@@ -60,10 +71,8 @@ __global__ void ConvKernel(const float* __restrict__ x, int64_t x_stride, int co
   for (int j = 0; j < kernel; ++j) wt[j] = w[c * kernel + j];
   for (int t = begin; t < end; ++t) {
     const float in = x[t * x_stride + c];
-    float acc = 0.0f;
-    for (int j = 0; j < hist; ++j) acc += wt[j] * win[j];
-    acc += wt[hist] * in;
-    out[static_cast<int64_t>(t) * conv_dim + c] = SiluF(acc);
+    out[static_cast<int64_t>(t) * conv_dim + c] = ConvRow(
+        wt, hist, [&](int j) { return win[j]; }, in);
     for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
     if (hist > 0) win[hist - 1] = in;
     const int snap = b.snapshot_slot[t];
@@ -108,10 +117,9 @@ __global__ void ConvRowsKernel(const float* __restrict__ x, int64_t x_stride, in
     if (o >= 0) return x[static_cast<int64_t>(begin + o) * x_stride + c];
     return fresh ? 0.0f : window[static_cast<int64_t>(hist + o) * conv_dim + c];
   };
-  float acc = 0.0f;
-  for (int j = 0; j < hist; ++j) acc += w[c * kernel + j] * input(i - hist + j);
-  acc += w[c * kernel + hist] * x[static_cast<int64_t>(t) * x_stride + c];
-  out[static_cast<int64_t>(t) * conv_dim + c] = SiluF(acc);
+  out[static_cast<int64_t>(t) * conv_dim + c] =
+      ConvRow(w + c * kernel, hist, [&](int j) { return input(i - hist + j); },
+              x[static_cast<int64_t>(t) * x_stride + c]);
   const int snap = b.snapshot_slot[t];
   if (snap >= 0) {
     float* dst = s.state + snap * s.slot_floats + s.layer_offset;
@@ -231,10 +239,7 @@ __global__ void ConvPrepKernel(const float* __restrict__ x, int64_t x_stride, in
     for (int i = threadIdx.x; i < n_ch; i += blockDim.x) {  // only this thread's channels
       const int c = channel(i);
       const float in = x[t * x_stride + c];
-      float acc = 0.0f;
-      for (int j = 0; j < hist; ++j) acc += w[c * kernel + j] * win[j * n_ch + i];
-      acc += w[c * kernel + hist] * in;
-      const float o = SiluF(acc);
+      const float o = ConvRow(w + c * kernel, hist, [&](int j) { return win[j * n_ch + i]; }, in);
       out[static_cast<int64_t>(t) * conv_dim + c] = o;
       if (i < 2 * dk) qk[i] = o;
       for (int j = 0; j + 1 < hist; ++j) win[j * n_ch + i] = win[(j + 1) * n_ch + i];
