@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -178,16 +179,17 @@ int Main(int argc, char** argv) {
       const size_t code_bytes = static_cast<size_t>(fp8 ? n * k : n * k / 2);
       const size_t scale_floats = static_cast<size_t>(fp8 ? (n + 127) / 128 * (k / 128)
                                                           : n * (k / qc.group));
-      const size_t w_bytes = code_bytes + scale_floats * 4 * (fp8 ? 1 : 2);
+      const size_t w_bytes = code_bytes + scale_floats * 4;  // f32 scales; bf16 scale-bias pairs
       const int n_copies = std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
-      std::vector<DeviceBuffer> codes, scales, biases;
+      std::vector<DeviceBuffer> codes, scales;
       std::vector<WeightSegment> segs;
       for (int c = 0; c < n_copies; ++c) {
         codes.push_back(MustAllocate(code_bytes, "codes"));
         // e4m3: exponent <= 14 (no NaN codes); 4-bit: any byte.
         FillRandomBytes(codes.back(), 300 + c, fp8 ? 0xF7 : 0xFF);
         scales.push_back(MustAllocate(scale_floats * 4, "scales"));
-        FillConstantF32(scales.back(), 0.01f);
+        // FP8: 0.01 per block; 4-bit: the bf16 pair (s, b) = (0.01, -0.08) in each word.
+        FillConstantF32(scales.back(), fp8 ? 0.01f : std::bit_cast<float>(0xBDA43C24u));
         WeightSegment w;
         w.format = format;
         w.rows = n;
@@ -197,9 +199,8 @@ int Main(int argc, char** argv) {
           w.group = 128;
           w.scale_ld = static_cast<int32_t>(k / 128);
         } else {
-          biases.push_back(MustAllocate(scale_floats * 4, "biases"));
-          FillConstantF32(biases.back(), -0.08f);
-          w.bias = biases.back().as<float>();
+          w.scale = nullptr;
+          w.scale_bias = scales.back().as<uint32_t>();
           w.group = qc.group;
         }
         segs.push_back(w);
@@ -222,6 +223,56 @@ int Main(int argc, char** argv) {
                     gb_s / copy_gb_s);
         std::fflush(stdout);
       }
+    }
+  }
+  // Prefill-sized products (m = 2048) of the per-layer shapes: bf16 weights through cuBLASLt
+  // against FP8 block-128 weights through the W8A8 path (--fp8-activations: the activations
+  // quantized per token and 128 columns, then cuBLASLt's block-scaled FP8 GEMM), each timed as
+  // LinearEngine::Run does it, f32 output.
+  {
+    auto fp8_engine_or = LinearEngine::Create(32 << 20, size_t{512} << 20);
+    if (!fp8_engine_or.ok()) {
+      std::fprintf(stderr, "%s\n", fp8_engine_or.status().message().c_str());
+      return 1;
+    }
+    LinearEngine& fp8_engine = *fp8_engine_or.value();
+    fp8_engine.set_fp8_activations(true);
+    const int64_t m = 2048;
+    for (int si = 0; si < 4; ++si) {
+      const int64_t n = shapes[si].n, k = shapes[si].k;
+      DeviceBuffer wb = MustAllocate(static_cast<size_t>(n * k * 2), "bf16 weights");
+      FillRandomBf16(wb, 500 + si);
+      DeviceBuffer codes = MustAllocate(static_cast<size_t>(n * k), "fp8 codes");
+      FillRandomBytes(codes, 600 + si, 0xF7);
+      const size_t scale_floats = static_cast<size_t>((n + 127) / 128 * (k / 128));
+      DeviceBuffer scales = MustAllocate(scale_floats * 4, "fp8 scales");
+      FillConstantF32(scales, 0.01f);
+      Weight w8;
+      w8.n_segments = 1;
+      w8.seg[0].format = WeightFormat::kFp8Block;
+      w8.seg[0].rows = n;
+      w8.seg[0].data = codes.get();
+      w8.seg[0].scale = scales.as<float>();
+      w8.seg[0].group = 128;
+      w8.seg[0].scale_ld = static_cast<int32_t>(k / 128);
+      DeviceBuffer x = MustAllocate(static_cast<size_t>(m * k * 2), "x");
+      DeviceBuffer y = MustAllocate(static_cast<size_t>(m * n * 4), "y");
+      FillRandomBf16(x, 8);
+      const double bf16_s = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
+        engine.RunCublasLt(x.as<__nv_bfloat16>(), m, k, wb.as<__nv_bfloat16>(), n, y.as<float>(),
+                           stream);
+      });
+      const double fp8_s = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
+        fp8_engine.Run(x.as<__nv_bfloat16>(), m, k, w8, n, y.as<float>(), stream);
+      });
+      const double flop = 2.0 * m * n * k;
+      std::printf("{\"prefill_gemm\": \"%s\", \"m\": %ld, \"n\": %ld, \"k\": %ld, "
+                  "\"bf16_us\": %.1f, \"bf16_tflops\": %.1f, \"fp8_w8a8_us\": %.1f, "
+                  "\"fp8_w8a8_tflops\": %.1f, \"fp8_speedup\": %.3f}\n",
+                  shapes[si].name, static_cast<long>(m), static_cast<long>(n),
+                  static_cast<long>(k), bf16_s * 1e6, flop / bf16_s / 1e12, fp8_s * 1e6,
+                  flop / fp8_s / 1e12, bf16_s / fp8_s);
+      std::fflush(stdout);
     }
   }
   if (quant_only) {

@@ -156,6 +156,7 @@ Status CudaRunner::Upload(bool show_progress) {
   for (const CudaWeightPlan::Piece& p : plan.pieces()) {
     up.Copy(p.data, p.bytes, base + p.offset);
   }
+  plan.ArrangeOnDevice(base, stream_);
   up.Finish();
   decoder_->BindWeights(base);
   n_parameters_ = weights_host_.n_parameters;

@@ -76,22 +76,20 @@ std::vector<uint8_t> ToBf16(const TensorView& t) {
   return out;
 }
 
-// Affine codes, scales and biases of one part in the device form: (1 + q/2^bits) * scale' + bias'
-// with scale' = 2^bits * s, bias' = b - scale' for the checkpoint's q * s + b.
+// Affine codes of one part (in the checkpoint's order: element j of a row at byte j, or nibble
+// j % 2 of byte j / 2) with the s and b of each group of its q * s + b, row by row.
 struct AffinePart {
   std::vector<uint8_t> codes;  // empty: the part's own bytes are the codes
   std::vector<float> scale, bias;
 };
 
-void PushAffine(float s, float b, int bits, AffinePart* p) {
-  const float s2 = s * static_cast<float>(1 << bits);
-  p->scale.push_back(s2);
-  p->bias.push_back(b - s2);
+void PushAffine(float s, float b, AffinePart* p) {
+  p->scale.push_back(s);
+  p->bias.push_back(b);
 }
 
 AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
   const int64_t rows = t.shape[0], k = t.shape[1];
-  const int bits = kind.format == WeightFormat::kAffine4 ? 4 : 8;
   AffinePart p;
   const size_t groups = static_cast<size_t>(rows * (k / kind.group));
   p.scale.reserve(groups);
@@ -103,7 +101,7 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
       // Codes as published (uint32 words, element j of a word at bits bits*j: little-endian
       // bytes in element order).
       for (int64_t i = 0; i < rows * (k / kind.group); ++i) {
-        PushAffine(t.block_scale[i], t.group_bias[i], bits, &p);
+        PushAffine(t.block_scale[i], t.group_bias[i], &p);
       }
       break;
     case DType::kQ8_0: {
@@ -116,7 +114,7 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
           const float d = quant::LoadF16(b);
           uint8_t* c = p.codes.data() + r * k + blk * quant::kQ8_0Block;
           for (int i = 0; i < quant::kQ8_0Block; ++i) c[i] = static_cast<uint8_t>(b[2 + i] ^ 0x80);
-          PushAffine(d, -128.0f * d, 8, &p);
+          PushAffine(d, -128.0f * d, &p);
         }
       }
       break;
@@ -145,7 +143,7 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
             int sc, m;
             quant::Q4KScaleMin(b + 4, j, &sc, &m);
             const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-            PushAffine(d1, -m1, five ? 8 : 4, &p);
+            PushAffine(d1, -m1, &p);
           }
           const int64_t e0 = r * k + blk * quant::kQKBlock;  // first element of the block
           if (five) {
@@ -186,7 +184,7 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
           // Group g (16 elements) of the block has scale sc[g]: elements 16g .. 16g+15.
           for (int g = 0; g < 16; ++g) {
             const float s = d * static_cast<float>(sc[g]);
-            PushAffine(s, -32.0f * s, 8, &p);
+            PushAffine(s, -32.0f * s, &p);
           }
         }
       }
@@ -278,8 +276,10 @@ void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int
     out->push_back(s);
     return;
   }
-  const int64_t code_bytes = kind.format == WeightFormat::kAffine4 ? k / 2 : k;
+  const bool four = kind.format == WeightFormat::kAffine4;
+  const int64_t code_bytes = four ? k / 2 : k;
   s.data = Reserve(static_cast<size_t>(rows * code_bytes));
+  if (four) affine4_codes_.push_back({s.data, static_cast<size_t>(rows * code_bytes)});
   size_t at = s.data;
   std::vector<float> scale, bias;
   for (const TensorView* t : parts) {
@@ -294,9 +294,30 @@ void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int
     scale.insert(scale.end(), p.scale.begin(), p.scale.end());
     bias.insert(bias.end(), p.bias.begin(), p.bias.end());
   }
-  s.scale = Own(FloatBytes(scale));
-  s.bias = Own(FloatBytes(bias));
+  if (four) {
+    // bf16 pairs (s, b): the kernels' bf16 fma q * s + b.
+    std::vector<uint8_t> pairs(scale.size() * 4);
+    for (size_t i = 0; i < scale.size(); ++i) {
+      const uint32_t v = F32ToBf16(scale[i]) | static_cast<uint32_t>(F32ToBf16(bias[i])) << 16;
+      std::memcpy(pairs.data() + 4 * i, &v, 4);
+    }
+    s.scale_bias = Own(std::move(pairs));
+  } else {
+    // (1 + q/256) * scale' + bias' with scale' = 256 s, bias' = b - scale'.
+    for (size_t i = 0; i < scale.size(); ++i) {
+      scale[i] *= 256.0f;
+      bias[i] -= scale[i];
+    }
+    s.scale = Own(FloatBytes(scale));
+    s.bias = Own(FloatBytes(bias));
+  }
   out->push_back(s);
+}
+
+void CudaWeightPlan::ArrangeOnDevice(uint8_t* base, cudaStream_t stream) const {
+  for (const auto& [offset, bytes] : affine4_codes_) {
+    cuda::ArrangeAffine4Codes(base + offset, static_cast<int64_t>(bytes), stream);
+  }
 }
 
 CudaWeightPlan::Linear CudaWeightPlan::PlaceLinear(const std::vector<const TensorView*>& parts) {
@@ -335,6 +356,7 @@ cuda::Weight CudaWeightPlan::Bind(const Linear& w, const uint8_t* base) {
     o.data = at(s.data);
     o.scale = static_cast<const float*>(at(s.scale));
     o.bias = static_cast<const float*>(at(s.bias));
+    o.scale_bias = static_cast<const uint32_t*>(at(s.scale_bias));
     o.group = s.group;
     o.scale_ld = s.scale_ld;
   }

@@ -6,7 +6,8 @@
 //   - PlaceLinear: a linear layer's weight kept in its checkpoint's precision: row segments of
 //     one device format each (consecutive parts of one format merge), FP8 blocks with their
 //     block scales, MLX / AWQ / GPTQ / GGUF integer codes as the affine 4- or 8-bit codes with
-//     f32 scale and bias per group.
+//     a bf16 (4-bit) or f32 (8-bit) scale and bias per group. The pieces hold 4-bit codes in the
+//     checkpoint's order; ArrangeOnDevice, run once after the upload, puts them in the kernels'.
 // Pieces are 256-byte aligned.
 #pragma once
 
@@ -18,6 +19,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/quant_linear.h"
@@ -40,7 +42,7 @@ class CudaWeightPlan {
   struct Segment {
     cuda::WeightFormat format = cuda::WeightFormat::kBf16;
     int64_t rows = 0;
-    size_t data = kNone, scale = kNone, bias = kNone;
+    size_t data = kNone, scale = kNone, bias = kNone, scale_bias = kNone;
     int32_t group = 0, scale_ld = 0;
   };
   using Linear = std::vector<Segment>;
@@ -57,6 +59,9 @@ class CudaWeightPlan {
   Linear PlaceLinear(std::initializer_list<const TensorView*> parts) {
     return PlaceLinear(std::vector<const TensorView*>(parts));
   }
+  // After the pieces are copied to `base`: the device-side rearrangement of the 4-bit codes
+  // (cuda::ArrangeAffine4Codes), queued on `stream`. Run exactly once per upload.
+  void ArrangeOnDevice(uint8_t* base, cudaStream_t stream) const;
   // The device descriptor of a placed linear weight once the plan is uploaded at `base`.
   static cuda::Weight Bind(const Linear& w, const uint8_t* base);
 
@@ -73,6 +78,7 @@ class CudaWeightPlan {
   size_t total_ = 0;
   std::vector<Piece> pieces_;
   std::deque<std::vector<uint8_t>> owned_;
+  std::vector<std::pair<size_t, size_t>> affine4_codes_;  // (offset, bytes) of 4-bit code runs
   uint32_t formats_used_ = 0;  // bit per cuda::WeightFormat
 };
 

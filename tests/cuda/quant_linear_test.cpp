@@ -111,7 +111,8 @@ HostWeight MakeWeight(DType dtype, int64_t rows, int64_t k, int group, uint64_t 
   return w;
 }
 
-// The plan uploaded: a device copy of every piece.
+// The plan uploaded as the runner does: a device copy of every piece, then the 4-bit codes
+// rearranged on the device.
 struct Uploaded {
   cuda::DeviceBuffer buf;
   cuda::Weight weight;
@@ -125,6 +126,8 @@ Uploaded Upload(const CudaWeightPlan& plan, const CudaWeightPlan::Linear& lin) {
   for (const CudaWeightPlan::Piece& p : plan.pieces()) {
     KCUDA_CHECK(cudaMemcpy(u.buf.as<uint8_t>() + p.offset, p.data, p.bytes, cudaMemcpyHostToDevice));
   }
+  plan.ArrangeOnDevice(u.buf.as<uint8_t>(), nullptr);
+  KCUDA_CHECK(cudaDeviceSynchronize());
   u.weight = CudaWeightPlan::Bind(lin, u.buf.as<uint8_t>());
   return u;
 }
@@ -256,9 +259,11 @@ TEST(CudaQuantLinear, GgufBlocks) {
            "int8-affine", 2});
 }
 
-// On the host (no GPU needed): the weights the device formats describe,
-// (1 + q / 2^bits) * scale + bias, are within f32 rounding of the CPU dequantization for every
-// GGUF block type; a misread code, scale, min or fifth bit is off by whole steps.
+// On the host (no GPU needed): the weights the device formats describe are the CPU
+// dequantization for every GGUF block type: 8-bit, (1 + q / 256) * scale + bias within f32
+// rounding; 4-bit (Q4_K), q * s + b with s and b the nearest bf16 values of the block's d * sc
+// and -dmin * m, so within their bf16 rounding (2^-9 relative each). A misread code, scale, min
+// or fifth bit is off by whole steps.
 TEST(CudaWeightPlanOnTheHost, GgufBlocksBecomeTheCpuWeights) {
   const int64_t rows = 24, k = 512;
   for (DType dtype : {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
@@ -279,20 +284,36 @@ TEST(CudaWeightPlanOnTheHost, GgufBlocksBecomeTheCpuWeights) {
     const uint8_t* codes = host(seg.data);
     const auto* scale = reinterpret_cast<const float*>(host(seg.scale));
     const auto* bias = reinterpret_cast<const float*>(host(seg.bias));
-    ASSERT_TRUE(codes != nullptr && scale != nullptr && bias != nullptr);
+    const auto* pairs = reinterpret_cast<const uint32_t*>(host(seg.scale_bias));
+    ASSERT_TRUE(codes != nullptr);
+    ASSERT_TRUE(four ? pairs != nullptr && scale == nullptr
+                     : scale != nullptr && bias != nullptr && pairs == nullptr);
     std::vector<float> ref(static_cast<size_t>(k));
     double worst = 0, max_ref = 0;
+    int beyond_bf16 = 0;
     for (int64_t r = 0; r < rows; ++r) {
       quant::DequantizeMatrixRow(w.view, r, ref.data());
       for (int64_t j = 0; j < k; ++j) {
-        const int q = four ? (codes[r * k / 2 + j / 2] >> (4 * (j % 2))) & 0xF : codes[r * k + j];
         const int64_t g = r * (k / seg.group) + j / seg.group;
-        const double v = (1.0 + q / (four ? 16.0 : 256.0)) * scale[g] + bias[g];
-        worst = std::max(worst, std::fabs(v - ref[static_cast<size_t>(j)]));
-        max_ref = std::max(max_ref, static_cast<double>(std::fabs(ref[static_cast<size_t>(j)])));
+        const double want = ref[static_cast<size_t>(j)];
+        max_ref = std::max(max_ref, std::fabs(want));
+        if (four) {
+          const int q = (codes[r * k / 2 + j / 2] >> (4 * (j % 2))) & 0xF;
+          const double s = Bf16ToF32(static_cast<uint16_t>(pairs[g] & 0xFFFFu));
+          const double b = Bf16ToF32(static_cast<uint16_t>(pairs[g] >> 16));
+          const double v = q * s + b;
+          if (std::fabs(v - want) > 0x1p-8 * (q * std::fabs(s) + std::fabs(b))) ++beyond_bf16;
+          worst = std::max(worst, std::fabs(v - want));
+        } else {
+          const double v = (1.0 + codes[r * k + j] / 256.0) * scale[g] + bias[g];
+          worst = std::max(worst, std::fabs(v - want));
+        }
       }
     }
-    EXPECT_LT(worst, 1e-5 * max_ref) << "max |affine - cpu| " << worst << " of max " << max_ref;
+    EXPECT_EQ(beyond_bf16, 0) << "max |affine - cpu| " << worst << " of max " << max_ref;
+    if (!four) {
+      EXPECT_LT(worst, 1e-5 * max_ref) << "max |affine - cpu| " << worst << " of max " << max_ref;
+    }
   }
 }
 

@@ -65,16 +65,19 @@ __device__ __forceinline__ uint32_t Shift(uint32_t v, int s) { return s >= 0 ? v
 template <WeightFormat F>
 struct Codes;
 
+// Nibble of element e of a kAffine4 word (quant_linear.h): pairs (2j, 2j + 1) at nibbles j, j + 4.
+__host__ __device__ constexpr int Affine4Nibble(int e) { return (e & 1) * 4 + e / 2; }
+
 template <>
 struct Codes<WeightFormat::kAffine4> {
   static constexpr int kE = 32;
   static constexpr bool kBias = true;
-  // Word p holds elements 8p + j at bits 4j..4j+3; f = 1 + q/16 has q at bits 19..22.
+  // Word p holds element 8p + j at nibble Affine4Nibble(j); f = 1 + q/16 has q at bits 19..22.
   __device__ static void Piece(const uint4& v, int p, float (&f)[8]) {
     const uint32_t w = Word(v, p);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      f[j] = __uint_as_float(0x3F800000u | (Shift(w, 19 - 4 * j) & 0x00780000u));
+      f[j] = __uint_as_float(0x3F800000u | (Shift(w, 19 - 4 * Affine4Nibble(j)) & 0x00780000u));
     }
   }
 };
@@ -115,7 +118,10 @@ constexpr float kFp8Unscale = 0x1p120f;
 // log2 of an affine segment's group (a power of two, CheckSegment): group indices by shifts.
 __device__ __forceinline__ int GroupShift(const WeightSegment& w) { return __ffs(w.group) - 1; }
 
-// Scale and bias of the vector starting at element e of row `row`.
+__device__ __forceinline__ float Bf16BitsToF32(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+
+// Scale and bias of the vector starting at element e of row `row`, for Codes<F>::Piece's floats
+// (kAffine4: its bf16 s and b as s' = 16 s, b' = b - s', exact in f32).
 template <WeightFormat F>
 __device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int e, int k,
                                            float* s, float* b) {
@@ -125,9 +131,38 @@ __device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int 
   } else {
     const int gshift = GroupShift(w);
     const int64_t at = static_cast<int64_t>(row) * (k >> gshift) + (e >> gshift);
-    *s = __ldg(w.scale + at);
-    *b = __ldg(w.bias + at);
+    if constexpr (F == WeightFormat::kAffine4) {
+      const uint32_t sb = __ldg(w.scale_bias + at);
+      *s = 16.0f * Bf16BitsToF32(sb & 0xFFFFu);
+      *b = Bf16BitsToF32(sb >> 16) - *s;
+    } else {
+      *s = __ldg(w.scale + at);
+      *b = __ldg(w.bias + at);
+    }
   }
+}
+
+// A kAffine4 word's pair j (elements 2j, 2j + 1) as bf16x2 q * s + b, s and b the group's bf16
+// pair broadcast (sx2 = (s, s), bx2 = (b, b)): one mask makes (128 + q) exactly, minus 128 is q,
+// one fma rounds once. The GEMV's fragments and DequantizeRows' tiles both come from here.
+__device__ __forceinline__ uint32_t Affine4Pair(uint32_t word, int j, __nv_bfloat162 sx2,
+                                                __nv_bfloat162 bx2) {
+  constexpr uint32_t k128 = 0x43004300u;  // bf16x2 (128, 128)
+  const uint32_t q = ((word >> (4 * j)) & 0x000F000Fu) | k128;
+  const __nv_bfloat162 v = __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q),
+                                           *reinterpret_cast<const __nv_bfloat162*>(&k128)),
+                                   sx2, bx2);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// (s, s) and (b, b) of a kAffine4 scale_bias entry.
+__device__ __forceinline__ __nv_bfloat162 Bf16x2Lo(uint32_t sb) {
+  const uint32_t v = __byte_perm(sb, 0, 0x1010);
+  return *reinterpret_cast<const __nv_bfloat162*>(&v);
+}
+__device__ __forceinline__ __nv_bfloat162 Bf16x2Hi(uint32_t sb) {
+  const uint32_t v = __byte_perm(sb, 0, 0x3232);
+  return *reinterpret_cast<const __nv_bfloat162*>(&v);
 }
 
 template <WeightFormat F, int M, int R, int KS, int U>
@@ -270,17 +305,19 @@ __global__ void __launch_bounds__(kThreads)
 // W warps split k and add their partials in a fixed order), with the codes turned into bf16 A
 // fragments in registers. Per 16-byte vector a thread holds kE consecutive k of rows g and g+8;
 // the 4 threads of a fragment row group hold 4 consecutive vectors (one step of 4 kE k).
-//   - kAffine4: word p of the vector (k 8p .. 8p+7) gives the pairs (k j, k j+4), j < 4, by one
-//     mask: (w >> 4j) & 0x000F000F | 0x43004300 is bf16x2 (128 + q); minus 128 is q exactly, and
-//     one bf16x2 fma with s and b rounded to bf16 gives the weight in bf16. (DequantizeRows
-//     computes (1 + q/16) * s' + b' in f32 and rounds once: the two may differ in the last bf16
-//     bit, so a 4-bit weight is not bitwise the same at m <= 8 and above.)
+//   - kAffine4: word p of the vector (k 8p .. 8p+7) gives the pairs (k 2j, k 2j+1), j < 4, by
+//     one mask each (Affine4Pair: the codes' order was arranged at load for it), then one bf16x2
+//     fma with the group's bf16 scale and bias (one 4-byte load per row and step): the weight in
+//     bf16, bitwise the one DequantizeRows writes for larger m.
 //   - kFp8Block: bytes 0,2 and 1,3 of word p (k 4p .. 4p+3) as bf16x2 by sign and payload moves
 //     (the e4m3 value times 2^-120, exact); the block's scale (times 2^120) multiplies the f32
 //     accumulator of each 128-k block (a step of 64 k lies in one block; rows g, g+8 in one
-//     128-row block).
-// Both feed two (affine4) or one (fp8) mma per word with a k permutation the B fragment repeats
-// with byte permutes of x, so the sum over k is unchanged (linear.cu explains the freedom).
+//     128-row block). x is re-paired to match with byte permutes. (Natural pairs, bytes 0,1 and
+//     2,3 with x as loaded, and one shift fewer per pair — 120 PTX instructions per step instead
+//     of 150 — ran slower on the H200: decode batch 1 318.0 against 322.5 tok/s, gate|up 33.4
+//     against 32.7 us; this kernel is not bound by its instruction count as the 4-bit one is.)
+// Both feed two (affine4) or one (fp8) mma per word; any k order both operands share leaves the
+// sum unchanged (linear.cu explains the freedom).
 // A warp's first step of codes and scales (immutable weights) is loaded before PdlWait, while
 // the previous kernel finishes; each later step's at the end of the one before. (Measured on the
 // H200, Qwen3-8B shapes, decode batch 1: int4 (MLX, group 64) 281.8 -> 297.8 tok/s, FP8 282.3 ->
@@ -314,37 +351,34 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 5 : 2)
   // zero weights.
   const uint4* xg = reinterpret_cast<const uint4*>(x) + static_cast<int64_t>(g < m ? g : 0) * x_vecs;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  // 4-bit: this thread's rows' scales and biases (GroupScale's index, its row part hoisted).
+  // 4-bit: this thread's rows' scale-bias pairs (GroupScale's index, its row part hoisted).
   const int gshift = GroupShift(w);
   const int64_t row_groups = F == WeightFormat::kAffine4 ? k >> gshift : 0;
-  const float* sc_lo = w.scale + row_lo * row_groups;
-  const float* sc_hi = w.scale + row_hi * row_groups;
-  const float* bi_lo = w.bias + row_lo * row_groups;
-  const float* bi_hi = w.bias + row_hi * row_groups;
+  const uint32_t* sb_lo = w.scale_bias + row_lo * row_groups;
+  const uint32_t* sb_hi = w.scale_bias + row_hi * row_groups;
   // One step of a thread's weights: the codes of rows g and g+8 (zeros past k or n) and their
-  // scales: 4-bit, scale and bias of each row; FP8, the block's scale in sl.
+  // scales: 4-bit, each row's bf16 scale-bias pair (zero past k, so that the weights there are
+  // zero; rows past n are never stored); FP8, the block's scale in sc.
   struct Stage {
     uint4 lo, hi;
-    float sl, bl, sh, bh;
+    uint32_t sbl, sbh;
+    float sc;
   };
   auto load = [&](int step, Stage* st) {
     const int64_t v = static_cast<int64_t>(step) * 4 + t;
     const bool in_k = step < n_steps && v < row_vecs;
     st->lo = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
     st->hi = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
-    st->sl = st->bl = st->sh = st->bh = 0.0f;
     if constexpr (F == WeightFormat::kAffine4) {
-      if (in_k) {
-        const int c = (static_cast<int>(v) * kE) >> gshift;
-        st->sl = __ldg(sc_lo + c);
-        st->bl = __ldg(bi_lo + c);
-        st->sh = __ldg(sc_hi + c);
-        st->bh = __ldg(bi_hi + c);
-      }
+      const int c = (static_cast<int>(v) * kE) >> gshift;
+      st->sbl = in_k ? __ldg(sb_lo + c) : 0u;
+      st->sbh = in_k ? __ldg(sb_hi + c) : 0u;
     } else {
       // One scale per 128-k block and 128-row block (rows g and g+8 share it, as do the 4 kE k
       // of the step).
-      if (step < n_steps) GroupScale<F>(w, n0, step * 4 * kE, k, &st->sl, &st->bl);
+      float unused;
+      st->sc = 0.0f;
+      if (step < n_steps) GroupScale<F>(w, n0, step * 4 * kE, k, &st->sc, &unused);
     }
   };
   // Warp w takes steps w, w + W, ...
@@ -358,37 +392,23 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 5 : 2)
     const int64_t v = static_cast<int64_t>(step) * 4 + t;  // this thread's vector
     const int64_t vx = v < row_vecs ? v : row_vecs - 1;    // its x (weights past k are zero)
     if constexpr (F == WeightFormat::kAffine4) {
-      const float sl = cur.sl, bl = cur.bl, sh = cur.sh, bh = cur.bh;
-      // (1 + q/16) * s' + b' = q * (s'/16) + (b' + s'); rows past n read as zeros.
-      const __nv_bfloat162 s_lo = __float2bfloat162_rn(lo_ok ? sl * 0.0625f : 0.0f);
-      const __nv_bfloat162 b_lo = __float2bfloat162_rn(lo_ok ? bl + sl : 0.0f);
-      const __nv_bfloat162 s_hi = __float2bfloat162_rn(hi_ok ? sh * 0.0625f : 0.0f);
-      const __nv_bfloat162 b_hi = __float2bfloat162_rn(hi_ok ? bh + sh : 0.0f);
-      const __nv_bfloat162 k128 = __float2bfloat162_rn(128.0f);
+      const __nv_bfloat162 s_lo = Bf16x2Lo(cur.sbl), b_lo = Bf16x2Hi(cur.sbl);
+      const __nv_bfloat162 s_hi = Bf16x2Lo(cur.sbh), b_hi = Bf16x2Hi(cur.sbh);
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
         const uint32_t wl = Word(c_lo, p), wh = Word(c_hi, p);
-        // x of k 8p .. 8p+7 (one 16-byte vector), re-paired as (k j, k j+4).
-        const uint4 xv = __ldg(xg + vx * 4 + p);
-        const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
-        const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
+        const uint4 xv = __ldg(xg + vx * 4 + p);  // x of k 8p .. 8p+7: pairs (k 2j, k 2j+1)
         uint32_t a_lo[4], a_hi[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const uint32_t ql = ((wl >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
-          const uint32_t qh = ((wh >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
-          const __nv_bfloat162 vl =
-              __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&ql), k128), s_lo, b_lo);
-          const __nv_bfloat162 vh =
-              __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&qh), k128), s_hi, b_hi);
-          a_lo[j] = *reinterpret_cast<const uint32_t*>(&vl);
-          a_hi[j] = *reinterpret_cast<const uint32_t*>(&vh);
+          a_lo[j] = Affine4Pair(wl, j, s_lo, b_lo);
+          a_hi[j] = Affine4Pair(wh, j, s_hi, b_hi);
         }
-        MmaBf16(acc, a_lo[0], a_hi[0], a_lo[1], a_hi[1], x04, x15);
-        MmaBf16(acc, a_lo[2], a_hi[2], a_lo[3], a_hi[3], x26, x37);
+        MmaBf16(acc, a_lo[0], a_hi[0], a_lo[1], a_hi[1], xv.x, xv.y);
+        MmaBf16(acc, a_lo[2], a_hi[2], a_lo[3], a_hi[3], xv.z, xv.w);
       }
     } else {
-      const float sc = cur.sl;
+      const float sc = cur.sc;
       float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this step's block, before its scale
       auto pair = [](uint32_t word, uint32_t sel) {
         const uint32_t b = __byte_perm(word, 0, sel);  // bytes at bits 0-7 and 16-23
@@ -509,6 +529,22 @@ __global__ void DequantizeKernel(const WeightSegment w, int64_t row0, int64_t ro
   const int row = static_cast<int>(row0 + r);
   const uint4 codes =
       LoadStreaming(reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row) * row_vecs + v);
+  if constexpr (F == WeightFormat::kAffine4) {
+    // The GEMV's bf16 weights (Affine4Pair), pair j of word p at k 8p + 2j.
+    const int gshift = GroupShift(w);
+    const uint32_t sb = __ldg(w.scale_bias + static_cast<int64_t>(row) * (k >> gshift) +
+                              ((v * kE) >> gshift));
+    uint4* dst = reinterpret_cast<uint4*>(out + r * k + static_cast<int64_t>(v) * kE);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t word = Word(codes, p);
+      dst[p] = make_uint4(Affine4Pair(word, 0, Bf16x2Lo(sb), Bf16x2Hi(sb)),
+                          Affine4Pair(word, 1, Bf16x2Lo(sb), Bf16x2Hi(sb)),
+                          Affine4Pair(word, 2, Bf16x2Lo(sb), Bf16x2Hi(sb)),
+                          Affine4Pair(word, 3, Bf16x2Lo(sb), Bf16x2Hi(sb)));
+    }
+    return;
+  }
   float s, b;
   GroupScale<F>(w, row, v * kE, k, &s, &b);
   uint4* dst = reinterpret_cast<uint4*>(out + r * k + static_cast<int64_t>(v) * kE);
@@ -531,18 +567,32 @@ int ElementsPerVector(WeightFormat f) { return f == WeightFormat::kAffine4 ? 32 
 
 void CheckSegment(const WeightSegment& w, int64_t k) {
   KCHECK_MSG(w.format != WeightFormat::kBf16, "bf16 weights take the bf16 kernels");
-  KCHECK(w.data != nullptr && w.scale != nullptr);
+  KCHECK(w.data != nullptr);
   KCHECK_MSG(reinterpret_cast<uintptr_t>(w.data) % 16 == 0, "codes must be 16-byte aligned");
   KCHECK_MSG(k > 0 && k <= INT_MAX && k % ElementsPerVector(w.format) == 0,
              "k must be a multiple of the elements per 16-byte vector");
   if (w.format == WeightFormat::kFp8Block) {
+    KCHECK(w.scale != nullptr);
     KCHECK(w.group == 128 && w.scale_ld >= (k + 127) / 128);
   } else {
-    KCHECK(w.bias != nullptr);
+    KCHECK(w.format == WeightFormat::kAffine4 ? w.scale_bias != nullptr
+                                               : w.scale != nullptr && w.bias != nullptr);
     KCHECK_MSG(w.group >= ElementsPerVector(w.format) && w.group <= 128 &&
                    (w.group & (w.group - 1)) == 0 && k % w.group == 0,
                "affine group must be a power of two in [elements per vector, 128] dividing k");
   }
+}
+
+// One thread per 32-bit word: element e's nibble e moves to Affine4Nibble(e).
+__global__ void ArrangeAffine4CodesKernel(uint32_t* __restrict__ words, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  PdlWait();
+  if (i >= n) return;
+  const uint32_t w = words[i];
+  uint32_t out = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) out |= ((w >> (4 * e)) & 0xFu) << (4 * Affine4Nibble(e));
+  words[i] = out;
 }
 
 // One warp per (row, 128-column group): 4 values per lane.
@@ -589,6 +639,16 @@ void QuantizeActivationsFp8(const __nv_bfloat16* x, int64_t m, int64_t ld_xs, in
   const unsigned blocks = static_cast<unsigned>((warps * 32 + 255) / 256);
   LaunchPdl(&QuantizeActivationsFp8Kernel, dim3(blocks), dim3(256), 0, stream, x,
             static_cast<int>(m), static_cast<int>(ld_xs), static_cast<int>(k), xq, xs);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void ArrangeAffine4Codes(void* codes, int64_t bytes, cudaStream_t stream) {
+  KCHECK(codes != nullptr && bytes >= 0 && bytes % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(codes) % 4 == 0);
+  if (bytes == 0) return;
+  const int64_t words = bytes / 4;
+  LaunchPdl(&ArrangeAffine4CodesKernel, dim3(static_cast<unsigned>((words + 255) / 256)), dim3(256),
+            0, stream, static_cast<uint32_t*>(codes), words);
   KCUDA_CHECK_LAUNCH();
 }
 

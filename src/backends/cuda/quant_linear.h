@@ -5,23 +5,30 @@
 //   kBf16      data bf16 [n, k].
 //   kFp8Block  data e4m3fn [n, k]; scale f32 [ceil(n/128), scale_ld]:
 //              W(i, j) = fp8(i, j) * scale[i/128][j/128]   (the checkpoints' weight_scale_inv).
-//   kAffine4   data 4-bit codes [n, k/2], element j of a row in byte j/2, low nibble first;
+//   kAffine4   data 4-bit codes [n, k/2] in 32-bit words of 8: element 8w + e of a row in word
+//              w at nibble (e & 1) * 4 + e / 2, so that nibbles j and j + 4 are the pair
+//              (8w + 2j, 8w + 2j + 1) one mask turns into bf16x2 (ArrangeAffine4Codes makes this
+//              order from a checkpoint's, element j at nibble j % 8); scale_bias [n, k/group]
+//              bf16 pairs (s low, b high): W(i, j) = bf16(q * s + b), one rounding (a bf16 fma).
 //   kAffine8   data 8-bit codes [n, k];
 //              scale and bias f32 [n, k/group]:  W(i, j) = (1 + q/2^bits) * scale + bias.
-//              The loader turns a checkpoint's q*s + b (MLX, AWQ/GPTQ repacked, GGUF Q8_0 / Q4_K /
-//              Q6_K) into this form with scale = 2^bits * s, bias = b - 2^bits * s: then 1 + q/2^bits
-//              is a float whose bits are the code shifted under the exponent of 1.0 (one integer
-//              op per element, no conversion instruction), and a group's dot product is
+//              The loader turns a checkpoint's q*s + b (MLX, GGUF Q8_0 / Q5_K / Q6_K) into this
+//              form with scale = 2^bits * s, bias = b - 2^bits * s: then 1 + q/2^bits is a float
+//              whose bits are the code shifted under the exponent of 1.0 (one integer op per
+//              element, no conversion instruction), and a group's dot product is
 //              scale * sum(f * x) + bias * sum(x).
+// The 4-bit scales are bf16 (half the bytes of f32 pairs, and a fragment's weights are one bf16
+// fma each): exact for MLX's bf16 / f16-in-range scales, the nearest bf16 for AWQ / GPTQ f16 ones
+// and GGUF Q4_K's d * sc (2^-9 relative, the size of the bf16 rounding of the weight itself).
 // A layer's weight is a list of row segments, each in one format (a fused q|k|v whose parts were
 // quantized differently, or a GGUF Q4_K_M's Q6_K rows beside Q4_K ones).
 //
 // Paths (LinearEngine::Run, linear.h):
 //   - m <= kQuantGemvMaxRows: QuantGemv, which reads each weight byte once. FP8 and 4-bit codes go
 //     through the tensor cores (bf16 fragments made in registers; FP8 codes are exact in bf16, the
-//     block scale multiplies the f32 sums; a 4-bit weight q * s + b is rounded to bf16 once, as
-//     the tiles below hold it); 8-bit affine codes through a CUDA-core kernel in f32. Weight-only
-//     quantization: activations stay bf16.
+//     block scale multiplies the f32 sums; a 4-bit weight is its format's bf16 value, bitwise the
+//     one the tiles below hold); 8-bit affine codes through a CUDA-core kernel in f32.
+//     Weight-only quantization: activations stay bf16.
 //   - larger m: DequantizeRows into a bf16 tile, then the bf16 cuBLASLt GEMM (LinearEngine).
 #pragma once
 
@@ -41,7 +48,8 @@ struct WeightSegment {
   int64_t rows = 0;             // rows of W (output features) in this segment
   const void* data = nullptr;   // 16-byte aligned
   const float* scale = nullptr;
-  const float* bias = nullptr;  // affine formats only
+  const float* bias = nullptr;  // kAffine8 only
+  const uint32_t* scale_bias = nullptr;  // kAffine4 only (scale unused)
   int32_t group = 0;            // affine: elements per scale (16..128, a power of two; >= 32 for
                                 // kAffine4); kFp8Block: 128
   int32_t scale_ld = 0;         // kFp8Block: floats per row of scale (>= ceil(k/128))
@@ -77,9 +85,14 @@ inline constexpr int64_t kQuantGemvMaxRows = 8;
 void QuantGemv(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream);
 
-// out[r, :] = W[row0 + r, :] as bf16 (round to nearest even of the f32 value), r < rows.
+// out[r, :] = W[row0 + r, :] as bf16 (round to nearest even of the f32 value; kAffine4: its bf16
+// value), r < rows.
 void DequantizeRows(const WeightSegment& w, int64_t row0, int64_t rows, int64_t k,
                     __nv_bfloat16* out, cudaStream_t stream);
+
+// Turns `bytes` (a multiple of 4) of 4-bit codes in a checkpoint's order (element j of a row at
+// nibble j % 8 of word j / 8, little-endian) into kAffine4's, in place on the device.
+void ArrangeAffine4Codes(void* codes, int64_t bytes, cudaStream_t stream);
 
 // W8A8 for FP8 checkpoints (opt-in, LinearEngine::set_fp8_activations): the activations
 // quantized per token and 128-column group as the checkpoints' reference implementation does:
