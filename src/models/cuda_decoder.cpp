@@ -658,10 +658,10 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
     // weights. A token picks an expert at most once; at most `pairs` experts get rows.
     const int32_t max_active = std::min(slots, pairs);
     cuda::MoeLinear(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up, 2 * inter,
-                    routing_, n, max_active, expert_gate_up_, stream);
+                    routing_, max_active, expert_gate_up_, stream);
     cuda::SiluMul(expert_gate_up_, nullptr, nullptr, pairs, inter, expert_act_, stream);
     cuda::MoeLinear(expert_act_, nullptr, inter, w.experts_down, static_cast<int32_t>(hidden),
-                    routing_, n, max_active, expert_out_, stream);  // [pairs, hidden]
+                    routing_, max_active, expert_out_, stream);  // [pairs, hidden]
   }
   cuda::MoeCombine(expert_out_, routing_, n, picks, static_cast<int32_t>(hidden),
                    shared ? shared_out_ : nullptr, router_ + n_e, router_width_, tmp_, stream);

@@ -245,7 +245,7 @@ TEST(CudaMoe, GroupedExpertGemmsAndCombineMatchTheReference) {
     cuda::MoeRoute(d_logits.as<float>(), stride, n, n_e, k, true, false, r.view, nullptr, nullptr);
     const auto* xb = static_cast<const __nv_bfloat16*>(d_x.get());
     cuda::MoeLinear(xb, r.view.rows, hidden, static_cast<const __nv_bfloat16*>(d_gu.get()),
-                    2 * inter, r.view, n, std::min(n_e, pairs), d_gate_up.as<float>(), nullptr);
+                    2 * inter, r.view, std::min(n_e, pairs), d_gate_up.as<float>(), nullptr);
     const auto pos = Download<int32_t>(r.pos, size_t(pairs));
     const auto gate_up = Download<float>(d_gate_up, size_t(pairs) * 2 * inter);
     // gate|up of pair (t, j) against the reference; then the activation in bf16 on the host.
@@ -273,7 +273,7 @@ TEST(CudaMoe, GroupedExpertGemmsAndCombineMatchTheReference) {
     EXPECT_LT(worst, 1e-4) << "gate|up";
     const DeviceBuffer d_act = Upload(act);
     cuda::MoeLinear(static_cast<const __nv_bfloat16*>(d_act.get()), nullptr, inter,
-                    static_cast<const __nv_bfloat16*>(d_down.get()), hidden, r.view, n,
+                    static_cast<const __nv_bfloat16*>(d_down.get()), hidden, r.view,
                     std::min(n_e, pairs), d_out.as<float>(), nullptr);
     cuda::MoeCombine(d_out.as<float>(), r.view, n, k, hidden, d_shared.as<float>(),
                      d_logits.as<float>() + n_e, stride, d_sum.as<float>(), nullptr);
@@ -333,7 +333,7 @@ void ExpertRowsIndependentOfTheBatch(int hidden) {
     DeviceBuffer d_gate_up = Poisoned<float>(size_t(n) * k * 2 * inter);
     cuda::MoeRoute(d_logits.as<float>(), n_e, n, n_e, k, true, false, r.view, nullptr, nullptr);
     cuda::MoeLinear(static_cast<const __nv_bfloat16*>(d_x.get()), r.view.rows, hidden,
-                    static_cast<const __nv_bfloat16*>(d_gu.get()), 2 * inter, r.view, n,
+                    static_cast<const __nv_bfloat16*>(d_gu.get()), 2 * inter, r.view,
                     std::min(n_e, n * k), d_gate_up.as<float>(), nullptr);
     const auto pos = Download<int32_t>(r.pos, size_t(n) * k);
     const auto gate_up = Download<float>(d_gate_up, size_t(n) * k * 2 * inter);

@@ -72,12 +72,12 @@ void MoeRoute(const float* logits, int64_t logits_stride, int32_t n, int32_t n_e
 // y[r, :n_out] = x[x_row(r), :k] . W_e[n_out, k]^T for every permuted row r of each routed
 // expert e, where W_e = w + e * n_out * k (experts stored one after the other, row-major) and
 // x_row(r) = x_rows[r] (gather; the token rows) or r when x_rows is null (already permuted).
-// max_rows_per_expert bounds any expert's row count (the token count: a token picks an expert
-// at most once); it sets the column tiles per pass. max_active bounds the routed experts
+// An expert's rows go through in passes of 8 (one mma column tile), each pass streaming the
+// expert's weight slice again (from L2 after the first). max_active bounds the routed experts
 // (min(n_experts, n * top_k)); it sizes the grid. k a multiple of 8, x and w 16-byte aligned.
 void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const __nv_bfloat16* w,
-               int32_t n_out, const MoeRouting& r, int32_t max_rows_per_expert, int32_t max_active,
-               float* y, cudaStream_t stream);
+               int32_t n_out, const MoeRouting& r, int32_t max_active, float* y,
+               cudaStream_t stream);
 
 // out[t, :hidden] = sum_j topk_w[t, j] * y[pos[t, j], :] over j by increasing expert id, then
 // + sigmoid(shared_gate[t * shared_gate_stride]) * shared[t, :] when shared is not null.
