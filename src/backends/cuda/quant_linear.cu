@@ -120,6 +120,12 @@ __device__ __forceinline__ int GroupShift(const WeightSegment& w) { return __ffs
 
 __device__ __forceinline__ float Bf16BitsToF32(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
 
+// Index of the affine group of element e of row `row` in its segment's per-group arrays.
+__device__ __forceinline__ int64_t AffineGroup(const WeightSegment& w, int row, int e, int k) {
+  const int gshift = GroupShift(w);
+  return static_cast<int64_t>(row) * (k >> gshift) + (e >> gshift);
+}
+
 // Scale and bias of the vector starting at element e of row `row`, for Codes<F>::Piece's floats
 // (kAffine4: its bf16 s and b as s' = 16 s, b' = b - s', exact in f32).
 template <WeightFormat F>
@@ -129,8 +135,7 @@ __device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int 
     *s = __ldg(w.scale + static_cast<int64_t>(row / 128) * w.scale_ld + e / 128) * kFp8Unscale;
     *b = 0.0f;
   } else {
-    const int gshift = GroupShift(w);
-    const int64_t at = static_cast<int64_t>(row) * (k >> gshift) + (e >> gshift);
+    const int64_t at = AffineGroup(w, row, e, k);
     if constexpr (F == WeightFormat::kAffine4) {
       const uint32_t sb = __ldg(w.scale_bias + at);
       *s = 16.0f * Bf16BitsToF32(sb & 0xFFFFu);
@@ -531,17 +536,14 @@ __global__ void DequantizeKernel(const WeightSegment w, int64_t row0, int64_t ro
       LoadStreaming(reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row) * row_vecs + v);
   if constexpr (F == WeightFormat::kAffine4) {
     // The GEMV's bf16 weights (Affine4Pair), pair j of word p at k 8p + 2j.
-    const int gshift = GroupShift(w);
-    const uint32_t sb = __ldg(w.scale_bias + static_cast<int64_t>(row) * (k >> gshift) +
-                              ((v * kE) >> gshift));
+    const uint32_t sb = __ldg(w.scale_bias + AffineGroup(w, row, v * kE, k));
+    const __nv_bfloat162 s2 = Bf16x2Lo(sb), b2 = Bf16x2Hi(sb);
     uint4* dst = reinterpret_cast<uint4*>(out + r * k + static_cast<int64_t>(v) * kE);
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const uint32_t word = Word(codes, p);
-      dst[p] = make_uint4(Affine4Pair(word, 0, Bf16x2Lo(sb), Bf16x2Hi(sb)),
-                          Affine4Pair(word, 1, Bf16x2Lo(sb), Bf16x2Hi(sb)),
-                          Affine4Pair(word, 2, Bf16x2Lo(sb), Bf16x2Hi(sb)),
-                          Affine4Pair(word, 3, Bf16x2Lo(sb), Bf16x2Hi(sb)));
+      dst[p] = make_uint4(Affine4Pair(word, 0, s2, b2), Affine4Pair(word, 1, s2, b2),
+                          Affine4Pair(word, 2, s2, b2), Affine4Pair(word, 3, s2, b2));
     }
     return;
   }
