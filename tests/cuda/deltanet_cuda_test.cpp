@@ -4,6 +4,7 @@
 // outputs and states, and the snapshot copies are compared.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -256,6 +257,78 @@ TEST(CudaDeltaNet, FusedDecodeConvPrepEqualsTheTwoKernels) {
   CheckConvPrepFused(32, 48, 2, 6);
   CheckConvPrepFused(128, 128, 16, 32);  // Qwen3.5-35B-A3B's linear attention
   CheckConvPrepFused(128, 128, 16, 48);  // Qwen3.5-27B's
+}
+
+
+// The decode rule's shapes for key head dim 128 (deltanet.cu): a column's rows split over four
+// warps (the default) and over four neighbouring lanes (KESTREL_DELTA_SPLIT=4) add the same
+// partial sums in the same order, so outputs, states and snapshots agree bit for bit.
+// Decode-like rows (one per sequence), a fresh sequence, a four-row one with a snapshot, an
+// empty one; dv 128 and 72 (a part-filled column group).
+void CheckDeltaRuleShapes(int32_t dv) {
+  SCOPED_TRACE("dv " + std::to_string(dv));
+  const int32_t dk = 128, nk = 2, nv = 6;
+  const int64_t slot_floats = int64_t{nv} * dk * dv;  // conv_floats 0: the rule's state only
+  const std::vector<int32_t> lens = {1, 1, 4, 0, 1, 1, 1};
+  const int32_t n_seqs = static_cast<int32_t>(lens.size());
+  std::vector<int32_t> seq_starts = {0}, positions, slots;
+  for (int32_t s = 0; s < n_seqs; ++s) {
+    seq_starts.push_back(seq_starts.back() + lens[size_t(s)]);
+    for (int32_t i = 0; i < lens[size_t(s)]; ++i) positions.push_back(s == 1 ? i : 300 + s + i);
+    slots.push_back((s * 3) % n_seqs);
+  }
+  const int32_t n = seq_starts.back();
+  std::vector<int32_t> snapshot(size_t(n), -1);
+  snapshot[size_t(seq_starts[2] + 2)] = n_seqs;  // after the third row of sequence 2
+  std::mt19937 rng(23);
+  const std::vector<float> q = Random(rng, size_t(n) * nk * dk, 0.09f),
+                           k = Random(rng, size_t(n) * nk * dk, 0.09f),
+                           v = Random(rng, size_t(n) * nv * dv, 1.0f),
+                           state = Random(rng, size_t(n_seqs + 1) * slot_floats, 0.3f);
+  std::vector<float> g(size_t(n) * nv), beta(size_t(n) * nv);
+  std::uniform_real_distribution<float> ug(-1.5f, -0.01f), ub(0.05f, 0.95f);
+  for (float& e : g) e = ug(rng);
+  for (float& e : beta) e = ub(rng);
+  const cuda::DeviceBuffer d_q = Upload(q), d_k = Upload(k), d_v = Upload(v), d_g = Upload(g),
+                           d_beta = Upload(beta), d_starts = Upload(seq_starts),
+                           d_pos = Upload(positions), d_slots = Upload(slots),
+                           d_snap = Upload(snapshot);
+  const cuda::DeltaBatchView bv{d_starts.as<int32_t>(), d_pos.as<int32_t>(),
+                                d_slots.as<int32_t>(), d_snap.as<int32_t>(), n_seqs, n};
+  struct Outputs {
+    std::vector<float> out, state;
+  };
+  auto run = [&](const char* split) {
+    if (split != nullptr) {
+      setenv("KESTREL_DELTA_SPLIT", split, 1);
+    } else {
+      unsetenv("KESTREL_DELTA_SPLIT");
+    }
+    cuda::DeviceBuffer d_state = Upload(state);
+    cuda::DeviceBuffer d_out = Upload(std::vector<float>(size_t(n) * nv * dv, -7.0f));
+    cuda::DeltaStateView sv;
+    sv.state = d_state.as<float>();
+    sv.slot_floats = slot_floats;
+    sv.layer_offset = 0;
+    sv.conv_floats = 0;
+    cuda::GatedDeltaRule(d_q.as<float>(), d_k.as<float>(), d_v.as<float>(), nv * dv,
+                         d_g.as<float>(), d_beta.as<float>(), nk, dk, nv, dv, bv, sv,
+                         d_out.as<float>(), nullptr);
+    KCUDA_CHECK(cudaDeviceSynchronize());
+    unsetenv("KESTREL_DELTA_SPLIT");
+    return Outputs{Download<float>(d_out, size_t(n) * nv * dv),
+                   Download<float>(d_state, state.size())};
+  };
+  const Outputs rows = run(nullptr), lanes = run("4");
+  EXPECT_EQ(rows.out, lanes.out);
+  EXPECT_EQ(rows.state, lanes.state);
+  EXPECT_NE(rows.state, state) << "the states were not updated";
+}
+
+TEST(CudaDeltaNet, DecodeRuleShapesAgree) {
+  KESTREL_REQUIRE_CUDA();
+  CheckDeltaRuleShapes(128);
+  CheckDeltaRuleShapes(72);
 }
 
 }  // namespace

@@ -390,6 +390,104 @@ __global__ void __launch_bounds__(64)
   }
 }
 
+// Column `lane`'s four partial sums in the order a butterfly over four neighbouring lanes adds
+// them: (p0 + p1) + (p2 + p3).
+__device__ __forceinline__ float TreeSum4(const float (&p)[4][32], int lane) {
+  return (p[0][lane] + p[1][lane]) + (p[2][lane] + p[3][lane]);
+}
+
+// The same rule with a column's kDk rows split over four warps instead of four neighbouring
+// lanes: lane l of every warp owns column e0 + l, warp p rows [p * kDk/4, (p + 1) * kDk/4). A
+// warp's load or store of one row then covers 32 consecutive columns, whole 128-byte lines of the
+// state (with the lanes split, a line's four 32-byte quarters came from four warps of two
+// blocks). The partial dot products meet in shared memory, added in the order of the lane
+// butterfly of DeltaRuleColumnsKernel<kDk, 4>, so the two kernels give the same bits
+// (CudaDeltaNet.DecodeRuleShapesAgree). Each token's q and k are staged in shared memory once per
+// block, which keeps the kernel at 64 registers (8 blocks, 128 KB of state loads in flight per
+// SM; read from global memory by every thread, they took 127 registers and 4 blocks). Grid
+// (column groups of 32, value heads, sequences), 128 threads, three barriers per token.
+template <int kDk>
+__global__ void __launch_bounds__(128, 8)
+    DeltaRuleRowsKernel(const float* __restrict__ q, const float* __restrict__ k,
+                        const float* __restrict__ v, int64_t v_stride,
+                        const float* __restrict__ g, const float* __restrict__ beta, int nk,
+                        int nv, int dv, DeltaBatchView b, DeltaStateView st,
+                        float* __restrict__ out) {
+  constexpr int kParts = 4;
+  __shared__ float mem_part[kParts][32];
+  __shared__ float o_part[kParts][32];
+  __shared__ float qk[2][kDk];
+  PdlWait();
+  PdlLaunchDependents();
+  constexpr int kRows = kDk / kParts;
+  const int lane = threadIdx.x % 32, part = threadIdx.x / 32;
+  const int e = blockIdx.x * 32 + lane;
+  const int h = blockIdx.y, seq = blockIdx.z;
+  const bool valid = e < dv;  // no early return: the barriers need every thread
+  const int ec = valid ? e : 0;
+  const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
+  const int kh = h / (nv / nk);
+  const int64_t ssm_offset = st.layer_offset + st.conv_floats + static_cast<int64_t>(h) * kDk * dv +
+                             static_cast<int64_t>(part) * kRows * dv + ec;
+  float* home = st.state + b.state_slots[seq] * st.slot_floats + ssm_offset;
+  // Rows d of a column are dv floats apart: walked by one pointer (an address per row would
+  // take two registers each).
+  float S[kRows];
+  const bool fresh = begin == end || b.positions[begin] == 0;
+  {
+    const float* row = home;
+#pragma unroll
+    for (int d = 0; d < kRows; ++d, row += dv) S[d] = fresh || !valid ? 0.0f : *row;
+  }
+  for (int t = begin; t < end; ++t) {
+    // The token's q and k (the previous token's readers passed its last barrier before any
+    // thread gets here).
+    const float* qg = q + (static_cast<int64_t>(t) * nk + kh) * kDk;
+    const float* kg = k + (static_cast<int64_t>(t) * nk + kh) * kDk;
+    for (int i = threadIdx.x; i < kDk; i += 32 * kParts) {
+      qk[0][i] = qg[i];
+      qk[1][i] = kg[i];
+    }
+    __syncthreads();
+    const float* qt = qk[0] + part * kRows;
+    const float* kt = qk[1] + part * kRows;
+    const float decay = expf(g[t * nv + h]);
+    const float bt = beta[t * nv + h];
+    float mem = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kRows; ++d) {
+      S[d] *= decay;
+      mem += S[d] * kt[d];
+    }
+    mem_part[part][lane] = mem;
+    __syncthreads();
+    mem = TreeSum4(mem_part, lane);
+    const float delta = (v[t * v_stride + h * dv + ec] - mem) * bt;
+    float o = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kRows; ++d) {
+      S[d] += kt[d] * delta;
+      o += S[d] * qt[d];
+    }
+    o_part[part][lane] = o;
+    __syncthreads();
+    if (valid && part == 0) {
+      out[(static_cast<int64_t>(t) * nv + h) * dv + e] = TreeSum4(o_part, lane);
+    }
+    const int snap = b.snapshot_slot[t];
+    if (valid && snap >= 0) {
+      float* dst = st.state + snap * st.slot_floats + ssm_offset;
+#pragma unroll
+      for (int d = 0; d < kRows; ++d, dst += dv) *dst = S[d];
+    }
+  }
+  if (valid && begin != end) {
+    float* row = home;
+#pragma unroll
+    for (int d = 0; d < kRows; ++d, row += dv) *row = S[d];
+  }
+}
+
 __global__ void GatedNormKernel(const float* __restrict__ x, const float* __restrict__ z,
                                 int64_t z_stride, int rows_per_token, int64_t n_rows, int d,
                                 const float* __restrict__ w, float eps, __nv_bfloat16* y) {
@@ -565,12 +663,13 @@ void CausalConv1dSiluDeltaPrep(const float* x, int64_t x_stride, int32_t kernel,
 }
 
 namespace {
+// KESTREL_DELTA_SPLIT=2 or 4: a state column split over 2 or 4 neighbouring lanes
+// (DeltaRuleColumnsKernel, the earlier shapes, for comparison); else over 4 warps. Read at each
+// call (a host getenv per launch), so that a test can compare the shapes.
 int DeltaSplit() {
-  static const int split = [] {
-    const char* env = std::getenv("KESTREL_DELTA_SPLIT");
-    return env != nullptr && std::strcmp(env, "2") == 0 ? 2 : 4;
-  }();
-  return split;
+  const char* env = std::getenv("KESTREL_DELTA_SPLIT");
+  if (env == nullptr) return 0;
+  return std::strcmp(env, "2") == 0 ? 2 : std::strcmp(env, "4") == 0 ? 4 : 0;
 }
 }  // namespace
 
@@ -595,11 +694,19 @@ void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_st
     case 64:
       return run_columns(DeltaRuleColumnsKernel<64, 1>, 1);
     case 128:
-      // KESTREL_DELTA_SPLIT=2: two threads per state column (the earlier shape, for comparison).
-      // H200, 27B preset at half depth, decode 64 x 2k: 2 threads 14.13-14.20 ms, 4 threads
-      // 13.74-13.75, 8 threads (72 registers) 15.27-15.28.
+      // A column over 4 warps (DeltaRuleRowsKernel); KESTREL_DELTA_SPLIT=2 or 4: over 2 or 4
+      // lanes. H200, decode 64 x 2k, ms per step (two alternating rounds): 27B preset at 16
+      // layers 4 warps 6.914 / 6.910, 4 lanes 7.221 / 7.199; 35B-A3B preset at 20 layers 11.182 /
+      // 11.145 against 11.466 / 11.421. Earlier, 27B at 32 layers: 2 lanes 14.13-14.20, 4 lanes
+      // 13.74-13.75, 8 lanes (72 registers) 15.27-15.28.
       if (DeltaSplit() == 2) return run_columns(DeltaRuleColumnsKernel<128, 2>, 2);
-      return run_columns(DeltaRuleColumnsKernel<128, 4>, 4);
+      if (DeltaSplit() == 4) return run_columns(DeltaRuleColumnsKernel<128, 4>, 4);
+      LaunchPdl(DeltaRuleRowsKernel<128>,
+                dim3(static_cast<unsigned>((dv + 31) / 32), static_cast<unsigned>(nv),
+                     static_cast<unsigned>(b.n_seqs)),
+                dim3(128), 0, stream, q, k, v, v_stride, g, beta, nk, nv, dv, b, s, out);
+      KCUDA_CHECK_LAUNCH();
+      return;
     default:
       break;
   }
