@@ -322,6 +322,37 @@ __global__ void DeltaRuleKernel(const float* __restrict__ q, const float* __rest
   for (int i = threadIdx.x; i < dk * dv; i += blockDim.x) home[i] = S[i];
 }
 
+// The pieces of the rule that a thread does on its own part of a state column (S: its kRows
+// rows, kt and qt: the token's k and q at those rows), shared by the column kernels below.
+// Where that part starts in its slot: recurrent layer, value head h, row row0, column e.
+__device__ __forceinline__ int64_t ColumnPartOffset(const DeltaStateView& st, int h, int dk, int dv,
+                                                    int64_t row0, int e) {
+  return st.layer_offset + st.conv_floats + static_cast<int64_t>(h) * dk * dv + row0 * dv + e;
+}
+// S *= exp(g); returns the part's S^T k.
+template <int kRows>
+__device__ __forceinline__ float DecayAndRecall(float (&S)[kRows], const float* kt, float decay) {
+  float mem = 0.0f;
+#pragma unroll
+  for (int d = 0; d < kRows; ++d) {
+    S[d] *= decay;
+    mem += S[d] * kt[d];
+  }
+  return mem;
+}
+// S += k delta; returns the part's S^T q.
+template <int kRows>
+__device__ __forceinline__ float UpdateAndRead(float (&S)[kRows], const float* kt, const float* qt,
+                                               float delta) {
+  float o = 0.0f;
+#pragma unroll
+  for (int d = 0; d < kRows; ++d) {
+    S[d] += kt[d] * delta;
+    o += S[d] * qt[d];
+  }
+  return o;
+}
+
 // The same rule by state columns: the columns of S are independent (column e needs only k, q and
 // v[e]), so each column lives in the registers of kSplit neighbouring threads (kDk / kSplit rows
 // each; the partial dot products are combined by a butterfly of shuffles, the same order in every
@@ -346,8 +377,8 @@ __global__ void __launch_bounds__(64)
   const int ec = valid ? e : 0;
   const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
   const int kh = h / (nv / nk);
-  const int64_t ssm_offset = st.layer_offset + st.conv_floats + static_cast<int64_t>(h) * kDk * dv +
-                             static_cast<int64_t>(part) * kRows * dv + ec;
+  const int64_t ssm_offset =
+      ColumnPartOffset(st, h, kDk, dv, static_cast<int64_t>(part) * kRows, ec);
   float* home = st.state + b.state_slots[seq] * st.slot_floats + ssm_offset;
   float S[kRows];
   const bool fresh = begin == end || b.positions[begin] == 0;
@@ -359,21 +390,11 @@ __global__ void __launch_bounds__(64)
     const float* kt = k + (static_cast<int64_t>(t) * nk + kh) * kDk + part * kRows;
     const float decay = expf(g[t * nv + h]);
     const float bt = beta[t * nv + h];
-    float mem = 0.0f;
-#pragma unroll
-    for (int d = 0; d < kRows; ++d) {
-      S[d] *= decay;
-      mem += S[d] * kt[d];
-    }
+    float mem = DecayAndRecall(S, kt, decay);
 #pragma unroll
     for (int off = 1; off < kSplit; off *= 2) mem += __shfl_xor_sync(0xffffffffu, mem, off);
     const float delta = (v[t * v_stride + h * dv + ec] - mem) * bt;
-    float o = 0.0f;
-#pragma unroll
-    for (int d = 0; d < kRows; ++d) {
-      S[d] += kt[d] * delta;
-      o += S[d] * qt[d];
-    }
+    float o = UpdateAndRead(S, kt, qt, delta);
 #pragma unroll
     for (int off = 1; off < kSplit; off *= 2) o += __shfl_xor_sync(0xffffffffu, o, off);
     if (valid && part == 0) out[(static_cast<int64_t>(t) * nv + h) * dv + e] = o;
@@ -427,8 +448,8 @@ __global__ void __launch_bounds__(128, 8)
   const int ec = valid ? e : 0;
   const int begin = b.seq_starts[seq], end = b.seq_starts[seq + 1];
   const int kh = h / (nv / nk);
-  const int64_t ssm_offset = st.layer_offset + st.conv_floats + static_cast<int64_t>(h) * kDk * dv +
-                             static_cast<int64_t>(part) * kRows * dv + ec;
+  const int64_t ssm_offset =
+      ColumnPartOffset(st, h, kDk, dv, static_cast<int64_t>(part) * kRows, ec);
   float* home = st.state + b.state_slots[seq] * st.slot_floats + ssm_offset;
   // Rows d of a column are dv floats apart: walked by one pointer (an address per row would
   // take two registers each).
@@ -453,22 +474,12 @@ __global__ void __launch_bounds__(128, 8)
     const float* kt = qk[1] + part * kRows;
     const float decay = expf(g[t * nv + h]);
     const float bt = beta[t * nv + h];
-    float mem = 0.0f;
-#pragma unroll
-    for (int d = 0; d < kRows; ++d) {
-      S[d] *= decay;
-      mem += S[d] * kt[d];
-    }
+    float mem = DecayAndRecall(S, kt, decay);
     mem_part[part][lane] = mem;
     __syncthreads();
     mem = TreeSum4(mem_part, lane);
     const float delta = (v[t * v_stride + h * dv + ec] - mem) * bt;
-    float o = 0.0f;
-#pragma unroll
-    for (int d = 0; d < kRows; ++d) {
-      S[d] += kt[d] * delta;
-      o += S[d] * qt[d];
-    }
+    float o = UpdateAndRead(S, kt, qt, delta);
     o_part[part][lane] = o;
     __syncthreads();
     if (valid && part == 0) {
