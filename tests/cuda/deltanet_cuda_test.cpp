@@ -4,7 +4,6 @@
 // outputs and states, and the snapshot copies are compared.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -259,9 +258,8 @@ TEST(CudaDeltaNet, FusedDecodeConvPrepEqualsTheTwoKernels) {
   CheckConvPrepFused(128, 128, 16, 48);  // Qwen3.5-27B's
 }
 
-
 // The decode rule's shapes for key head dim 128 (deltanet.cu): a column's rows split over four
-// warps (the default) and over four neighbouring lanes (KESTREL_DELTA_SPLIT=4) add the same
+// warps (the default) and over four neighbouring lanes (SetDeltaRuleLaneSplit(4)) add the same
 // partial sums in the same order, so outputs, states and snapshots agree bit for bit.
 // Decode-like rows (one per sequence), a fresh sequence, a four-row one with a snapshot, an
 // empty one; dv 128 and 72 (a part-filled column group).
@@ -298,12 +296,9 @@ void CheckDeltaRuleShapes(int32_t dv) {
   struct Outputs {
     std::vector<float> out, state;
   };
-  auto run = [&](const char* split) {
-    if (split != nullptr) {
-      setenv("KESTREL_DELTA_SPLIT", split, 1);
-    } else {
-      unsetenv("KESTREL_DELTA_SPLIT");
-    }
+  auto run = [&](int lanes) {
+    const int saved = cuda::DeltaRuleLaneSplit();
+    cuda::SetDeltaRuleLaneSplit(lanes);
     cuda::DeviceBuffer d_state = Upload(state);
     cuda::DeviceBuffer d_out = Upload(std::vector<float>(size_t(n) * nv * dv, -7.0f));
     cuda::DeltaStateView sv;
@@ -315,11 +310,11 @@ void CheckDeltaRuleShapes(int32_t dv) {
                          d_g.as<float>(), d_beta.as<float>(), nk, dk, nv, dv, bv, sv,
                          d_out.as<float>(), nullptr);
     KCUDA_CHECK(cudaDeviceSynchronize());
-    unsetenv("KESTREL_DELTA_SPLIT");
+    cuda::SetDeltaRuleLaneSplit(saved);
     return Outputs{Download<float>(d_out, size_t(n) * nv * dv),
                    Download<float>(d_state, state.size())};
   };
-  const Outputs rows = run(nullptr), lanes = run("4");
+  const Outputs rows = run(0), lanes = run(4);
   EXPECT_EQ(rows.out, lanes.out);
   EXPECT_EQ(rows.state, lanes.state);
   EXPECT_NE(rows.state, state) << "the states were not updated";

@@ -15,6 +15,7 @@
 #include "backends/cuda/deltanet.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -674,15 +675,26 @@ void CausalConv1dSiluDeltaPrep(const float* x, int64_t x_stride, int32_t kernel,
 }
 
 namespace {
-// KESTREL_DELTA_SPLIT=2 or 4: a state column split over 2 or 4 neighbouring lanes
-// (DeltaRuleColumnsKernel, the earlier shapes, for comparison); else over 4 warps. Read at each
-// call (a host getenv per launch), so that a test can compare the shapes.
-int DeltaSplit() {
-  const char* env = std::getenv("KESTREL_DELTA_SPLIT");
-  if (env == nullptr) return 0;
-  return std::strcmp(env, "2") == 0 ? 2 : std::strcmp(env, "4") == 0 ? 4 : 0;
-}
+// -1 until first read.
+std::atomic<int> g_lane_split{-1};
 }  // namespace
+
+int DeltaRuleLaneSplit() {
+  const int v = g_lane_split.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  const char* env = std::getenv("KESTREL_DELTA_SPLIT");
+  int from_env = 0;
+  if (env != nullptr && std::strcmp(env, "2") == 0) from_env = 2;
+  if (env != nullptr && std::strcmp(env, "4") == 0) from_env = 4;
+  int expected = -1;
+  g_lane_split.compare_exchange_strong(expected, from_env, std::memory_order_relaxed);
+  return g_lane_split.load(std::memory_order_relaxed);
+}
+
+void SetDeltaRuleLaneSplit(int lanes) {
+  KCHECK(lanes == 0 || lanes == 2 || lanes == 4);
+  g_lane_split.store(lanes, std::memory_order_relaxed);
+}
 
 void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_stride,
                     const float* g, const float* beta, int32_t nk, int32_t dk, int32_t nv,
@@ -705,13 +717,16 @@ void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_st
     case 64:
       return run_columns(DeltaRuleColumnsKernel<64, 1>, 1);
     case 128:
-      // A column over 4 warps (DeltaRuleRowsKernel); KESTREL_DELTA_SPLIT=2 or 4: over 2 or 4
+      // A column over 4 warps (DeltaRuleRowsKernel); DeltaRuleLaneSplit() 2 or 4: over 2 or 4
       // lanes. H200, decode 64 x 2k, ms per step (two alternating rounds): 27B preset at 16
       // layers 4 warps 6.914 / 6.910, 4 lanes 7.221 / 7.199; 35B-A3B preset at 20 layers 11.182 /
       // 11.145 against 11.466 / 11.421. Earlier, 27B at 32 layers: 2 lanes 14.13-14.20, 4 lanes
       // 13.74-13.75, 8 lanes (72 registers) 15.27-15.28.
-      if (DeltaSplit() == 2) return run_columns(DeltaRuleColumnsKernel<128, 2>, 2);
-      if (DeltaSplit() == 4) return run_columns(DeltaRuleColumnsKernel<128, 4>, 4);
+      switch (DeltaRuleLaneSplit()) {
+        case 2: return run_columns(DeltaRuleColumnsKernel<128, 2>, 2);
+        case 4: return run_columns(DeltaRuleColumnsKernel<128, 4>, 4);
+        default: break;
+      }
       LaunchPdl(DeltaRuleRowsKernel<128>,
                 dim3(static_cast<unsigned>((dv + 31) / 32), static_cast<unsigned>(nv),
                      static_cast<unsigned>(b.n_seqs)),

@@ -68,6 +68,13 @@ void CausalConv1dSiluDeltaPrep(const float* x, int64_t x_stride, int32_t kernel,
                                int64_t ba_stride, const float* neg_exp_a, const float* dt_bias,
                                float* q, float* k, float* beta, float* g, cudaStream_t stream);
 
+// How GatedDeltaRule splits a state column at key dim 128 (deltanet.cu): 0, over four warps (the
+// default); 2 or 4, over as many neighbouring lanes (the earlier kernels, kept for comparison;
+// 4 gives the default's bits). Process-wide; first read: KESTREL_DELTA_SPLIT ("2" or "4"). Not
+// to be changed while a stream is being captured.
+int DeltaRuleLaneSplit();
+void SetDeltaRuleLaneSplit(int lanes);
+
 // The recurrent gated delta rule over every sequence's tokens; v at conv_out + 2*nk*dk with row
 // stride v_stride. out: [n, nv, dv]. dv <= 256, dk <= 256.
 void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_stride,
