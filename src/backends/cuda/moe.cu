@@ -241,6 +241,8 @@ constexpr int kChunksPerStep = 4;
 constexpr int kVecsPerChunk = 4;
 constexpr int kVecsPerStep = kChunksPerStep * kVecsPerChunk;
 constexpr int kReducePad = 4;
+// mma column tiles (8 token rows each) per pass over an expert's rows (MoeLinear says why one).
+constexpr int kMTiles = 1;
 
 // Rows g and g + 8 of the 16 rows [n0, n0 + 16) of routed expert e's matrix, as a lane reads
 // them (a row past n is never loaded: zeros instead).
@@ -263,7 +265,6 @@ __device__ __forceinline__ WeightRows ExpertRows(const __nv_bfloat16* w, int e, 
 
 // Token row g of each column tile of the pass over the expert's rows [r0, r0 + m) (permuted rows
 // from `first`); null past m.
-template <int kMTiles>
 __device__ __forceinline__ void PassRows(const __nv_bfloat16* x, const int32_t* x_rows, int first,
                                          int r0, int m, int g, int k_vecs,
                                          const uint4* (&x_t)[kMTiles]) {
@@ -280,7 +281,6 @@ __device__ __forceinline__ void PassRows(const __nv_bfloat16* x, const int32_t* 
 // acc += the products of one 128-wide k step (linear.cu's k permutation: thread t takes physical
 // k [8t, 8t + 8) of each 32-wide chunk, fed to two mma's). All of the step's W loads go first,
 // so 8 are in flight before the first use. Tiles at or past m (uniform across the warp) skip.
-template <int kMTiles>
 __device__ __forceinline__ void AccumulateStep(const WeightRows& w,
                                                const uint4* const (&x_t)[kMTiles], int m, int step,
                                                int t, int k_vecs, float (&acc)[kMTiles][4]) {
@@ -307,7 +307,6 @@ __device__ __forceinline__ void AccumulateStep(const WeightRows& w,
   }
 }
 
-template <int kMTiles>
 __global__ void __launch_bounds__(kThreads)
     MoeSkinnyKernel(const __nv_bfloat16* __restrict__ x,  // [*, k]
                     const int32_t* __restrict__ x_rows,   // [n * top_k] or null
@@ -334,10 +333,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int r0 = 0; r0 < m_e; r0 += kMTiles * 8) {
     const int m = min(m_e - r0, kMTiles * 8);
     const uint4* x_t[kMTiles];
-    PassRows<kMTiles>(x, x_rows, first, r0, m, g, k_vecs, x_t);
+    PassRows(x, x_rows, first, r0, m, g, k_vecs, x_t);
     float acc[kMTiles][4] = {};
     for (int step = warp; step < n_steps; step += kWarps) {
-      AccumulateStep<kMTiles>(wr, x_t, m, step, t, k_vecs, acc);
+      AccumulateStep(wr, x_t, m, step, t, k_vecs, acc);
     }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -372,7 +371,6 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kRowsVariantMaxK = 1024;
 constexpr int kRowsPerWarpBlock = kWarps * kRowsPerBlock;
 
-template <int kMTiles>
 __global__ void __launch_bounds__(kThreads)
     MoeSkinnyRowsKernel(const __nv_bfloat16* __restrict__ x, const int32_t* __restrict__ x_rows,
                         int k, const __nv_bfloat16* __restrict__ w, int n,
@@ -397,10 +395,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int r0 = 0; r0 < m_e; r0 += kMTiles * 8) {
     const int m = min(m_e - r0, kMTiles * 8);
     const uint4* x_t[kMTiles];
-    PassRows<kMTiles>(x, x_rows, first, r0, m, g, k_vecs, x_t);
+    PassRows(x, x_rows, first, r0, m, g, k_vecs, x_t);
     float acc[kMTiles][4] = {};
     for (int step = 0; step < n_steps; ++step) {
-      AccumulateStep<kMTiles>(wr, x_t, m, step, t, k_vecs, acc);
+      AccumulateStep(wr, x_t, m, step, t, k_vecs, acc);
     }
     // Accumulator q of tile mt: W row g + 8 * (q / 2), token row mt * 8 + 2t + q % 2.
 #pragma unroll
@@ -416,14 +414,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kMTiles>
 void LaunchMoeSkinny(const __nv_bfloat16* x, const int32_t* x_rows, int k, const __nv_bfloat16* w,
                      int n, const MoeRouting& r, int max_active, float* y, cudaStream_t stream) {
   const bool rows = k <= kRowsVariantMaxK;
   const int rows_per_block = rows ? kRowsPerWarpBlock : kRowsPerBlock;
   const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(max_active));
-  LaunchPdl(rows ? &MoeSkinnyRowsKernel<kMTiles> : &MoeSkinnyKernel<kMTiles>, grid, dim3(kThreads),
+  LaunchPdl(rows ? &MoeSkinnyRowsKernel : &MoeSkinnyKernel, grid, dim3(kThreads),
             0, stream, x, x_rows, k, w, n, static_cast<const int32_t*>(r.expert_begin),
             static_cast<const int32_t*>(r.active), static_cast<const int32_t*>(r.n_active), y);
 }
@@ -523,7 +520,7 @@ void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const _
   // at 20 layers, 2k context, ms per step (mean of two runs) at batch 1 / 8 / 16 / 32 / 64:
   // tiles by the token count 2.166 / 4.063 / 6.043 / 8.936 / 12.864, one tile 2.148 / 4.039 /
   // 5.911 / 8.343 / 11.385 (the same bits either way: a row depends only on its own x).
-  LaunchMoeSkinny<1>(x, x_rows, k, w, n_out, r, max_active, y, stream);
+  LaunchMoeSkinny(x, x_rows, k, w, n_out, r, max_active, y, stream);
   KCUDA_CHECK_LAUNCH();
 }
 
