@@ -12,11 +12,13 @@
 // warm-up), on random data with fixed seeds. Inputs and outputs rotate over sets that together
 // exceed 256 MB, so a timed call never finds its data in the 60 MB L2.
 // Usage: bench_cuda_kernels [--reps N] [--only FAMILY[,FAMILY...]] [--kv-cache-dtype bf16|fp8|int8]
-//                           [--decode-shapes BxC[,BxC...]]
+//                           [--decode-shapes BxC[,BxC...]] [--attention-heads Q:KV:D]
 // --only runs those families (the names above); --kv-cache-dtype stores the attention benchmarks'
 // K/V pool in that dtype (random codes, per-row scales in [0.001, 0.02]; qkv_rope writes bf16
 // rows and is skipped); --decode-shapes replaces attention_decode's batch x context grid
-// (default 1,8,64 x 128,2048,8192). Example, one shape to profile:
+// (default 1,8,64 x 128,2048,8192); --attention-heads sets the query heads, kv heads and head dim
+// of the attention and qkv_rope benchmarks (default 32:8:128; Qwen3.5-27B's gated attention is
+// 24:4:256, Qwen3.5-35B-A3B's 16:2:256). Example, one shape to profile:
 //   ncu --kernel-name regex:DecodeSplitMma --launch-skip 10 --launch-count 1 --set full
 //       bench_cuda_kernels --only attention_decode --kv-cache-dtype fp8 --decode-shapes 64x8192
 #include <cstdio>
@@ -60,13 +62,15 @@ namespace {
 constexpr int64_t kHidden = 4096;
 constexpr int64_t kIntermediate = 12288;
 constexpr int32_t kVocab = 151936;
-constexpr int32_t kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+// The attention shapes: Qwen3-8B's unless --attention-heads says otherwise (set once, before
+// any benchmark runs).
+int32_t g_heads = 32, g_kv_heads = 8, g_head_dim = 128;
 constexpr int32_t kBlockTokens = 16;
-constexpr int64_t kQkvCols = int64_t{kHeads + 2 * kKvHeads} * kHeadDim;  // 6144
+int64_t QkvCols() { return int64_t{g_heads + 2 * g_kv_heads} * g_head_dim; }  // 6144 for 8B
 constexpr float kRmsEps = 1e-6f;
 constexpr double kRopeTheta = 1e6;
 // Rows (kv head, token) of K (or V) in one KV block, each head_dim elements.
-constexpr size_t kRowsPerBlock = size_t{kKvHeads} * kBlockTokens;
+size_t RowsPerBlock() { return size_t(g_kv_heads) * kBlockTokens; }
 // Data a kernel's rotating sets span together: over 4x the L2.
 constexpr size_t kRotateBytes = size_t{256} << 20;
 
@@ -307,7 +311,7 @@ struct KvPool {
   std::vector<int32_t> shuffled;  // every block id once, in random order
   // Bytes of K and V per token and kv head, scales included.
   double bytes_per_row() const {
-    return 2.0 * (kHeadDim * KvCacheElementBytes(type) + (KvCacheQuantized(type) ? 4 : 0));
+    return 2.0 * (g_head_dim * KvCacheElementBytes(type) + (KvCacheQuantized(type) ? 4 : 0));
   }
 };
 
@@ -332,16 +336,16 @@ KvPool MakeKvPool(int32_t n_blocks, KvCacheType type) {
   KvPool pool;
   pool.n_blocks = n_blocks;
   pool.type = type;
-  const size_t elems = n_blocks * kRowsPerBlock * kHeadDim;
+  const size_t elems = n_blocks * RowsPerBlock() * g_head_dim;
   pool.k = MustAllocate(elems * KvCacheElementBytes(type), "K pool");
   pool.v = MustAllocate(elems * KvCacheElementBytes(type), "V pool");
   if (KvCacheQuantized(type)) {
     FillTiled(pool.k.get(), elems, CodeBlock(), 50);
     FillTiled(pool.v.get(), elems, CodeBlock(), 51);
-    pool.k_scale = MustAllocate(n_blocks * kRowsPerBlock * 4, "K scales");
-    pool.v_scale = MustAllocate(n_blocks * kRowsPerBlock * 4, "V scales");
-    FillTiled(pool.k_scale.get(), n_blocks * kRowsPerBlock, ScaleBlock(), 53);
-    FillTiled(pool.v_scale.get(), n_blocks * kRowsPerBlock, ScaleBlock(), 54);
+    pool.k_scale = MustAllocate(n_blocks * RowsPerBlock() * 4, "K scales");
+    pool.v_scale = MustAllocate(n_blocks * RowsPerBlock() * 4, "V scales");
+    FillTiled(pool.k_scale.get(), n_blocks * RowsPerBlock(), ScaleBlock(), 53);
+    FillTiled(pool.v_scale.get(), n_blocks * RowsPerBlock(), ScaleBlock(), 54);
   } else {
     FillRandomBf16(pool.k, 50);
     FillRandomBf16(pool.v, 51);
@@ -365,20 +369,20 @@ std::vector<int32_t> MakeBlockTables(const KvPool& pool, int32_t n_seqs, int32_t
 }
 
 void BenchQkvRope(Bench& bench, KvPool& pool) {
-  DeviceBuffer q_norm = MustAllocate(kHeadDim * 2, "q_norm");  // [head_dim] bf16
-  DeviceBuffer k_norm = MustAllocate(kHeadDim * 2, "k_norm");  // [head_dim] bf16
+  DeviceBuffer q_norm = MustAllocate(g_head_dim * 2, "q_norm");  // [head_dim] bf16
+  DeviceBuffer k_norm = MustAllocate(g_head_dim * 2, "k_norm");  // [head_dim] bf16
   FillRandomBf16(q_norm, 60);
   FillRandomBf16(k_norm, 61);
-  std::vector<float> inv_freq(kHeadDim / 2);  // [rotary_half]
-  for (int i = 0; i < kHeadDim / 2; ++i) {
-    inv_freq[i] = static_cast<float>(1.0 / std::pow(kRopeTheta, 2.0 * i / kHeadDim));
+  std::vector<float> inv_freq(g_head_dim / 2);  // [rotary_half]
+  for (int i = 0; i < g_head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(kRopeTheta, 2.0 * i / g_head_dim));
   }
   DeviceBuffer d_inv_freq = Upload(inv_freq, "inv_freq");
   QkvRopeShape shape;
-  shape.n_heads = kHeads;
-  shape.n_kv_heads = kKvHeads;
-  shape.head_dim = kHeadDim;
-  shape.rotary_half = kHeadDim / 2;
+  shape.n_heads = g_heads;
+  shape.n_kv_heads = g_kv_heads;
+  shape.head_dim = g_head_dim;
+  shape.rotary_half = g_head_dim / 2;
   shape.block_size_tokens = kBlockTokens;
   shape.qk_norm_eps = kRmsEps;
   std::mt19937 rng(62);
@@ -386,8 +390,9 @@ void BenchQkvRope(Bench& bench, KvPool& pool) {
     // qkv read (f32), q written (bf16), K and V rows written (bf16), positions and slots read,
     // the two norm weights and inv_freq read.
     const double bytes =
-        n * (kQkvCols * 4.0 + kHeads * kHeadDim * 2.0 + 2.0 * kKvHeads * kHeadDim * 2.0 + 2 * 4.0) +
-        2 * kHeadDim * 2.0 + kHeadDim / 2 * 4.0;
+        n * (QkvCols() * 4.0 + g_heads * g_head_dim * 2.0 +
+             2.0 * g_kv_heads * g_head_dim * 2.0 + 2 * 4.0) +
+        2 * g_head_dim * 2.0 + g_head_dim / 2 * 4.0;
     int n_sets = bench.RotationSets(bytes);
     // Up to 64 tokens: a decode step, every token at a random position of its own sequence, in
     // a random block. Above: one sequence's prefill from position 0, 16 tokens per block.
@@ -409,15 +414,16 @@ void BenchQkvRope(Bench& bench, KvPool& pool) {
     }
     DeviceBuffer d_positions = Upload(positions, "positions");
     DeviceBuffer d_slots = Upload(slots, "slot mapping");
-    DeviceBuffer qkv = MustAllocate(n_sets * n * kQkvCols * 4, "qkv");  // [n_sets, n, 6144] f32
-    DeviceBuffer q = MustAllocate(n_sets * n * kHeads * kHeadDim * 2, "q");  // [n_sets, n, 32, 128]
+    DeviceBuffer qkv = MustAllocate(n_sets * n * QkvCols() * 4, "qkv");  // [n_sets, n, 6144] f32
+    // [n_sets, n, heads, head_dim]
+    DeviceBuffer q = MustAllocate(n_sets * n * g_heads * g_head_dim * 2, "q");
     FillRandomF32(qkv, 63);
     const double sec = bench.MedianSeconds([&](int r) {
       const int64_t s = r % n_sets;
-      QkvRope(qkv.as<float>() + s * n * kQkvCols, nullptr, q_norm.as<__nv_bfloat16>(),
+      QkvRope(qkv.as<float>() + s * n * QkvCols(), nullptr, q_norm.as<__nv_bfloat16>(),
               k_norm.as<__nv_bfloat16>(), d_positions.as<int32_t>() + s * n, d_inv_freq.as<float>(),
               d_slots.as<int32_t>() + s * n, n, shape,
-              q.as<__nv_bfloat16>() + s * n * kHeads * kHeadDim, pool.k.as<__nv_bfloat16>(),
+              q.as<__nv_bfloat16>() + s * n * g_heads * g_head_dim, pool.k.as<__nv_bfloat16>(),
               pool.v.as<__nv_bfloat16>(), bench.stream());
     });
     bench.PrintBandwidth("qkv_rope", Fields("\"n\": %ld, \"qk_norm\": true", n), bytes, sec);
@@ -449,8 +455,8 @@ AttentionInputs MakeAttentionInputs(const KvPool& pool, int32_t n_seqs, int32_t 
   std::vector<int32_t> context_lens(static_cast<size_t>(n_seqs), ctx);
   for (int32_t s = 0; s <= n_seqs; ++s) seq_starts[s] = s * n_new;
   for (int64_t t = 0; t < n_tokens; ++t) positions[t] = n_cached + static_cast<int32_t>(t % n_new);
-  a.q = MustAllocate(n_tokens * kHeads * kHeadDim * 2, "q");  // [n_tokens, n_heads, head_dim]
-  a.out = MustAllocate(n_tokens * kHeads * kHeadDim * 2, "attention out");
+  a.q = MustAllocate(n_tokens * g_heads * g_head_dim * 2, "q");  // [n_tokens, n_heads, head_dim]
+  a.out = MustAllocate(n_tokens * g_heads * g_head_dim * 2, "attention out");
   FillRandomBf16(a.q, seed);
   a.positions = Upload(positions, "positions");
   a.seq_starts = Upload(seq_starts, "seq starts");
@@ -473,11 +479,11 @@ AttentionInputs MakeAttentionInputs(const KvPool& pool, int32_t n_seqs, int32_t 
   p.max_blocks_per_seq = blocks_per_seq;
   p.n_tokens = static_cast<int32_t>(n_tokens);
   p.n_seqs = n_seqs;
-  p.n_heads = kHeads;
-  p.n_kv_heads = kKvHeads;
-  p.head_dim = kHeadDim;
+  p.n_heads = g_heads;
+  p.n_kv_heads = g_kv_heads;
+  p.head_dim = g_head_dim;
   p.block_size = kBlockTokens;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  p.scale = 1.0f / std::sqrt(static_cast<float>(g_head_dim));
   p.max_query_len = n_new;
   p.max_context_len = ctx;
   return a;
@@ -497,11 +503,11 @@ struct Shape {
 
 void BenchAttentionDecode(Bench& bench, const KvPool& pool, DeviceBuffer& workspace,
                           const std::vector<Shape>& shapes) {
-  const double kv_bytes_per_token = kKvHeads * pool.bytes_per_row();  // K and V (+ scales)
+  const double kv_bytes_per_token = g_kv_heads * pool.bytes_per_row();  // K and V (+ scales)
   for (const auto [batch, ctx] : shapes) {
     {
       const double kv_bytes = kv_bytes_per_token * ctx * batch;
-      const double bytes = kv_bytes + 2.0 * batch * kHeads * kHeadDim * 2;  // + q + out
+      const double bytes = kv_bytes + 2.0 * batch * g_heads * g_head_dim * 2;  // + q + out
       AttentionInputs a =
           MakeAttentionInputs(pool, batch, ctx - 1, 1, bench.RotationSets(bytes), 70);
       // Every split-kernel variant (SetDecodeAttentionVariant), then back to the default.
@@ -528,8 +534,8 @@ void BenchAttentionPrefill(Bench& bench, const KvPool& pool, DeviceBuffer& works
   for (const Case c : {Case{0, 512}, Case{0, 2048}, Case{0, 8192}, Case{6144, 2048}}) {
     // Query i (position n_cached + i) attends n_cached + i + 1 keys.
     const double keys = static_cast<double>(c.n_new) * c.n_cached + 0.5 * c.n_new * (c.n_new + 1.0);
-    const double flops = 4.0 * kHeads * kHeadDim * keys;
-    const double kv_bytes = kKvHeads * pool.bytes_per_row() * (c.n_cached + c.n_new);
+    const double flops = 4.0 * g_heads * g_head_dim * keys;
+    const double kv_bytes = g_kv_heads * pool.bytes_per_row() * (c.n_cached + c.n_new);
     AttentionInputs a =
         MakeAttentionInputs(pool, 1, c.n_cached, c.n_new, bench.RotationSets(kv_bytes), 80);
     const double sec = TimeAttention(bench, a, workspace);
@@ -677,6 +683,18 @@ bool ParseOptions(int argc, char** argv, Options* o) {
         }
         o->only.push_back(f);
       }
+    } else if (flag == "--attention-heads") {
+      int q = 0, kv = 0, d = 0;
+      char tail = 0;
+      if (std::sscanf(value.c_str(), "%d:%d:%d%c", &q, &kv, &d, &tail) != 3 || q < 1 ||
+          kv < 1 || q % kv != 0 || (d != 64 && d != 128 && d != 256)) {
+        return fail("--attention-heads: '" + value +
+                    "' is not HEADS:KV_HEADS:HEAD_DIM (heads a multiple of kv heads, head dim "
+                    "64, 128 or 256)");
+      }
+      g_heads = q;
+      g_kv_heads = kv;
+      g_head_dim = d;
     } else if (flag == "--decode-shapes") {
       o->decode_shapes.clear();
       for (const std::string& item : SplitCommas(value)) {
@@ -738,7 +756,8 @@ int Main(int argc, char** argv) {
     }
     KvPool pool = MakeKvPool(static_cast<int32_t>(tokens / kBlockTokens), opt.kv_type);
     DeviceBuffer workspace = MustAllocate(
-        PagedAttentionWorkspaceBytes(max_batch, kHeads, kHeadDim, max_ctx), "attention workspace");
+        PagedAttentionWorkspaceBytes(max_batch, g_heads, g_head_dim, max_ctx),
+        "attention workspace");
     if (rope) BenchQkvRope(bench, pool);
     if (opt.Runs("attention_decode")) BenchAttentionDecode(bench, pool, workspace, opt.decode_shapes);
     if (opt.Runs("attention_prefill")) BenchAttentionPrefill(bench, pool, workspace);

@@ -9,7 +9,15 @@
 // The weights rotate over >= 4 copies (> 200 MB in all) so the 60 MB L2 never serves them.
 // Then the quantized GEMV (QuantGemv) at m = 1 and 8 for FP8 block-128 and 4-bit affine (groups
 // 64 and 128) codes on the same shapes: bytes = codes + scales (+ biases) + x + y.
-// Usage: bench_cuda_linear [--reps N] [--quant-only]
+// Usage: bench_cuda_linear [--reps N] [--quant-only | --bf16-only] [--shapes MODEL]
+//                          [--m LIST] [--lt-candidates N]
+//   --shapes MODEL       the per-layer shapes of qwen3-8b (default), qwen3.5-27b or
+//                        qwen3.5-35b-a3b (its fused projections as CudaDecoder places them)
+//   --m LIST             token rows of the bf16 table, comma-separated (default 1,2,4,8,16;
+//                        at most kSkinnyKernelMaxRows)
+//   --lt-candidates N    also time cuBLASLt's first N heuristic algorithms at each m > 1
+//                        ("path": "cublaslt_candidate", with the algorithm's configuration)
+//   --bf16-only          skip the quantized GEMVs and the FP8 prefill products
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -108,9 +116,43 @@ double MedianSeconds(int reps, cudaStream_t stream, DeviceBuffer& delay_src,
 
 int Main(int argc, char** argv) {
   const int reps = bench::ParseReps(argc, argv);
-  bool quant_only = false;
+  bool quant_only = false, bf16_only = false;
+  std::string shape_set = "qwen3-8b";
+  std::vector<int64_t> ms = {1, 2, 4, 8, 16};
+  int lt_candidates = 0;
   for (int i = 1; i < argc; ++i) {
-    quant_only = quant_only || std::strcmp(argv[i], "--quant-only") == 0;
+    const bool has_value = i + 1 < argc;
+    if (std::strcmp(argv[i], "--quant-only") == 0) {
+      quant_only = true;
+    } else if (std::strcmp(argv[i], "--bf16-only") == 0) {
+      bf16_only = true;
+    } else if (std::strcmp(argv[i], "--shapes") == 0 && has_value) {
+      shape_set = argv[++i];
+    } else if (std::strcmp(argv[i], "--lt-candidates") == 0 && has_value) {
+      lt_candidates = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--m") == 0 && has_value) {
+      ms.clear();
+      for (const char* p = argv[++i]; *p != '\0';) {
+        char* end = nullptr;
+        const long v = std::strtol(p, &end, 10);
+        if (end == p || v < 1 || v > kSkinnyKernelMaxRows) {
+          std::fprintf(stderr, "bench_cuda_linear: --m wants row counts in 1..%ld, got '%s'\n",
+                       static_cast<long>(kSkinnyKernelMaxRows), argv[i]);
+          return 2;
+        }
+        ms.push_back(v);
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else if (std::strcmp(argv[i], "--reps") == 0 && has_value) {
+      ++i;  // bench::ParseReps
+    } else {
+      std::fprintf(stderr, "bench_cuda_linear: unknown or incomplete argument '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  if (ms.empty() || (quant_only && bf16_only)) {
+    std::fprintf(stderr, "bench_cuda_linear: nothing to run\n");
+    return 2;
   }
   auto info = OpenDevice(0);
   if (!info.ok()) {
@@ -158,9 +200,35 @@ int Main(int argc, char** argv) {
     int64_t n, k;
     const char* name;
   };
-  const Shape shapes[] = {{6144, 4096, "qkv"},     {4096, 4096, "o_proj"},
-                          {24576, 4096, "gate_up"}, {4096, 12288, "down"},
-                          {151936, 4096, "lm_head"}};
+  // The first four are a layer's products (the layer sums below add them); the LM head last.
+  std::vector<Shape> shapes;
+  if (shape_set == "qwen3-8b") {
+    shapes = {{6144, 4096, "qkv"},
+              {4096, 4096, "o_proj"},
+              {24576, 4096, "gate_up"},
+              {4096, 12288, "down"},
+              {151936, 4096, "lm_head"}};
+  } else if (shape_set == "qwen3.5-27b") {
+    // Delta-net q|k|v|z|b|a and out_proj, dense gate|up and down, attention q(+gate)|k|v and
+    // o_proj, the LM head.
+    shapes = {{16480, 5120, "dn_in_proj"}, {5120, 6144, "dn_out_proj"},
+              {34816, 5120, "gate_up"},    {5120, 17408, "down"},
+              {14336, 5120, "attn_qkv"},   {5120, 6144, "attn_o_proj"},
+              {248320, 5120, "lm_head"}};
+  } else if (shape_set == "qwen3.5-35b-a3b") {
+    // Delta-net q|k|v|z|b|a and out_proj, router|shared gate, shared expert gate|up and down,
+    // attention q(+gate)|k|v and o_proj, the LM head.
+    shapes = {{12352, 2048, "dn_in_proj"},  {2048, 4096, "dn_out_proj"},
+              {257, 2048, "router"},        {1024, 2048, "shared_gate_up"},
+              {2048, 512, "shared_down"},   {9216, 2048, "attn_qkv"},
+              {2048, 4096, "attn_o_proj"},  {248320, 2048, "lm_head"}};
+  } else {
+    std::fprintf(stderr,
+                 "bench_cuda_linear: --shapes wants qwen3-8b, qwen3.5-27b or qwen3.5-35b-a3b, "
+                 "got '%s'\n",
+                 shape_set.c_str());
+    return 2;
+  }
 
   // Quantized GEMV: each shape in FP8 block-128 and 4-bit affine (groups 64 and 128), m = 1
   // and 8.
@@ -171,108 +239,110 @@ int Main(int argc, char** argv) {
   const QuantCase quant_cases[] = {{WeightFormat::kFp8Block, 128},
                                    {WeightFormat::kAffine4, 64},
                                    {WeightFormat::kAffine4, 128}};
-  for (const QuantCase& qc : quant_cases) {
-    const WeightFormat format = qc.format;
-    for (const Shape& shape : shapes) {
-      const int64_t n = shape.n, k = shape.k;
-      const bool fp8 = format == WeightFormat::kFp8Block;
-      const size_t code_bytes = static_cast<size_t>(fp8 ? n * k : n * k / 2);
-      const size_t scale_floats = static_cast<size_t>(fp8 ? (n + 127) / 128 * (k / 128)
-                                                          : n * (k / qc.group));
-      const size_t w_bytes = code_bytes + scale_floats * 4;  // f32 scales; bf16 scale-bias pairs
-      const int n_copies = std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
-      std::vector<DeviceBuffer> codes, scales;
-      std::vector<WeightSegment> segs;
-      for (int c = 0; c < n_copies; ++c) {
-        codes.push_back(MustAllocate(code_bytes, "codes"));
-        // e4m3: exponent <= 14 (no NaN codes); 4-bit: any byte.
-        FillRandomBytes(codes.back(), 300 + c, fp8 ? 0xF7 : 0xFF);
-        scales.push_back(MustAllocate(scale_floats * 4, "scales"));
-        // FP8: 0.01 per block; 4-bit: the bf16 pair (s, b) = (0.01, -0.08) in each word.
-        FillConstantF32(scales.back(), fp8 ? 0.01f : std::bit_cast<float>(0xBDA43C24u));
-        WeightSegment w;
-        w.format = format;
-        w.rows = n;
-        w.data = codes.back().get();
-        w.scale = scales.back().as<float>();
-        if (fp8) {
-          w.group = 128;
-          w.scale_ld = static_cast<int32_t>(k / 128);
-        } else {
-          w.scale = nullptr;
-          w.scale_bias = scales.back().as<uint32_t>();
-          w.group = qc.group;
+  if (!bf16_only) {
+    for (const QuantCase& qc : quant_cases) {
+      const WeightFormat format = qc.format;
+      for (const Shape& shape : shapes) {
+        const int64_t n = shape.n, k = shape.k;
+        const bool fp8 = format == WeightFormat::kFp8Block;
+        const size_t code_bytes = static_cast<size_t>(fp8 ? n * k : n * k / 2);
+        const size_t scale_floats = static_cast<size_t>(fp8 ? (n + 127) / 128 * (k / 128)
+                                                            : n * (k / qc.group));
+        const size_t w_bytes = code_bytes + scale_floats * 4;  // f32 scales; bf16 scale-bias pairs
+        const int n_copies = std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
+        std::vector<DeviceBuffer> codes, scales;
+        std::vector<WeightSegment> segs;
+        for (int c = 0; c < n_copies; ++c) {
+          codes.push_back(MustAllocate(code_bytes, "codes"));
+          // e4m3: exponent <= 14 (no NaN codes); 4-bit: any byte.
+          FillRandomBytes(codes.back(), 300 + c, fp8 ? 0xF7 : 0xFF);
+          scales.push_back(MustAllocate(scale_floats * 4, "scales"));
+          // FP8: 0.01 per block; 4-bit: the bf16 pair (s, b) = (0.01, -0.08) in each word.
+          FillConstantF32(scales.back(), fp8 ? 0.01f : std::bit_cast<float>(0xBDA43C24u));
+          WeightSegment w;
+          w.format = format;
+          w.rows = n;
+          w.data = codes.back().get();
+          w.scale = scales.back().as<float>();
+          if (fp8) {
+            w.group = 128;
+            w.scale_ld = static_cast<int32_t>(k / 128);
+          } else {
+            w.scale = nullptr;
+            w.scale_bias = scales.back().as<uint32_t>();
+            w.group = qc.group;
+          }
+          segs.push_back(w);
         }
-        segs.push_back(w);
+        DeviceBuffer x = MustAllocate(static_cast<size_t>(8 * k * 2), "x");
+        DeviceBuffer y = MustAllocate(static_cast<size_t>(8 * n * 4), "y");
+        FillRandomBf16(x, 7);
+        for (const int64_t m : {int64_t{1}, int64_t{8}}) {
+          const double sec = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int r) {
+            QuantGemv(x.as<__nv_bfloat16>(), m, k, segs[r % n_copies], n, y.as<float>(), n, stream);
+          });
+          const double bytes = static_cast<double>(w_bytes) + static_cast<double>(m) * k * 2 +
+                               static_cast<double>(m) * n * 4;
+          const double gb_s = bytes / sec / 1e9;
+          std::printf("{\"quant\": \"%s\", \"group\": %d, \"shape\": \"%s\", \"n\": %ld, "
+                      "\"k\": %ld, \"m\": %ld, \"weight_bytes\": %zu, \"us\": %.2f, "
+                      "\"gb_s\": %.1f, \"frac_bw\": %.3f}\n",
+                      WeightFormatName(format), qc.group, shape.name, static_cast<long>(n),
+                      static_cast<long>(k), static_cast<long>(m), w_bytes, sec * 1e6, gb_s,
+                      gb_s / copy_gb_s);
+          std::fflush(stdout);
+        }
       }
-      DeviceBuffer x = MustAllocate(static_cast<size_t>(8 * k * 2), "x");
-      DeviceBuffer y = MustAllocate(static_cast<size_t>(8 * n * 4), "y");
-      FillRandomBf16(x, 7);
-      for (const int64_t m : {int64_t{1}, int64_t{8}}) {
-        const double sec = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int r) {
-          QuantGemv(x.as<__nv_bfloat16>(), m, k, segs[r % n_copies], n, y.as<float>(), n, stream);
+    }
+    // Prefill-sized products (m = 2048) of the per-layer shapes: bf16 weights through cuBLASLt
+    // against FP8 block-128 weights through the W8A8 path (--fp8-activations: the activations
+    // quantized per token and 128 columns, then cuBLASLt's block-scaled FP8 GEMM), each timed as
+    // LinearEngine::Run does it, f32 output.
+    {
+      auto fp8_engine_or = LinearEngine::Create(32 << 20, size_t{512} << 20);
+      if (!fp8_engine_or.ok()) {
+        std::fprintf(stderr, "%s\n", fp8_engine_or.status().message().c_str());
+        return 1;
+      }
+      LinearEngine& fp8_engine = *fp8_engine_or.value();
+      fp8_engine.set_fp8_activations(true);
+      const int64_t m = 2048;
+      for (int si = 0; si < 4; ++si) {
+        const int64_t n = shapes[si].n, k = shapes[si].k;
+        DeviceBuffer wb = MustAllocate(static_cast<size_t>(n * k * 2), "bf16 weights");
+        FillRandomBf16(wb, 500 + si);
+        DeviceBuffer codes = MustAllocate(static_cast<size_t>(n * k), "fp8 codes");
+        FillRandomBytes(codes, 600 + si, 0xF7);
+        const size_t scale_floats = static_cast<size_t>((n + 127) / 128 * (k / 128));
+        DeviceBuffer scales = MustAllocate(scale_floats * 4, "fp8 scales");
+        FillConstantF32(scales, 0.01f);
+        Weight w8;
+        w8.n_segments = 1;
+        w8.seg[0].format = WeightFormat::kFp8Block;
+        w8.seg[0].rows = n;
+        w8.seg[0].data = codes.get();
+        w8.seg[0].scale = scales.as<float>();
+        w8.seg[0].group = 128;
+        w8.seg[0].scale_ld = static_cast<int32_t>(k / 128);
+        DeviceBuffer x = MustAllocate(static_cast<size_t>(m * k * 2), "x");
+        DeviceBuffer y = MustAllocate(static_cast<size_t>(m * n * 4), "y");
+        FillRandomBf16(x, 8);
+        const double bf16_s = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
+          engine.RunCublasLt(x.as<__nv_bfloat16>(), m, k, wb.as<__nv_bfloat16>(), n, y.as<float>(),
+                             stream);
         });
-        const double bytes = static_cast<double>(w_bytes) + static_cast<double>(m) * k * 2 +
-                             static_cast<double>(m) * n * 4;
-        const double gb_s = bytes / sec / 1e9;
-        std::printf("{\"quant\": \"%s\", \"group\": %d, \"shape\": \"%s\", \"n\": %ld, "
-                    "\"k\": %ld, \"m\": %ld, \"weight_bytes\": %zu, \"us\": %.2f, "
-                    "\"gb_s\": %.1f, \"frac_bw\": %.3f}\n",
-                    WeightFormatName(format), qc.group, shape.name, static_cast<long>(n),
-                    static_cast<long>(k), static_cast<long>(m), w_bytes, sec * 1e6, gb_s,
-                    gb_s / copy_gb_s);
+        const double fp8_s = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
+          fp8_engine.Run(x.as<__nv_bfloat16>(), m, k, w8, n, y.as<float>(), stream);
+        });
+        const double flop = 2.0 * m * n * k;
+        std::printf("{\"prefill_gemm\": \"%s\", \"m\": %ld, \"n\": %ld, \"k\": %ld, "
+                    "\"bf16_us\": %.1f, \"bf16_tflops\": %.1f, \"fp8_w8a8_us\": %.1f, "
+                    "\"fp8_w8a8_tflops\": %.1f, \"fp8_speedup\": %.3f}\n",
+                    shapes[si].name, static_cast<long>(m), static_cast<long>(n),
+                    static_cast<long>(k), bf16_s * 1e6, flop / bf16_s / 1e12, fp8_s * 1e6,
+                    flop / fp8_s / 1e12, bf16_s / fp8_s);
         std::fflush(stdout);
       }
-    }
-  }
-  // Prefill-sized products (m = 2048) of the per-layer shapes: bf16 weights through cuBLASLt
-  // against FP8 block-128 weights through the W8A8 path (--fp8-activations: the activations
-  // quantized per token and 128 columns, then cuBLASLt's block-scaled FP8 GEMM), each timed as
-  // LinearEngine::Run does it, f32 output.
-  {
-    auto fp8_engine_or = LinearEngine::Create(32 << 20, size_t{512} << 20);
-    if (!fp8_engine_or.ok()) {
-      std::fprintf(stderr, "%s\n", fp8_engine_or.status().message().c_str());
-      return 1;
-    }
-    LinearEngine& fp8_engine = *fp8_engine_or.value();
-    fp8_engine.set_fp8_activations(true);
-    const int64_t m = 2048;
-    for (int si = 0; si < 4; ++si) {
-      const int64_t n = shapes[si].n, k = shapes[si].k;
-      DeviceBuffer wb = MustAllocate(static_cast<size_t>(n * k * 2), "bf16 weights");
-      FillRandomBf16(wb, 500 + si);
-      DeviceBuffer codes = MustAllocate(static_cast<size_t>(n * k), "fp8 codes");
-      FillRandomBytes(codes, 600 + si, 0xF7);
-      const size_t scale_floats = static_cast<size_t>((n + 127) / 128 * (k / 128));
-      DeviceBuffer scales = MustAllocate(scale_floats * 4, "fp8 scales");
-      FillConstantF32(scales, 0.01f);
-      Weight w8;
-      w8.n_segments = 1;
-      w8.seg[0].format = WeightFormat::kFp8Block;
-      w8.seg[0].rows = n;
-      w8.seg[0].data = codes.get();
-      w8.seg[0].scale = scales.as<float>();
-      w8.seg[0].group = 128;
-      w8.seg[0].scale_ld = static_cast<int32_t>(k / 128);
-      DeviceBuffer x = MustAllocate(static_cast<size_t>(m * k * 2), "x");
-      DeviceBuffer y = MustAllocate(static_cast<size_t>(m * n * 4), "y");
-      FillRandomBf16(x, 8);
-      const double bf16_s = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
-        engine.RunCublasLt(x.as<__nv_bfloat16>(), m, k, wb.as<__nv_bfloat16>(), n, y.as<float>(),
-                           stream);
-      });
-      const double fp8_s = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
-        fp8_engine.Run(x.as<__nv_bfloat16>(), m, k, w8, n, y.as<float>(), stream);
-      });
-      const double flop = 2.0 * m * n * k;
-      std::printf("{\"prefill_gemm\": \"%s\", \"m\": %ld, \"n\": %ld, \"k\": %ld, "
-                  "\"bf16_us\": %.1f, \"bf16_tflops\": %.1f, \"fp8_w8a8_us\": %.1f, "
-                  "\"fp8_w8a8_tflops\": %.1f, \"fp8_speedup\": %.3f}\n",
-                  shapes[si].name, static_cast<long>(m), static_cast<long>(n),
-                  static_cast<long>(k), bf16_s * 1e6, flop / bf16_s / 1e12, fp8_s * 1e6,
-                  flop / fp8_s / 1e12, bf16_s / fp8_s);
-      std::fflush(stdout);
     }
   }
   if (quant_only) {
@@ -299,8 +369,7 @@ int Main(int argc, char** argv) {
                 static_cast<long>(s), static_cast<long>(s), static_cast<long>(s), gemm_tflops);
   }
 
-  const int64_t ms[] = {1, 2, 4, 8, 16};
-  const int64_t max_m = 16;
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
   const int n_variants = SkinnyVariantCount();
   // us[shape][m index][variant], variant n_variants = cuBLASLt; < 0 where not timed.
   std::vector<std::vector<std::vector<double>>> us_table;
@@ -321,11 +390,24 @@ int Main(int argc, char** argv) {
     us_table.emplace_back();
 
     for (const int64_t m : ms) {
+      const double bytes = static_cast<double>(n) * k * 2 + static_cast<double>(m) * k * 2 +
+                           static_cast<double>(m) * n * 4;
+      auto report = [&](const char* path, const char* name, bool is_default, double sec) {
+        const double gb_s = bytes / sec / 1e9;
+        const double tflops = 2.0 * m * n * k / sec / 1e12;
+        std::printf(
+            "{\"shape\": \"%s\", \"n\": %ld, \"k\": %ld, \"m\": %ld, \"path\": \"%s\", "
+            "\"variant\": \"%s\", \"default\": %s, \"us\": %.2f, \"gb_s\": %.1f, "
+            "\"frac_bw\": %.3f, \"tflops\": %.2f, \"frac_gemm_peak\": %.3f}\n",
+            shape.name, static_cast<long>(n), static_cast<long>(k), static_cast<long>(m), path,
+            name, is_default ? "true" : "false", sec * 1e6, gb_s, gb_s / copy_gb_s, tflops,
+            tflops / gemm_tflops);
+        std::fflush(stdout);
+      };
       us_table.back().emplace_back(n_variants + 1, -1.0);
       for (int v = 0; v <= n_variants; ++v) {
         const bool lt = v == n_variants;
         if (!lt && m > SkinnyVariantMaxRows(v)) continue;
-        const char* name = lt ? "cublaslt" : SkinnyVariantName(v);
         const double sec = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int r) {
           const auto* w = weights[r % n_copies].as<__nv_bfloat16>();
           if (lt) {
@@ -335,51 +417,63 @@ int Main(int argc, char** argv) {
           }
         });
         us_table.back().back()[v] = sec * 1e6;
-        const double bytes = static_cast<double>(n) * k * 2 + static_cast<double>(m) * k * 2 +
-                             static_cast<double>(m) * n * 4;
-        const double gb_s = bytes / sec / 1e9;
-        const double tflops = 2.0 * m * n * k / sec / 1e12;
-        std::printf(
-            "{\"shape\": \"%s\", \"n\": %ld, \"k\": %ld, \"m\": %ld, \"path\": \"%s\", "
-            "\"variant\": \"%s\", \"default\": %s, \"us\": %.2f, \"gb_s\": %.1f, "
-            "\"frac_bw\": %.3f, \"tflops\": %.2f, \"frac_gemm_peak\": %.3f}\n",
-            shape.name, static_cast<long>(n), static_cast<long>(k), static_cast<long>(m),
-            lt ? "cublaslt" : "skinny", name,
-            (!lt && v == DefaultSkinnyVariant()) ? "true" : "false", sec * 1e6, gb_s,
-            gb_s / copy_gb_s, tflops, tflops / gemm_tflops);
-        std::fflush(stdout);
+        report(lt ? "cublaslt" : "skinny", lt ? "cublaslt" : SkinnyVariantName(v),
+               !lt && v == DefaultSkinnyVariant(), sec);
+      }
+      // cuBLASLt's other candidates (m > 1; candidate 0 is the "cublaslt" line above).
+      for (int c = 1; m > 1 && c < lt_candidates; ++c) {
+        std::string desc;
+        bool found = false;
+        const double sec = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int r) {
+          const auto* w = weights[r % n_copies].as<__nv_bfloat16>();
+          found = engine.RunCublasLtCandidate(c, x.as<__nv_bfloat16>(), m, k, w, n,
+                                              y.as<float>(), stream, &desc);
+        });
+        if (!found) break;
+        report("cublaslt_candidate", (std::to_string(c) + ": " + desc).c_str(), false, sec);
+      }
+      if (lt_candidates > 0 && m > 1) {  // the configuration of the heuristic's first choice
+        std::string desc;
+        engine.RunCublasLtCandidate(0, x.as<__nv_bfloat16>(), m, k,
+                                    weights[0].as<__nv_bfloat16>(), n, y.as<float>(), stream,
+                                    &desc);
+        std::printf("{\"shape\": \"%s\", \"m\": %ld, \"cublaslt_choice\": \"%s\"}\n",
+                    shape.name, static_cast<long>(m), desc.c_str());
       }
     }
   }
 
-  // Per variant: sum of us over the four per-layer shapes (shapes[0..3]) at m = 1 and m = 8,
-  // alone and with each shape taking the better of (variant, cuBLASLt).
-  const int m_idx[2] = {0, 3};  // ms[0] = 1, ms[3] = 8
-  for (int v = 0; v < n_variants; ++v) {
-    double sum[2] = {0, 0}, best[2] = {0, 0};
-    bool ok[2] = {true, true};
-    for (int t = 0; t < 2; ++t) {
-      for (int s = 0; s < 4; ++s) {
-        const double vu = us_table[s][m_idx[t]][v];
-        const double lu = us_table[s][m_idx[t]][n_variants];
-        if (vu < 0) {
-          ok[t] = false;
-          continue;
+  // Per variant: sum of us over a layer's shapes (all but the LM head) at m = 1 and m = 8 (when
+  // both were timed), alone and with each shape taking the better of (variant, cuBLASLt).
+  const auto m1 = std::find(ms.begin(), ms.end(), 1), m8 = std::find(ms.begin(), ms.end(), 8);
+  const size_t n_layer_shapes = shapes.size() - 1;
+  if (m1 != ms.end() && m8 != ms.end()) {
+    const size_t m_idx[2] = {static_cast<size_t>(m1 - ms.begin()),
+                             static_cast<size_t>(m8 - ms.begin())};
+    for (int v = 0; v < n_variants; ++v) {
+      double sum[2] = {0, 0}, best[2] = {0, 0};
+      bool ok[2] = {true, true};
+      for (int t = 0; t < 2; ++t) {
+        for (size_t s = 0; s < n_layer_shapes; ++s) {
+          const double vu = us_table[s][m_idx[t]][v];
+          const double lu = us_table[s][m_idx[t]][n_variants];
+          if (vu < 0) {
+            ok[t] = false;
+            continue;
+          }
+          sum[t] += vu;
+          best[t] += std::min(vu, lu);
         }
-        sum[t] += vu;
-        best[t] += std::min(vu, lu);
       }
+      std::printf("{\"summary\": \"layer_sum\", \"variant\": \"%s\", \"us_m1\": %.2f, "
+                  "\"us_m8\": %.2f, \"best_of_with_cublaslt_us_m1\": %.2f, "
+                  "\"best_of_with_cublaslt_us_m8\": %.2f, \"complete\": %s}\n",
+                  SkinnyVariantName(v), sum[0], sum[1], best[0], best[1],
+                  ok[0] && ok[1] ? "true" : "false");
     }
-    std::printf("{\"summary\": \"layer_sum\", \"variant\": \"%s\", \"us_m1\": %.2f, "
-                "\"us_m8\": %.2f, \"best_of_with_cublaslt_us_m1\": %.2f, "
-                "\"best_of_with_cublaslt_us_m8\": %.2f, \"complete\": %s}\n",
-                SkinnyVariantName(v), sum[0], sum[1], best[0], best[1],
-                ok[0] && ok[1] ? "true" : "false");
-  }
-  {
     double lt[2] = {0, 0};
     for (int t = 0; t < 2; ++t) {
-      for (int s = 0; s < 4; ++s) lt[t] += us_table[s][m_idx[t]][n_variants];
+      for (size_t s = 0; s < n_layer_shapes; ++s) lt[t] += us_table[s][m_idx[t]][n_variants];
     }
     std::printf("{\"summary\": \"layer_sum\", \"variant\": \"cublaslt\", \"us_m1\": %.2f, "
                 "\"us_m8\": %.2f}\n",

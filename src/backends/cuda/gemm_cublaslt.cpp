@@ -17,6 +17,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_buffer.h"
@@ -71,6 +72,8 @@ struct LinearEngine::Impl {
   DeviceBuffer dequant;                 // bf16 tiles of quantized weights (prefill-sized m)
   std::mutex mu;                        // guards plans
   std::map<Key, Plan> plans;
+  // RunCublasLtCandidate: the heuristic's algorithms per shape (layouts in `plans`).
+  std::map<Key, std::vector<cublasLtMatmulAlgo_t>> candidates;
   // W8A8 FP8 (set_fp8_activations): e4m3 x e4m3 -> f32 with 128x128 block scales on W and
   // 1x128 scales on x; an algorithm per shape, or none (then the bf16 tiles are used).
   bool fp8_activations = false;
@@ -120,9 +123,11 @@ struct LinearEngine::Impl {
 
   // The heuristic's first algorithm for the plan's layouts under `d`, with the pointers aligned
   // as given (A is W, B is x, C and D are y) and this engine's workspace; NOT_SUPPORTED when it
-  // has none.
+  // has none. With `all`, up to all->size() algorithms, best first, are written there and the
+  // vector is cut to the number found.
   cublasStatus_t Heuristic(cublasLtMatmulDesc_t d, uint32_t align_x, uint32_t align_w,
-                           uint32_t align_y, Plan* plan) {
+                           uint32_t align_y, Plan* plan,
+                           std::vector<cublasLtMatmulAlgo_t>* all = nullptr) {
     cublasLtMatmulPreference_t pref = nullptr;
     KCUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t max_workspace = workspace.size_bytes();
@@ -136,13 +141,20 @@ struct LinearEngine::Impl {
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y, sizeof(align_y)));
     KCUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y, sizeof(align_y)));
-    cublasLtMatmulHeuristicResult_t result{};
+    std::vector<cublasLtMatmulHeuristicResult_t> results(all == nullptr ? 1 : all->size());
     int n_results = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, d, plan->a, plan->b, plan->d,
-                                                       plan->d, pref, 1, &result, &n_results);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        handle, d, plan->a, plan->b, plan->d, plan->d, pref, static_cast<int>(results.size()),
+        results.data(), &n_results);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st == CUBLAS_STATUS_SUCCESS && n_results == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
-    if (st == CUBLAS_STATUS_SUCCESS) plan->algo = result.algo;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      plan->algo = results[0].algo;
+      if (all != nullptr) {
+        all->resize(static_cast<size_t>(n_results));
+        for (int i = 0; i < n_results; ++i) (*all)[i] = results[i].algo;
+      }
+    }
     return st;
   }
 
@@ -242,6 +254,76 @@ void LinearEngine::RunCublasLt(const __nv_bfloat16* x, int64_t m, int64_t k,
                                const __nv_bfloat16* w, int64_t n, float* y,
                                cudaStream_t stream) {
   RunCublasLtStrided(x, m, k, w, n, y, n, stream);
+}
+
+namespace {
+
+// "algo 21 tile 18 stages 8 split-k 1 reduction 0 swizzle 0 custom 0 cluster 0": the
+// configuration of an algorithm, for benchmark lines.
+std::string DescribeAlgo(const cublasLtMatmulAlgo_t& algo) {
+  struct Field {
+    cublasLtMatmulAlgoConfigAttributes_t attr;
+    const char* name;
+  };
+  static constexpr Field kFields[] = {
+      {CUBLASLT_ALGO_CONFIG_ID, "algo"},
+      {CUBLASLT_ALGO_CONFIG_TILE_ID, "tile"},
+      {CUBLASLT_ALGO_CONFIG_STAGES_ID, "stages"},
+      {CUBLASLT_ALGO_CONFIG_SPLITK_NUM, "split-k"},
+      {CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, "reduction"},
+      {CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, "swizzle"},
+      {CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, "custom"},
+      {CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, "cluster"},
+  };
+  std::string out;
+  for (const Field& f : kFields) {
+    // Every field is an integer of at most 8 bytes; the call wants its exact size (asked for
+    // first), and a little-endian read into a zeroed uint64_t gives its value.
+    size_t size = 0;
+    uint64_t v = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, f.attr, nullptr, 0, &size) !=
+            CUBLAS_STATUS_SUCCESS ||
+        size == 0 || size > sizeof(v) ||
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, f.attr, &v, size, &size) !=
+            CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    out += std::string(out.empty() ? "" : " ") + f.name + " " + std::to_string(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool LinearEngine::RunCublasLtCandidate(int i, const __nv_bfloat16* x, int64_t m, int64_t k,
+                                        const __nv_bfloat16* w, int64_t n, float* y,
+                                        cudaStream_t stream, std::string* name) {
+  KCHECK(i >= 0 && m >= 1);
+  const Impl::Key key{m, n, k, PointerAlignment(x), PointerAlignment(w), PointerAlignment(y), n};
+  const cublasLtMatmulAlgo_t* algo = nullptr;
+  const Impl::Plan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    plan = &impl_->GetPlan(key);
+    auto it = impl_->candidates.find(key);
+    if (it == impl_->candidates.end()) {
+      std::vector<cublasLtMatmulAlgo_t> all(kMaxCublasLtCandidates);
+      Impl::Plan probe = *plan;  // the same layouts; its algo is overwritten, not the plan's
+      if (impl_->Heuristic(impl_->desc, std::get<3>(key), std::get<4>(key), std::get<5>(key),
+                           &probe, &all) != CUBLAS_STATUS_SUCCESS) {
+        all.clear();
+      }
+      it = impl_->candidates.emplace(key, std::move(all)).first;
+    }
+    if (i >= static_cast<int>(it->second.size())) return false;
+    algo = &it->second[static_cast<size_t>(i)];
+  }
+  if (name != nullptr) *name = DescribeAlgo(*algo);
+  const float alpha = 1.0f, beta = 0.0f;
+  KCUBLAS_CHECK(cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, plan->a, x, plan->b, &beta,
+                               y, plan->d, y, plan->d, algo, impl_->workspace.get(),
+                               impl_->workspace.size_bytes(), stream));
+  return true;
 }
 
 void LinearEngine::RunCublasLtStrided(const __nv_bfloat16* x, int64_t m, int64_t k,
