@@ -648,5 +648,33 @@ TEST(CudaAttention, DecodeSplitsPerBlockChangeNoBit) {
   SetDecodeSplitsPerBlock(saved);
 }
 
+// The L2 prefetch of the register-loaded decode path is a hint: every distance gives the bits of
+// none, at the head dims that take that path (64, 256; bf16 at 128), with several splits per
+// block (prefetches that cross a split) and a window (chunks skipped at a split's start).
+TEST(CudaAttention, DecodePrefetchChangesNoBit) {
+  KESTREL_REQUIRE_CUDA();
+  const int saved_prefetch = DecodePrefetchAhead();
+  const int saved_splits = DecodeSplitsPerBlock();
+  SetDecodeSplitsPerBlock(2);
+  for (int32_t head_dim : {64, 128, 256}) {
+    ForEachCacheAndWindow({0, 700}, [&](AttnConfig c) {
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+      c.head_dim = head_dim;
+      c.n_heads = 12;
+      c.n_kv_heads = 2;
+      c.context_bucket = 4096;
+      const std::vector<SeqSpec> seqs = DecodeSeqs({3000, 1, 300, 2049, 700, 16}, 1400);
+      SetDecodePrefetchAhead(0);
+      const std::vector<uint16_t> none = RunAndCheck(c, seqs);
+      for (int n : {1, 2, 3}) {
+        SetDecodePrefetchAhead(n);
+        EXPECT_TRUE(RunAndCheck(c, seqs) == none) << n << " chunks ahead";
+      }
+    });
+  }
+  SetDecodePrefetchAhead(saved_prefetch);
+  SetDecodeSplitsPerBlock(saved_splits);
+}
+
 }  // namespace
 }  // namespace kestrel::cuda

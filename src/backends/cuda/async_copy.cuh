@@ -24,6 +24,13 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool pre
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
+// Asks L2 for `bytes` (a multiple of 16) of global memory from `gmem` (16-byte aligned): a bulk
+// prefetch (sm_90), nothing waited for or written; later loads of those bytes then hit L2.
+__device__ __forceinline__ void PrefetchL2Bulk(const void* gmem, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+#endif
+}
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {

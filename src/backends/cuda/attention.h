@@ -98,4 +98,13 @@ int DecodeAttentionVariant();
 void SetDecodeSplitsPerBlock(int n);
 int DecodeSplitsPerBlock();
 
+// Tuning of the "tensor_cores" decode kernel's register-loaded path (every cache at head_dims 64
+// and 256, bf16 at 128): how many of a warp's 16-key chunks ahead are asked of L2 (one bulk
+// prefetch of the chunk's K rows and one of its V rows) while the current one is loaded and
+// computed, 0..3, or -1 for the built-in choice per head dim. A hint to the memory system: it
+// never changes a bit. The initial value comes from KESTREL_DECODE_PREFETCH_AHEAD. Same
+// threading rules as above.
+void SetDecodePrefetchAhead(int n);
+int DecodePrefetchAhead();
+
 }  // namespace kestrel::cuda

@@ -195,9 +195,15 @@ struct MmaGeometry {
   // still in flight while a split is merged): 8 rows for groups of up to 8 heads, else 16. 3
   // blocks per SM fit at 8 rows (68 KB each at head_dim 128).
   static constexpr int MergeRows(bool top) { return top ? 8 : kMaxGroup; }
-  // The staged path's merge rows are padded (PaddedCol: conflict-free stores); the bf16 path
-  // keeps plain rows, whose padded form costs it registers (spills) for less to gain.
-  static constexpr bool kPaddedMerge = kStaged;
+  // The staged path's merge rows are padded (PaddedCol: conflict-free stores), and so are head
+  // dim 256's (plain rows cost it a 12-way conflict on 91 % of its shared stores: ncu, 64 x 2k);
+  // the bf16 path at head_dim 128 keeps plain rows, whose padded form costs it registers
+  // (spills) for less to gain.
+  static constexpr bool kPaddedMerge = kStaged || D == 256;
+  // At head_dim 256 a lane's O (32 dim tiles) and one chunk's K and V fill the 255 registers of
+  // 2 blocks per SM and spilled (64-172 bytes); the Q fragments (16 k-steps) then live in shared
+  // memory, one copy per block (every warp holds the same ones), read per k-step.
+  static constexpr bool kQShared = D == 256;
   static constexpr int kMergeRowFloats = kPaddedMerge ? kPaddedRowFloats<D> : D;
   static constexpr size_t SmemBytes(bool top) {
     return kStagingBytes + size_t{kWarps} * MergeRows(top) * kMergeRowFloats * sizeof(float);
@@ -210,8 +216,8 @@ struct MmaGeometry {
 template <int D, KvCacheType KV, bool kTop>
 __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     DecodeSplitMmaKernel(const PagedAttentionParams p, int32_t n_splits, int32_t splits_per_block,
-                         int32_t group, float* __restrict__ part_o, float* __restrict__ part_m,
-                         float* __restrict__ part_l) {
+                         int32_t group, int32_t prefetch_ahead, float* __restrict__ part_o,
+                         float* __restrict__ part_m, float* __restrict__ part_l) {
   PdlWait();
   PdlLaunchDependents();
   using G = MmaGeometry<D, KV>;
@@ -225,6 +231,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
   __shared__ int64_t s_chunk_offset[kMaxSplitsPerBlock * kChunksPerSplit];
   __shared__ float s_m[kWarps][kMergeRows];
   __shared__ float s_l[kWarps][kMergeRows];
+  // kQShared: the Q fragments [k-step][lane], (a0, a2) when only rows 0-7 are live, else a0..a3.
+  using QFrag = std::conditional_t<kTop, uint2, uint4>;
+  __shared__ QFrag s_q[G::kQShared ? G::kSteps : 1][32];
   // Dynamic: the warps' staging buffers (head_dim 128), then the cross-warp merge
   // [kWarps][kMergeRows][kMergeRowFloats].
   extern __shared__ __align__(16) unsigned char smem[];
@@ -278,9 +287,15 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
 
   // Q fragments of rows g and g + 8 (heads head0 + row; zero past the group), in the dim order
   // of the K pieces: step s reads dims (i * 4 + t) * kKE + sub * 4 + [0, 4).
+  // (kQShared: written to s_q by warp 0, the registers then dead.)
   uint32_t q_frag[G::kSteps][4];
+  if constexpr (G::kQShared && kTop) {
+#pragma unroll
+    for (int s = 0; s < G::kSteps; ++s) q_frag[s][1] = q_frag[s][3] = 0u;
+  }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
+    if (G::kQShared && warp != 0) break;  // warp-uniform: only warp 0 fills s_q
     const int row = g + 8 * r;
     const __nv_bfloat16* q_row = p.q + (int64_t{token} * p.n_heads + head0 + row) * D;
 #pragma unroll
@@ -298,7 +313,19 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
       }
     }
   }
-  __syncthreads();  // s_chunk_offset
+  if constexpr (G::kQShared) {
+    if (warp == 0) {
+#pragma unroll
+      for (int s = 0; s < G::kSteps; ++s) {
+        if constexpr (kTop) {
+          s_q[s][lane] = make_uint2(q_frag[s][0], q_frag[s][2]);
+        } else {
+          s_q[s][lane] = make_uint4(q_frag[s][0], q_frag[s][1], q_frag[s][2], q_frag[s][3]);
+        }
+      }
+    }
+  }
+  __syncthreads();  // s_chunk_offset, s_q
 
 
   // The running state of the current split.
@@ -369,6 +396,23 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     for (int s = 0; s < G::kSteps; ++s) {
       const int i = s / G::kStepsPerPiece;
       const int sub = s % G::kStepsPerPiece;
+      uint32_t qs[4];  // kQShared: this step's Q fragment, read once for both n-tiles
+      if constexpr (G::kQShared) {
+        if constexpr (kTop) {
+          const uint2 q = s_q[s][lane];
+          qs[0] = q.x;
+          qs[1] = 0u;
+          qs[2] = q.y;
+          qs[3] = 0u;
+        } else {
+          const uint4 q = s_q[s][lane];
+          qs[0] = q.x;
+          qs[1] = q.y;
+          qs[2] = q.z;
+          qs[3] = q.w;
+        }
+      }
+      const uint32_t(&qa)[4] = G::kQShared ? qs : q_frag[s];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         uint32_t b0, b1;
@@ -380,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
           b0 = Word(r.k[n][i], 2 * sub);
           b1 = Word(r.k[n][i], 2 * sub + 1);
         }
-        Mma<kQuant, kTop>(s_acc[n], q_frag[s], b0, b1);
+        Mma<kQuant, kTop>(s_acc[n], qa, b0, b1);
       }
     }
 #pragma unroll
@@ -444,6 +488,22 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
         }
       }
     }
+  };
+
+  // L2 prefetch of the warp's chunk q of the block's ring (register-loaded path): its K rows and
+  // V rows, each kChunk consecutive rows of one physical block, one bulk request each, when the
+  // chunk holds attended keys.
+  auto prefetch_chunk = [&](int q) {
+    const int si = q / kChunksPerWarp;
+    const int chunk = warp * kChunksPerWarp + q % kChunksPerWarp;
+    int begin, r_lo, r_hi;
+    split_range(si, begin, r_lo, r_hi);
+    const int key0 = begin + chunk * kChunk;
+    if (key0 > r_hi || key0 + kChunk - 1 < r_lo) return;
+    const int64_t offset = s_chunk_offset[si * kChunksPerSplit + chunk];
+    constexpr uint32_t kBytes = kChunk * D * sizeof(Elem);
+    PrefetchL2Bulk(k_cache + offset, kBytes);
+    PrefetchL2Bulk(v_cache + offset, kBytes);
   };
 
   // The staged path's ring: the warp's chunks of every split of the block in one sequence
@@ -557,6 +617,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
         const int chunk = warp * kChunksPerWarp + c;
         const int key0 = split_begin + chunk * kChunk;
         if (key0 > hi || key0 + kChunk - 1 < lo) continue;  // warp-uniform
+        if (prefetch_ahead > 0 && lane == 0) {
+          // The warp's chunk prefetch_ahead places on in the block's ring (q = si *
+          // kChunksPerWarp + c, as the staged path numbers it), or at a split's start every
+          // chunk up to there, asked of L2 while this one is loaded and computed.
+          const int q = si * kChunksPerWarp + c;
+          for (int qa = c == 0 ? q + 1 : q + prefetch_ahead;
+               qa <= q + prefetch_ahead && qa < n_block_splits * kChunksPerWarp; ++qa) {
+            prefetch_chunk(qa);
+          }
+        }
         ChunkRegs r;
         load(chunk, r);
         compute(r);
@@ -628,6 +698,23 @@ int SplitsPerBlock(int32_t n_seqs, int32_t n_kv_heads, int32_t n_splits) {
   return best;
 }
 
+// Chunks of the register-loaded path asked of L2 ahead of their loads (prefetch_chunk; 0 = none)
+// when DecodePrefetchAhead() is -1. Measured on the H200 (bench_cuda_kernels --only
+// attention_decode, bf16 cache, µs for 0 / 1 / 2 chunks ahead): head_dim 128, 32 heads over 8,
+// 64 x 2k 188.5 / 172.5 / 206.5, 64 x 8k 658.1 / 606.7 / 843.5, 1 x 2k 16.9 / 15.3 / 16.1;
+// head_dim 256 (2 blocks per SM), 24 heads over 4, 64 x 2k 193.8 / 218.9 / 237.6, 64 x 8k
+// 709.2 / 746.4 / 972.3. One chunk ahead at head_dim 128 (3 blocks per SM); none at 256, whose
+// 8 warps per SM already keep 128 KB of loads in flight, and at 64 (not measured).
+template <int D>
+inline constexpr int kDefaultPrefetchAhead = D == 128 ? 1 : 0;
+std::atomic<int> g_prefetch_ahead{-2};  // -2: KESTREL_DECODE_PREFETCH_AHEAD not read yet
+
+template <int D>
+int PrefetchAhead() {
+  const int v = DecodePrefetchAhead();
+  return v >= 0 ? v : kDefaultPrefetchAhead<D>;
+}
+
 template <int D, KvCacheType KV>
 void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, float* part_o,
             float* part_m, float* part_l, cudaStream_t stream) {
@@ -646,8 +733,8 @@ void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, floa
       }();
       (void)raised;
     }
-    LaunchPdl(kernel, grid, dim3(kThreads), kSmem, stream, p, n_splits, per_block, group, part_o,
-              part_m, part_l);
+    LaunchPdl(kernel, grid, dim3(kThreads), kSmem, stream, p, n_splits, per_block, group,
+              PrefetchAhead<D>(), part_o, part_m, part_l);
   };
   if (group <= 8) {
     go.template operator()<true>();
@@ -696,6 +783,22 @@ namespace kestrel::cuda {
 void SetDecodeSplitsPerBlock(int n) {
   KCHECK(n >= 0 && n <= detail::kMaxSplitsPerBlock);
   detail::g_splits_per_block.store(n, std::memory_order_relaxed);
+}
+
+void SetDecodePrefetchAhead(int n) {
+  KCHECK(n >= -1 && n <= 3);
+  detail::g_prefetch_ahead.store(n, std::memory_order_relaxed);
+}
+
+int DecodePrefetchAhead() {
+  int v = detail::g_prefetch_ahead.load(std::memory_order_relaxed);
+  if (v != -2) return v;
+  const char* env = std::getenv("KESTREL_DECODE_PREFETCH_AHEAD");
+  const int e = env != nullptr && *env != '\0' ? std::atoi(env) : -1;
+  v = e >= 0 && e <= 3 ? e : -1;
+  int expected = -2;
+  detail::g_prefetch_ahead.compare_exchange_strong(expected, v, std::memory_order_relaxed);
+  return detail::g_prefetch_ahead.load(std::memory_order_relaxed);
 }
 
 int DecodeSplitsPerBlock() {
