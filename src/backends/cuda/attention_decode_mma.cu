@@ -490,37 +490,42 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     }
   };
 
-  // L2 prefetch of the warp's chunk q of the block's ring (register-loaded path): its K rows and
-  // V rows, each kChunk consecutive rows of one physical block, one bulk request each, when the
-  // chunk holds attended keys.
-  auto prefetch_chunk = [&](int q) {
+  // The warp's chunk q of the block's ring (q = si * kChunksPerWarp + c: its chunks of every
+  // split in one sequence): false when it holds no attended key, else true with its first row's
+  // element offset in the cache; key0 and [r_lo, r_hi] get that row's position and the split's
+  // attended range.
+  auto ring_chunk = [&](int q, int64_t& offset, int& key0, int& r_lo, int& r_hi) {
     const int si = q / kChunksPerWarp;
     const int chunk = warp * kChunksPerWarp + q % kChunksPerWarp;
-    int begin, r_lo, r_hi;
+    int begin;
     split_range(si, begin, r_lo, r_hi);
-    const int key0 = begin + chunk * kChunk;
-    if (key0 > r_hi || key0 + kChunk - 1 < r_lo) return;
-    const int64_t offset = s_chunk_offset[si * kChunksPerSplit + chunk];
+    key0 = begin + chunk * kChunk;
+    if (key0 > r_hi || key0 + kChunk - 1 < r_lo) return false;
+    offset = s_chunk_offset[si * kChunksPerSplit + chunk];
+    return true;
+  };
+
+  // L2 prefetch of the warp's chunk q of the ring (register-loaded path): its K rows and V rows,
+  // each kChunk consecutive rows of one physical block, one bulk request each.
+  auto prefetch_chunk = [&](int q) {
+    int64_t offset;
+    int key0, r_lo, r_hi;
+    if (!ring_chunk(q, offset, key0, r_lo, r_hi)) return;
     constexpr uint32_t kBytes = kChunk * D * sizeof(Elem);
     PrefetchL2Bulk(k_cache + offset, kBytes);
     PrefetchL2Bulk(v_cache + offset, kBytes);
   };
 
-  // The staged path's ring: the warp's chunks of every split of the block in one sequence
-  // (q = si * kChunksPerWarp + c), kStages of them in flight.
+  // The staged path's ring, kStages of its chunks in flight.
   unsigned char* stages = smem + warp * G::kStages * G::kStageBytes;
   const int n_ring = n_block_splits * kChunksPerWarp;
   auto issue = [&](int q) {
     if constexpr (G::kStaged) {
       if (q >= n_ring) return;
-      const int si = q / kChunksPerWarp;
-      const int chunk = warp * kChunksPerWarp + q % kChunksPerWarp;
-      int begin, r_lo, r_hi;
-      split_range(si, begin, r_lo, r_hi);
-      const int key0 = begin + chunk * kChunk;
-      if (key0 > r_hi || key0 + kChunk - 1 < r_lo) return;
+      int64_t offset;
+      int key0, r_lo, r_hi;
+      if (!ring_chunk(q, offset, key0, r_lo, r_hi)) return;
       unsigned char* st = stages + (q % G::kStages) * G::kStageBytes;
-      const int64_t offset = s_chunk_offset[si * kChunksPerSplit + chunk];
       const Elem* k_src = k_cache + offset;
       const Elem* v_src = v_cache + offset;
       // Copy `it` of this lane: row lane / kRowPieces + it * kRowsPerIter, piece lane %
