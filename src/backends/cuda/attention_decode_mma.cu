@@ -289,10 +289,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
   // of the K pieces: step s reads dims (i * 4 + t) * kKE + sub * 4 + [0, 4).
   // (kQShared: written to s_q by warp 0, the registers then dead.)
   uint32_t q_frag[G::kSteps][4];
-  if constexpr (G::kQShared && kTop) {
-#pragma unroll
-    for (int s = 0; s < G::kSteps; ++s) q_frag[s][1] = q_frag[s][3] = 0u;
-  }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (G::kQShared && warp != 0) break;  // warp-uniform: only warp 0 fills s_q
