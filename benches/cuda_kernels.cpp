@@ -6,7 +6,8 @@
 //   attention_decode    batch x context, bytes = K+V of every sequence's context + q + out;
 //                       one line per decode split-kernel variant ("variant": its name)
 //   attention_prefill   one sequence, causal; flops = 4 * n_heads * head_dim * attended keys
-//                       summed over the queries; us, tflop_per_s, frac_gemm_peak
+//                       summed over the queries; us, tflop_per_s, frac_gemm_peak; one line per
+//                       tile shape of the prefill kernel ("tile"), then the automatic choice
 //   gpu_sample          1 and 64 rows of the 151936 vocabulary: us per call and per row
 // Every figure is the median of --reps timed calls (CUDA events, queued back to back after a
 // warm-up), on random data with fixed seeds. Inputs and outputs rotate over sets that together
@@ -531,6 +532,7 @@ void BenchAttentionPrefill(Bench& bench, const KvPool& pool, DeviceBuffer& works
   struct Case {
     int32_t n_cached, n_new;
   };
+  const int saved = PrefillAttentionTile();
   for (const Case c : {Case{0, 512}, Case{0, 2048}, Case{0, 8192}, Case{6144, 2048}}) {
     // Query i (position n_cached + i) attends n_cached + i + 1 keys.
     const double keys = static_cast<double>(c.n_new) * c.n_cached + 0.5 * c.n_new * (c.n_new + 1.0);
@@ -538,16 +540,22 @@ void BenchAttentionPrefill(Bench& bench, const KvPool& pool, DeviceBuffer& works
     const double kv_bytes = g_kv_heads * pool.bytes_per_row() * (c.n_cached + c.n_new);
     AttentionInputs a =
         MakeAttentionInputs(pool, 1, c.n_cached, c.n_new, bench.RotationSets(kv_bytes), 80);
-    const double sec = TimeAttention(bench, a, workspace);
-    const double tflops = flops / sec / 1e12;
-    std::printf(
-        "{\"kernel\": \"attention_prefill\", \"cached\": %d, \"new\": %d, "
-        "\"kv_cache_dtype\": \"%s\", \"flops\": %.0f, \"us\": %.2f, \"tflop_per_s\": %.1f, "
-        "\"frac_gemm_peak\": %.3f}\n",
-        c.n_cached, c.n_new, KvCacheTypeName(pool.type), flops, sec * 1e6, tflops,
-        tflops / bench.roofline().gemm_tflop_per_s);
-    std::fflush(stdout);
+    // Every tile shape (the same bits), then the automatic choice.
+    for (int shape : {kPrefillTile4x1, kPrefillTile4x2, kPrefillTile8x1, kPrefillTileAuto}) {
+      SetPrefillAttentionTile(shape);
+      const double sec = TimeAttention(bench, a, workspace);
+      const double tflops = flops / sec / 1e12;
+      std::printf(
+          "{\"kernel\": \"attention_prefill\", \"cached\": %d, \"new\": %d, "
+          "\"heads\": \"%d:%d:%d\", \"kv_cache_dtype\": \"%s\", \"tile\": \"%s\", "
+          "\"flops\": %.0f, \"us\": %.2f, \"tflop_per_s\": %.1f, \"frac_gemm_peak\": %.3f}\n",
+          c.n_cached, c.n_new, g_heads, g_kv_heads, g_head_dim, KvCacheTypeName(pool.type),
+          PrefillAttentionTileName(shape), flops, sec * 1e6, tflops,
+          tflops / bench.roofline().gemm_tflop_per_s);
+      std::fflush(stdout);
+    }
   }
+  SetPrefillAttentionTile(saved);
 }
 
 // ---- Sampling ------------------------------------------------------------------------------

@@ -453,7 +453,7 @@ TEST(CudaAttention, PrefillHeadDimsAndGqaGroups) {
 
 TEST(CudaAttention, PrefillBlockSizesAndWindows) {
   KESTREL_REQUIRE_CUDA();
-  for (int32_t block_size : {16, 32}) {
+  for (int32_t block_size : {16, 32, 48}) {  // 48: the kernel's division path (not a power of 2)
     for (int32_t window : {0, 1, 100}) {
       AttnConfig c;
       c.block_size = block_size;
@@ -674,6 +674,35 @@ TEST(CudaAttention, DecodePrefetchChangesNoBit) {
   }
   SetDecodePrefetchAhead(saved_prefetch);
   SetDecodeSplitsPerBlock(saved_splits);
+}
+
+// The prefill path's tile shapes (4 x 1, 4 x 2, 8 x 1 warps x m-tiles) give the same bits: every
+// head dim and cache type, with and without a window, over prefill chunks with and without a
+// cached prefix (tiles that start mid-block, key tiles skipped by some warps of a block), a run
+// shorter than one m-tile, and one-token rows taken by the prefill kernel.
+TEST(CudaAttention, PrefillTilesChangeNoBit) {
+  KESTREL_REQUIRE_CUDA();
+  const int saved = PrefillAttentionTile();
+  for (int32_t head_dim : {16, 32, 64, 128, 256}) {
+    ForEachCacheAndWindow({0, 100}, [&](AttnConfig c) {
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+      c.head_dim = head_dim;
+      c.n_heads = 6;
+      c.n_kv_heads = 2;
+      c.block_size = head_dim == 32 ? 32 : 16;
+      c.force_prefill = true;
+      const std::vector<SeqSpec> seqs = {
+          {0, 300, 1500}, {40, 130, 1501}, {1000, 64, 1502}, {15, 1, 1503}, {256, 200, 1504},
+          {3, 9, 1505}};
+      SetPrefillAttentionTile(kPrefillTile4x1);
+      const std::vector<uint16_t> base = RunAndCheck(c, seqs);
+      for (int shape : {kPrefillTile4x2, kPrefillTile8x1, kPrefillTileAuto}) {
+        SetPrefillAttentionTile(shape);
+        EXPECT_TRUE(RunAndCheck(c, seqs) == base) << PrefillAttentionTileName(shape);
+      }
+    });
+  }
+  SetPrefillAttentionTile(saved);
 }
 
 }  // namespace

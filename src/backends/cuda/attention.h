@@ -107,4 +107,21 @@ int DecodeSplitsPerBlock();
 void SetDecodePrefetchAhead(int n);
 int DecodePrefetchAhead();
 
+// Tuning of the prefill path: its blocks' tile shape, warps x 16-row m-tiles per warp (4 x 1:
+// 64 query rows; 4 x 2 and 8 x 1: 128 rows). Every shape gives the same bits (each row's
+// operations do not depend on its tile-mates), so auto (the default) may follow the call: 128-row
+// tiles where the call's longest query run has 128 rows and they still make two blocks per SM,
+// 64-row tiles otherwise. Head_dim 256 runs 8 x 1 for 4 x 2 (two m-tiles of O would not fit the
+// registers). The initial value comes from KESTREL_PREFILL_ATTENTION_TILE ("4x1", "4x2", "8x1").
+// Same threading rules as above.
+enum PrefillAttentionTileShape : int {
+  kPrefillTileAuto = 0,
+  kPrefillTile4x1 = 1,
+  kPrefillTile4x2 = 2,
+  kPrefillTile8x1 = 3,
+};
+void SetPrefillAttentionTile(int shape);
+int PrefillAttentionTile();
+const char* PrefillAttentionTileName(int shape);
+
 }  // namespace kestrel::cuda
