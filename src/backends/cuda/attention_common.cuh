@@ -29,14 +29,16 @@ __device__ __forceinline__ float SafeMax(float m) {
 }
 
 // One online-softmax step for accumulator row h of an m16n8 fragment (row lane / 4 + 8 h, whose
-// scores sit in the 4 lanes of a quad): the scores s[n][2h], s[n][2h+1] of kTiles n8 tiles (log2
-// units, -inf masked) become exp2(s - m), the running max m and this lane's partial row sum l are
-// updated, and the output accumulators o[.][2h], o[.][2h+1] are rescaled by exp2(m_old - m_new)
-// times o_factor.
-template <int kTiles, int kDimTiles>
+// scores sit in the 4 lanes of a quad): the scores s[n][2h], s[n][2h+1] of kTiles n8 tiles (-inf
+// masked) become exp2(s - m), the running max m and this lane's partial row sum l are updated,
+// and the output accumulators o[.][2h], o[.][2h+1] are rescaled by exp2(m_old - m_new) times
+// o_factor. The scores are in log2 units, or with kRawScores raw ones that scale_log2 takes to
+// log2 units, folded into the exponent: exp2(s * scale_log2 - m * scale_log2), one fma each (m
+// then in raw units, the rescale exp2((m_old - m_new) * scale_log2)).
+template <bool kRawScores = false, int kTiles, int kDimTiles>
 __device__ __forceinline__ void OnlineSoftmaxRow(int h, float (&s)[kTiles][4], float& m_run,
                                                  float& l_run, float (&o)[kDimTiles][4],
-                                                 float o_factor = 1.0f) {
+                                                 float o_factor = 1.0f, float scale_log2 = 1.0f) {
   float m_tile = -INFINITY;
 #pragma unroll
   for (int n = 0; n < kTiles; ++n) m_tile = fmaxf(m_tile, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
@@ -44,13 +46,17 @@ __device__ __forceinline__ void OnlineSoftmaxRow(int h, float (&s)[kTiles][4], f
   m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 2));
   const float m_new = fmaxf(m_run, m_tile);
   const float m_use = SafeMax(m_new);
-  const float alpha = exp2f(m_run - m_use);
+  const float m_scaled = m_use * scale_log2;
+  auto p = [&](float x) {
+    return kRawScores ? exp2f(fmaf(x, scale_log2, -m_scaled)) : exp2f(x - m_use);
+  };
+  const float alpha = kRawScores ? exp2f((m_run - m_use) * scale_log2) : exp2f(m_run - m_use);
   m_run = m_new;
   float l_tile = 0.0f;
 #pragma unroll
   for (int n = 0; n < kTiles; ++n) {
-    s[n][2 * h] = exp2f(s[n][2 * h] - m_use);
-    s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - m_use);
+    s[n][2 * h] = p(s[n][2 * h]);
+    s[n][2 * h + 1] = p(s[n][2 * h + 1]);
     l_tile += s[n][2 * h] + s[n][2 * h + 1];
   }
   l_run = l_run * alpha + l_tile;

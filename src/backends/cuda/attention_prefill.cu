@@ -120,38 +120,6 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// OnlineSoftmaxRow (attention_common.cuh) on raw scores: s (masked to -inf) times scale_log2 is
-// the log2-domain score, folded into one fma with the running max, exp2(s * c - m * c); the
-// rescale of the state is exp2((m_old - m_new) * c), exactly 1 when the max did not move.
-template <int kTiles, int kDimTiles>
-__device__ __forceinline__ void OnlineSoftmaxRowRaw(int h, float (&s)[kTiles][4], float& m_run,
-                                                    float& l_run, float (&o)[kDimTiles][4],
-                                                    float scale_log2) {
-  float m_tile = -INFINITY;
-#pragma unroll
-  for (int n = 0; n < kTiles; ++n) m_tile = fmaxf(m_tile, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-  m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 1));
-  m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 2));
-  const float m_new = fmaxf(m_run, m_tile);
-  const float m_use = SafeMax(m_new);
-  const float m_scaled = m_use * scale_log2;
-  const float alpha = exp2f((m_run - m_use) * scale_log2);
-  m_run = m_new;
-  float l_tile = 0.0f;
-#pragma unroll
-  for (int n = 0; n < kTiles; ++n) {
-    s[n][2 * h] = exp2f(fmaf(s[n][2 * h], scale_log2, -m_scaled));
-    s[n][2 * h + 1] = exp2f(fmaf(s[n][2 * h + 1], scale_log2, -m_scaled));
-    l_tile += s[n][2 * h] + s[n][2 * h + 1];
-  }
-  l_run = l_run * alpha + l_tile;
-#pragma unroll
-  for (int n = 0; n < kDimTiles; ++n) {
-    o[n][2 * h] *= alpha;
-    o[n][2 * h + 1] *= alpha;
-  }
-}
-
 template <int D, KvCacheType KV, typename Tile>
 __global__ void __launch_bounds__(Tile::kThreads)
     PrefillKernel(const PagedAttentionParams p, float scale_log2, int block_shift) {
@@ -503,7 +471,8 @@ __global__ void __launch_bounds__(Tile::kThreads)
         // Online softmax per row; a row's 64 scores sit in the 4 lanes of a quad.
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          OnlineSoftmaxRowRaw(h, s_acc[mt], m_run[mt][h], l_run[mt][h], o_acc[mt], scale_log2);
+          OnlineSoftmaxRow<true>(h, s_acc[mt], m_run[mt][h], l_run[mt][h], o_acc[mt], 1.0f,
+                                 scale_log2);
         }
         if constexpr (kQuantized) {
           // P times each key's V scale (keys n * 8 + (lane % 4) * 2 + e % 2, as for S).
