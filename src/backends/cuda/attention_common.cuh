@@ -28,13 +28,24 @@ __device__ __forceinline__ float SafeMax(float m) {
   return m == -INFINITY ? 0.0f : m;
 }
 
+// 2^x with subnormal results flushed to zero: one MUFU instruction, where exp2f's subnormal
+// handling adds a compare and two predicated multiplies. A probability below 2^-126 of the row's
+// largest changes nothing a bf16 P or an f32 row sum can show.
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // One online-softmax step for accumulator row h of an m16n8 fragment (row lane / 4 + 8 h, whose
 // scores sit in the 4 lanes of a quad): the scores s[n][2h], s[n][2h+1] of kTiles n8 tiles (-inf
 // masked) become exp2(s - m), the running max m and this lane's partial row sum l are updated,
 // and the output accumulators o[.][2h], o[.][2h+1] are rescaled by exp2(m_old - m_new) times
 // o_factor. The scores are in log2 units, or with kRawScores raw ones that scale_log2 takes to
 // log2 units, folded into the exponent: exp2(s * scale_log2 - m * scale_log2), one fma each (m
-// then in raw units, the rescale exp2((m_old - m_new) * scale_log2)).
+// then in raw units, the rescale exp2((m_old - m_new) * scale_log2)). kRawScores (the prefill
+// kernel) also takes Exp2Ftz, and skips the rescale of o when no lane of the warp moved its max
+// (every factor exactly 1: the same bits); the warp must be converged.
 template <bool kRawScores = false, int kTiles, int kDimTiles>
 __device__ __forceinline__ void OnlineSoftmaxRow(int h, float (&s)[kTiles][4], float& m_run,
                                                  float& l_run, float (&o)[kDimTiles][4],
@@ -48,9 +59,9 @@ __device__ __forceinline__ void OnlineSoftmaxRow(int h, float (&s)[kTiles][4], f
   const float m_use = SafeMax(m_new);
   const float m_scaled = m_use * scale_log2;
   auto p = [&](float x) {
-    return kRawScores ? exp2f(fmaf(x, scale_log2, -m_scaled)) : exp2f(x - m_use);
+    return kRawScores ? Exp2Ftz(fmaf(x, scale_log2, -m_scaled)) : exp2f(x - m_use);
   };
-  const float alpha = kRawScores ? exp2f((m_run - m_use) * scale_log2) : exp2f(m_run - m_use);
+  const float alpha = kRawScores ? Exp2Ftz((m_run - m_use) * scale_log2) : exp2f(m_run - m_use);
   m_run = m_new;
   float l_tile = 0.0f;
 #pragma unroll
@@ -61,6 +72,7 @@ __device__ __forceinline__ void OnlineSoftmaxRow(int h, float (&s)[kTiles][4], f
   }
   l_run = l_run * alpha + l_tile;
   const float factor = alpha * o_factor;
+  if (kRawScores && !__any_sync(0xffffffffu, factor != 1.0f)) return;
 #pragma unroll
   for (int n = 0; n < kDimTiles; ++n) {
     o[n][2 * h] *= factor;
