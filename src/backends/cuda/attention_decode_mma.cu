@@ -35,7 +35,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -47,6 +46,7 @@
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device.h"
+#include "backends/cuda/env_setting.h"
 #include "backends/cuda/kv_cache.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "core/check.h"
@@ -683,7 +683,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
 // partial last wave costs more). The value changes which block computes a split, never how:
 // each split's partial is the same bits whatever it is (so it may depend on the batch).
 // SetDecodeSplitsPerBlock / KESTREL_DECODE_SPLITS_PER_BLOCK (1..8) force it (tuning, tests).
-std::atomic<int> g_splits_per_block{-1};  // -1: not read from the environment yet
+EnvSetting g_splits_per_block{"KESTREL_DECODE_SPLITS_PER_BLOCK", [](const char* env) {
+  const int e = env != nullptr ? std::atoi(env) : 0;
+  return e >= 1 && e <= kMaxSplitsPerBlock ? e : 0;
+}};
 
 int SplitsPerBlock(int32_t n_seqs, int32_t n_kv_heads, int32_t n_splits) {
   const int forced = DecodeSplitsPerBlock();
@@ -708,7 +711,10 @@ int SplitsPerBlock(int32_t n_seqs, int32_t n_kv_heads, int32_t n_splits) {
 // 8 warps per SM already keep 128 KB of loads in flight, and at 64 (not measured).
 template <int D>
 inline constexpr int kDefaultPrefetchAhead = D == 128 ? 1 : 0;
-std::atomic<int> g_prefetch_ahead{-2};  // -2: KESTREL_DECODE_PREFETCH_AHEAD not read yet
+EnvSetting g_prefetch_ahead{"KESTREL_DECODE_PREFETCH_AHEAD", [](const char* env) {
+  const int e = env != nullptr && *env != '\0' ? std::atoi(env) : -1;
+  return e >= 0 && e <= 3 ? e : -1;
+}};
 
 template <int D>
 int PrefetchAhead() {
@@ -783,34 +789,20 @@ namespace kestrel::cuda {
 
 void SetDecodeSplitsPerBlock(int n) {
   KCHECK(n >= 0 && n <= detail::kMaxSplitsPerBlock);
-  detail::g_splits_per_block.store(n, std::memory_order_relaxed);
+  detail::g_splits_per_block.Set(n);
 }
 
 void SetDecodePrefetchAhead(int n) {
   KCHECK(n >= -1 && n <= 3);
-  detail::g_prefetch_ahead.store(n, std::memory_order_relaxed);
+  detail::g_prefetch_ahead.Set(n);
 }
 
 int DecodePrefetchAhead() {
-  int v = detail::g_prefetch_ahead.load(std::memory_order_relaxed);
-  if (v != -2) return v;
-  const char* env = std::getenv("KESTREL_DECODE_PREFETCH_AHEAD");
-  const int e = env != nullptr && *env != '\0' ? std::atoi(env) : -1;
-  v = e >= 0 && e <= 3 ? e : -1;
-  int expected = -2;
-  detail::g_prefetch_ahead.compare_exchange_strong(expected, v, std::memory_order_relaxed);
-  return detail::g_prefetch_ahead.load(std::memory_order_relaxed);
+  return detail::g_prefetch_ahead.Get();
 }
 
 int DecodeSplitsPerBlock() {
-  int v = detail::g_splits_per_block.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  const char* env = std::getenv("KESTREL_DECODE_SPLITS_PER_BLOCK");
-  const int e = env != nullptr ? std::atoi(env) : 0;
-  v = e >= 1 && e <= detail::kMaxSplitsPerBlock ? e : 0;
-  int expected = -1;
-  detail::g_splits_per_block.compare_exchange_strong(expected, v, std::memory_order_relaxed);
-  return detail::g_splits_per_block.load(std::memory_order_relaxed);
+  return detail::g_splits_per_block.Get();
 }
 
 }  // namespace kestrel::cuda

@@ -34,12 +34,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <bit>
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <string_view>
 
@@ -49,6 +47,7 @@
 #include "backends/cuda/attention_internal.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device.h"
+#include "backends/cuda/env_setting.h"
 #include "backends/cuda/kv_cache.cuh"
 #include "core/check.h"
 
@@ -79,9 +78,9 @@ struct PrefillSmem {
   static constexpr int kStride = D + 8;  // elements per smem row
   static constexpr int kKvTileElems = kTileN * kStride;
   static constexpr int kKvStages = kQuant ? 1 : 2;
-  static constexpr int kQ = 0;                                  // [kRows, kStride]
-  static constexpr int kK = kRows * kStride;                    // [kKvStages][kTileN, kStride]
-  static constexpr int kV = kK + kKvStages * kKvTileElems;      // [kKvStages][kTileN, kStride]
+  static constexpr int kQ = 0;                              // [kRows, kStride]
+  static constexpr int kK = kRows * kStride;                // [kKvStages][kTileN, kStride]
+  static constexpr int kV = kK + kKvStages * kKvTileElems;  // [kKvStages][kTileN, kStride]
   static constexpr size_t kBf16Bytes =
       static_cast<size_t>(kV + kKvStages * kKvTileElems) * sizeof(__nv_bfloat16);
   // Raw stage (quantized): K codes [kTileN, D], V codes [kTileN, D], K scales [kTileN], V
@@ -541,7 +540,13 @@ __global__ void __launch_bounds__(Tile::kThreads)
   }
 }
 
-std::atomic<int> g_prefill_tile{-1};  // -1: not read from the environment yet
+EnvSetting g_prefill_tile{"KESTREL_PREFILL_ATTENTION_TILE", [](const char* env) {
+  const std::string_view e(env != nullptr ? env : "");
+  if (e == "4x1") return static_cast<int>(kPrefillTile4x1);
+  if (e == "4x2") return static_cast<int>(kPrefillTile4x2);
+  if (e == "8x1") return static_cast<int>(kPrefillTile8x1);
+  return static_cast<int>(kPrefillTileAuto);
+}};
 
 template <int D, KvCacheType KV, typename Tile>
 void LaunchPrefill(const PagedAttentionParams& p, cudaStream_t stream) {
@@ -621,23 +626,11 @@ namespace kestrel::cuda {
 
 void SetPrefillAttentionTile(int shape) {
   KCHECK(shape >= kPrefillTileAuto && shape <= kPrefillTile8x1);
-  detail::g_prefill_tile.store(shape, std::memory_order_relaxed);
+  detail::g_prefill_tile.Set(shape);
 }
 
 int PrefillAttentionTile() {
-  int v = detail::g_prefill_tile.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  const char* env = std::getenv("KESTREL_PREFILL_ATTENTION_TILE");
-  v = kPrefillTileAuto;
-  if (env != nullptr) {
-    const std::string_view e(env);
-    if (e == "4x1") v = kPrefillTile4x1;
-    if (e == "4x2") v = kPrefillTile4x2;
-    if (e == "8x1") v = kPrefillTile8x1;
-  }
-  int expected = -1;
-  detail::g_prefill_tile.compare_exchange_strong(expected, v, std::memory_order_relaxed);
-  return detail::g_prefill_tile.load(std::memory_order_relaxed);
+  return detail::g_prefill_tile.Get();
 }
 
 const char* PrefillAttentionTileName(int shape) {

@@ -15,11 +15,10 @@
 #include "backends/cuda/deltanet.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <cstring>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/env_setting.h"
 #include "backends/cuda/kv_cache.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "core/check.h"
@@ -675,25 +674,20 @@ void CausalConv1dSiluDeltaPrep(const float* x, int64_t x_stride, int32_t kernel,
 }
 
 namespace {
-// -1 until first read.
-std::atomic<int> g_lane_split{-1};
+EnvSetting g_lane_split{"KESTREL_DELTA_SPLIT", [](const char* env) {
+  if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
+  if (env != nullptr && std::strcmp(env, "4") == 0) return 4;
+  return 0;
+}};
 }  // namespace
 
 int DeltaRuleLaneSplit() {
-  const int v = g_lane_split.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  const char* env = std::getenv("KESTREL_DELTA_SPLIT");
-  int from_env = 0;
-  if (env != nullptr && std::strcmp(env, "2") == 0) from_env = 2;
-  if (env != nullptr && std::strcmp(env, "4") == 0) from_env = 4;
-  int expected = -1;
-  g_lane_split.compare_exchange_strong(expected, from_env, std::memory_order_relaxed);
-  return g_lane_split.load(std::memory_order_relaxed);
+  return g_lane_split.Get();
 }
 
 void SetDeltaRuleLaneSplit(int lanes) {
   KCHECK(lanes == 0 || lanes == 2 || lanes == 4);
-  g_lane_split.store(lanes, std::memory_order_relaxed);
+  g_lane_split.Set(lanes);
 }
 
 void GatedDeltaRule(const float* q, const float* k, const float* v, int64_t v_stride,

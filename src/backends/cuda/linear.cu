@@ -36,13 +36,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/env_setting.h"
 #include "backends/cuda/linear.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/ptx.cuh"
@@ -419,8 +419,17 @@ int FindVariant(const char* name) {
   return -1;
 }
 
-// -1 until first read; then the process-wide default.
-std::atomic<int> g_default_variant{-1};
+// The process-wide default: KESTREL_SKINNY_VARIANT (a name or an index) if set and valid, else
+// the built-in.
+EnvSetting g_default_variant{"KESTREL_SKINNY_VARIANT", [](const char* env) {
+  if (env == nullptr || *env == '\0') return kInitialDefaultVariant;
+  const int by_name = FindVariant(env);
+  if (by_name >= 0) return by_name;
+  char* end = nullptr;
+  const long idx = std::strtol(env, &end, 10);
+  if (end != env && *end == '\0' && idx >= 0 && idx < kVariantCount) return static_cast<int>(idx);
+  return kInitialDefaultVariant;
+}};
 
 void CheckArgs(int64_t m, int64_t k, const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n,
                float* y) {
@@ -464,28 +473,11 @@ void SkinnyLinearVariant(int v, const __nv_bfloat16* x, int64_t m, int64_t k,
 
 void SetDefaultSkinnyVariant(int v) {
   KCHECK(v >= 0 && v < kVariantCount);
-  g_default_variant.store(v, std::memory_order_relaxed);
+  g_default_variant.Set(v);
 }
 
 int DefaultSkinnyVariant() {
-  int v = g_default_variant.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  // First read: KESTREL_SKINNY_VARIANT (a name or an index) if set and valid, else the built-in.
-  static const int from_env = [] {
-    const char* env = std::getenv("KESTREL_SKINNY_VARIANT");
-    if (env == nullptr || *env == '\0') return kInitialDefaultVariant;
-    const int by_name = FindVariant(env);
-    if (by_name >= 0) return by_name;
-    char* end = nullptr;
-    const long idx = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && idx >= 0 && idx < kVariantCount) {
-      return static_cast<int>(idx);
-    }
-    return kInitialDefaultVariant;
-  }();
-  int expected = -1;
-  g_default_variant.compare_exchange_strong(expected, from_env, std::memory_order_relaxed);
-  return g_default_variant.load(std::memory_order_relaxed);
+  return g_default_variant.Get();
 }
 
 void SkinnyLinear(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w, int64_t n,
