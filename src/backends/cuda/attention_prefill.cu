@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
   static_assert(kTileN % kRawRowsPerPass == 0 || kRawRowsPerPass % kTileN == 0);
   static_assert(2 * kTileN / 4 <= kThreads);
   const int raw_chunk = tid % kRawChunks;
-  const int raw_row = tid / kRawChunks;
+  const int raw_row = tid / kRawChunks;  // past kTileN only at head_dim 16 (one pass): idle
   unsigned char* raw_base = smem_raw + Smem::kRaw;
   auto issue_raw = [&](int kt, int stage) {
     unsigned char* st = raw_base + stage * Smem::kRawStageBytes;
@@ -287,7 +287,6 @@ __global__ void __launch_bounds__(Tile::kThreads)
 #pragma unroll
       for (int i = 0; i < kRawPasses; ++i) {
         const int r = raw_row + i * kRawRowsPerPass;
-        if (kRawRowsPerPass > kTileN && r >= kTileN) break;
         const int key_pos = kt * kTileN + r;
         const bool valid = key_pos <= key_last;
         const int64_t offset = valid ? cache_row(key_pos) * D + raw_chunk * 16 : 0;
@@ -317,8 +316,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
 #pragma unroll
         for (int i = 0; i < kRawPasses; ++i) {
           const int r = raw_row + i * kRawRowsPerPass;
-          if (kRawRowsPerPass > kTileN && r >= kTileN) break;
-#pragma unroll
+  #pragma unroll
           for (int t = 0; t < 2; ++t) {
             const uint4 codes =
                 *reinterpret_cast<const uint4*>(st + t * Smem::kRawCodes + r * D + raw_chunk * 16);
