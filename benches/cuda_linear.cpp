@@ -420,25 +420,23 @@ int Main(int argc, char** argv) {
         report(lt ? "cublaslt" : "skinny", lt ? "cublaslt" : SkinnyVariantName(v),
                !lt && v == DefaultSkinnyVariant(), sec);
       }
-      // cuBLASLt's other candidates (m > 1; candidate 0 is the "cublaslt" line above).
-      for (int c = 1; m > 1 && c < lt_candidates; ++c) {
-        std::string desc;
-        bool found = false;
+      // cuBLASLt's other candidates (m > 1; candidate 0 is the "cublaslt" line above, its
+      // configuration the "cublaslt_choice" line). The copies share their alignment, so copy
+      // 0's pointers name every copy's candidates.
+      for (int c = 0; m > 1 && c < lt_candidates; ++c) {
+        const std::string desc = engine.CublasLtCandidateName(
+            c, x.as<__nv_bfloat16>(), m, k, weights[0].as<__nv_bfloat16>(), n, y.as<float>());
+        if (desc.empty()) break;
+        if (c == 0) {
+          std::printf("{\"shape\": \"%s\", \"m\": %ld, \"cublaslt_choice\": \"%s\"}\n",
+                      shape.name, static_cast<long>(m), desc.c_str());
+          continue;
+        }
         const double sec = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int r) {
           const auto* w = weights[r % n_copies].as<__nv_bfloat16>();
-          found = engine.RunCublasLtCandidate(c, x.as<__nv_bfloat16>(), m, k, w, n,
-                                              y.as<float>(), stream, &desc);
+          engine.RunCublasLtCandidate(c, x.as<__nv_bfloat16>(), m, k, w, n, y.as<float>(), stream);
         });
-        if (!found) break;
         report("cublaslt_candidate", (std::to_string(c) + ": " + desc).c_str(), false, sec);
-      }
-      if (lt_candidates > 0 && m > 1) {  // the configuration of the heuristic's first choice
-        std::string desc;
-        engine.RunCublasLtCandidate(0, x.as<__nv_bfloat16>(), m, k,
-                                    weights[0].as<__nv_bfloat16>(), n, y.as<float>(), stream,
-                                    &desc);
-        std::printf("{\"shape\": \"%s\", \"m\": %ld, \"cublaslt_choice\": \"%s\"}\n",
-                    shape.name, static_cast<long>(m), desc.c_str());
       }
     }
   }

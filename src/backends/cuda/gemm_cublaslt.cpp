@@ -72,7 +72,7 @@ struct LinearEngine::Impl {
   DeviceBuffer dequant;                 // bf16 tiles of quantized weights (prefill-sized m)
   std::mutex mu;                        // guards plans
   std::map<Key, Plan> plans;
-  // RunCublasLtCandidate: the heuristic's algorithms per shape (layouts in `plans`).
+  // CublasLtCandidate: the heuristic's algorithms per shape (layouts in `plans`).
   std::map<Key, std::vector<cublasLtMatmulAlgo_t>> candidates;
   // W8A8 FP8 (set_fp8_activations): e4m3 x e4m3 -> f32 with 128x128 block scales on W and
   // 1x128 scales on x; an algorithm per shape, or none (then the bf16 tiles are used).
@@ -157,6 +157,29 @@ struct LinearEngine::Impl {
     }
     return st;
   }
+  // Candidate i of the heuristic list of y = x W^T's shape and alignments (asked once per
+  // shape) with the shape's plan, or null when the heuristic offers fewer than i + 1 algorithms.
+  const cublasLtMatmulAlgo_t* Candidate(int i, const void* x, int64_t m, int64_t k, const void* w,
+                                        int64_t n, const void* y, const Plan** plan_out) {
+    KCHECK(i >= 0 && m >= 1);
+    const Key key{m, n, k, PointerAlignment(x), PointerAlignment(w), PointerAlignment(y), n};
+    std::lock_guard<std::mutex> lock(mu);
+    const Plan& plan = GetPlan(key);
+    auto it = candidates.find(key);
+    if (it == candidates.end()) {
+      std::vector<cublasLtMatmulAlgo_t> all(kMaxCublasLtCandidates);
+      Plan probe = plan;  // the same layouts; its algo is overwritten, not the plan's
+      if (Heuristic(desc, std::get<3>(key), std::get<4>(key), std::get<5>(key), &probe, &all) !=
+          CUBLAS_STATUS_SUCCESS) {
+        all.clear();
+      }
+      it = candidates.emplace(key, std::move(all)).first;
+    }
+    if (i >= static_cast<int>(it->second.size())) return nullptr;
+    *plan_out = &plan;
+    return &it->second[static_cast<size_t>(i)];
+  }
+
 
   // The first configuration cuBLASLt has an algorithm for: f32 output straight into y, else
   // bf16 output into the buffer (converted after), with m as is, then m padded to 16 rows.
@@ -297,33 +320,23 @@ std::string DescribeAlgo(const cublasLtMatmulAlgo_t& algo) {
 
 bool LinearEngine::RunCublasLtCandidate(int i, const __nv_bfloat16* x, int64_t m, int64_t k,
                                         const __nv_bfloat16* w, int64_t n, float* y,
-                                        cudaStream_t stream, std::string* name) {
-  KCHECK(i >= 0 && m >= 1);
-  const Impl::Key key{m, n, k, PointerAlignment(x), PointerAlignment(w), PointerAlignment(y), n};
-  const cublasLtMatmulAlgo_t* algo = nullptr;
+                                        cudaStream_t stream) {
   const Impl::Plan* plan = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    plan = &impl_->GetPlan(key);
-    auto it = impl_->candidates.find(key);
-    if (it == impl_->candidates.end()) {
-      std::vector<cublasLtMatmulAlgo_t> all(kMaxCublasLtCandidates);
-      Impl::Plan probe = *plan;  // the same layouts; its algo is overwritten, not the plan's
-      if (impl_->Heuristic(impl_->desc, std::get<3>(key), std::get<4>(key), std::get<5>(key),
-                           &probe, &all) != CUBLAS_STATUS_SUCCESS) {
-        all.clear();
-      }
-      it = impl_->candidates.emplace(key, std::move(all)).first;
-    }
-    if (i >= static_cast<int>(it->second.size())) return false;
-    algo = &it->second[static_cast<size_t>(i)];
-  }
-  if (name != nullptr) *name = DescribeAlgo(*algo);
+  const cublasLtMatmulAlgo_t* algo = impl_->Candidate(i, x, m, k, w, n, y, &plan);
+  if (algo == nullptr) return false;
   const float alpha = 1.0f, beta = 0.0f;
   KCUBLAS_CHECK(cublasLtMatmul(impl_->handle, impl_->desc, &alpha, w, plan->a, x, plan->b, &beta,
                                y, plan->d, y, plan->d, algo, impl_->workspace.get(),
                                impl_->workspace.size_bytes(), stream));
   return true;
+}
+
+std::string LinearEngine::CublasLtCandidateName(int i, const __nv_bfloat16* x, int64_t m,
+                                                int64_t k, const __nv_bfloat16* w, int64_t n,
+                                                const float* y) {
+  const Impl::Plan* plan = nullptr;
+  const cublasLtMatmulAlgo_t* algo = impl_->Candidate(i, x, m, k, w, n, y, &plan);
+  return algo == nullptr ? std::string() : DescribeAlgo(*algo);
 }
 
 void LinearEngine::RunCublasLtStrided(const __nv_bfloat16* x, int64_t m, int64_t k,

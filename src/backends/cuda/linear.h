@@ -104,12 +104,14 @@ class LinearEngine {
 
   // Benchmarks: cuBLASLt's heuristic candidates for a shape, best first by its own ranking (Run
   // takes candidate 0). Runs candidate i of at most kMaxCublasLtCandidates and returns true, or
-  // returns false (nothing run) when the heuristic offers fewer than i + 1 algorithms. `name`,
-  // when given, gets the candidate's configuration ("algo 21 tile 18 stages 8 split-k 1 ...").
+  // returns false (nothing run) when the heuristic offers fewer than i + 1 algorithms.
   static constexpr int kMaxCublasLtCandidates = 16;
   bool RunCublasLtCandidate(int i, const __nv_bfloat16* x, int64_t m, int64_t k,
-                            const __nv_bfloat16* w, int64_t n, float* y, cudaStream_t stream,
-                            std::string* name = nullptr);
+                            const __nv_bfloat16* w, int64_t n, float* y, cudaStream_t stream);
+  // Candidate i's configuration ("algo 21 tile 18 stages 8 split-k 1 ..."), without running it;
+  // empty when there is no candidate i.
+  std::string CublasLtCandidateName(int i, const __nv_bfloat16* x, int64_t m, int64_t k,
+                                    const __nv_bfloat16* w, int64_t n, const float* y);
 
   // The same writing y[i * ldy + j] (ldy >= n).
   void RunCublasLtStrided(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
