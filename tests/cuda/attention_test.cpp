@@ -28,11 +28,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/ops.h"
@@ -628,6 +630,26 @@ TEST(CudaAttention, QuantizedKvCacheDecodeBatchInvariance) {
   }
 }
 
+// Runs seqs once per value of a tuning setting (set(v) before each run): every run checked
+// against the reference, and every run's bits equal to the first value's (what(v) names the
+// value in a failure).
+template <class Set, class What>
+void ExpectSettingChangesNoBit(const AttnConfig& c, const std::vector<SeqSpec>& seqs,
+                               std::initializer_list<int> values, Set set, What what) {
+  std::vector<uint16_t> first;
+  bool have_first = false;
+  for (int v : values) {
+    set(v);
+    std::vector<uint16_t> out = RunAndCheck(c, seqs);
+    if (!have_first) {
+      first = std::move(out);
+      have_first = true;
+    } else {
+      EXPECT_TRUE(out == first) << what(v);
+    }
+  }
+}
+
 // The tensor-core decode kernel's blocks may compute several consecutive splits (a ring of
 // copies running across them for quantized caches): 1, 2, 3 and 8 splits per block must give
 // the same bits, for every cache type, with and without a window, over contexts that leave the
@@ -638,12 +660,8 @@ TEST(CudaAttention, DecodeSplitsPerBlockChangeNoBit) {
   ForEachCacheAndWindow({0, 700}, [&](AttnConfig c) {
     c.context_bucket = 8192;
     const std::vector<SeqSpec> seqs = DecodeSeqs({5000, 1, 300, 4097, 2049, 700, 16, 7777}, 1300);
-    SetDecodeSplitsPerBlock(1);
-    const std::vector<uint16_t> one = RunAndCheck(c, seqs);
-    for (int n : {2, 3, 8}) {
-      SetDecodeSplitsPerBlock(n);
-      EXPECT_TRUE(RunAndCheck(c, seqs) == one) << n << " splits per block";
-    }
+    ExpectSettingChangesNoBit(c, seqs, {1, 2, 3, 8}, SetDecodeSplitsPerBlock,
+                              [](int n) { return std::to_string(n) + " splits per block"; });
   });
   SetDecodeSplitsPerBlock(saved);
 }
@@ -664,12 +682,8 @@ TEST(CudaAttention, DecodePrefetchChangesNoBit) {
       c.n_kv_heads = 2;
       c.context_bucket = 4096;
       const std::vector<SeqSpec> seqs = DecodeSeqs({3000, 1, 300, 2049, 700, 16}, 1400);
-      SetDecodePrefetchAhead(0);
-      const std::vector<uint16_t> none = RunAndCheck(c, seqs);
-      for (int n : {1, 2, 3}) {
-        SetDecodePrefetchAhead(n);
-        EXPECT_TRUE(RunAndCheck(c, seqs) == none) << n << " chunks ahead";
-      }
+      ExpectSettingChangesNoBit(c, seqs, {0, 1, 2, 3}, SetDecodePrefetchAhead,
+                                [](int n) { return std::to_string(n) + " chunks ahead"; });
     });
   }
   SetDecodePrefetchAhead(saved_prefetch);
@@ -694,12 +708,9 @@ TEST(CudaAttention, PrefillTilesChangeNoBit) {
       const std::vector<SeqSpec> seqs = {
           {0, 300, 1500}, {40, 130, 1501}, {1000, 64, 1502}, {15, 1, 1503}, {256, 200, 1504},
           {3, 9, 1505}};
-      SetPrefillAttentionTile(kPrefillTile4x1);
-      const std::vector<uint16_t> base = RunAndCheck(c, seqs);
-      for (int shape : {kPrefillTile4x2, kPrefillTile8x1, kPrefillTileAuto}) {
-        SetPrefillAttentionTile(shape);
-        EXPECT_TRUE(RunAndCheck(c, seqs) == base) << PrefillAttentionTileName(shape);
-      }
+      ExpectSettingChangesNoBit(
+          c, seqs, {kPrefillTile4x1, kPrefillTile4x2, kPrefillTile8x1, kPrefillTileAuto},
+          SetPrefillAttentionTile, [](int shape) { return PrefillAttentionTileName(shape); });
     });
   }
   SetPrefillAttentionTile(saved);
