@@ -59,7 +59,9 @@ struct PagedAttentionParams {
   int32_t max_context_len = 0;  // host-known: upper bound of every position + 1 (graph bucket)
 };
 
-// Positions covered by one decode split (a constant: see the batch-invariance note above).
+// Positions covered by one decode split (a constant: see the batch-invariance note above); the
+// tensor-core kernel's quantized caches at head_dim 128 take twice as many, a constant of the
+// cache type and head dim. The workspace is sized for this one, the larger count of splits.
 inline constexpr int32_t kDecodeSplitTokens = 256;
 
 // Bytes of device workspace PagedAttention needs: the split-K partials of the decode path, one

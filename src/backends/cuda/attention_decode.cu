@@ -19,7 +19,8 @@
 // block, and computes from there; "registers" (DecodeSplitKernel) loads straight into registers;
 // "registers_db" also issues the next iteration's loads before the current one's math;
 // "tensor_cores" (attention_decode_mma.cu, the default where it applies) runs the GQA group's
-// heads as the rows of tensor-core mma.
+// heads as the rows of tensor-core mma; on a quantized cache at head_dim 128 its splits span 512
+// positions (DecodeSplitMmaTokens), the others' 256.
 // A quantized cache (kv_cache.h) runs DecodeSplitKernel with 8-byte loads of 8 codes per lane and
 // twice the keys per iteration (the same bytes in flight); a key's score is its f32 dot product
 // with the codes times the K row's scale, and p times the V row's scale weights its codes.
@@ -55,8 +56,8 @@ constexpr int kChunksPerSplit = kDecodeSplitTokens / kChunkRows;
 static_assert(kDecodeSplitTokens % kChunkRows == 0);
 static_assert(kChunksPerSplit <= kThreads);
 
-int32_t NumSplits(int32_t max_context_len) {
-  return (max_context_len + kDecodeSplitTokens - 1) / kDecodeSplitTokens;
+int32_t NumSplits(int32_t max_context_len, int32_t split_tokens = kDecodeSplitTokens) {
+  return (max_context_len + split_tokens - 1) / split_tokens;
 }
 
 // Split-kernel variants (SetDecodeAttentionVariant); the combine is shared.
@@ -560,7 +561,7 @@ __global__ void __launch_bounds__(kThreads)
 // One (sequence, head), head_dim threads (one per output dim): merges the splits of the
 // token's window in ascending order and writes bf16 out. Launched with PDL.
 __global__ void DecodeCombineKernel(const PagedAttentionParams p, int32_t n_splits,
-                                    const float* __restrict__ part_o,
+                                    int32_t split_tokens, const float* __restrict__ part_o,
                                     const float* __restrict__ part_m,
                                     const float* __restrict__ part_l) {
   PdlWait();  // launched with PDL (pdl.cuh)
@@ -571,8 +572,8 @@ __global__ void DecodeCombineKernel(const PagedAttentionParams p, int32_t n_spli
   const int token = DecodeToken(p, seq);
   if (token < 0) return;
   const int pos = p.positions[token];
-  const int split_lo = FirstPosition(pos, p.sliding_window) / kDecodeSplitTokens;
-  const int split_hi = pos / kDecodeSplitTokens;
+  const int split_lo = FirstPosition(pos, p.sliding_window) / split_tokens;
+  const int split_hi = pos / split_tokens;
   // A position past max_context_len had no split launched for it: a caller bug, never silent.
   if (split_hi >= n_splits) __trap();
   const int64_t row0 = (int64_t{seq} * p.n_heads + head) * n_splits;
@@ -597,7 +598,11 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
   const int32_t rows = p.n_seqs;
   KCHECK(workspace_bytes >=
          PagedAttentionWorkspaceBytes(rows, p.n_heads, p.head_dim, p.max_context_len));
-  const int32_t n_splits = NumSplits(p.max_context_len);
+  const int variant = DecodeAttentionVariant();
+  const bool mma = variant == kVariantTensorCores && detail::DecodeSplitMmaSupported(p);
+  // Positions per split: the register and cp.async kernels take kDecodeSplitTokens.
+  const int32_t split_tokens = mma ? detail::DecodeSplitMmaTokens(p) : kDecodeSplitTokens;
+  const int32_t n_splits = NumSplits(p.max_context_len, split_tokens);
   const int32_t group = p.n_heads / p.n_kv_heads;
   // Heads per block: the largest of 8, 4, 2, 1 dividing the group (registers cap it at 8; a
   // group of 16 runs as two chunks, each reading the group's K/V, the second mostly from L2).
@@ -609,8 +614,7 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
   float* part_l = part_m + n_rows;                 // [rows, n_heads, n_splits]
   const dim3 grid(p.n_seqs, p.n_kv_heads * n_head_chunks, n_splits);
   KCHECK(grid.y <= 65535 && grid.z <= 65535);
-  const int variant = DecodeAttentionVariant();
-  if (variant == kVariantTensorCores && detail::DecodeSplitMmaSupported(p)) {
+  if (mma) {
     detail::LaunchDecodeSplitMma(p, n_splits, part_o, part_m, part_l, stream);
   } else {
   detail::DispatchHeadDim(p.head_dim, [&]<int D>() {
@@ -682,7 +686,8 @@ void LaunchDecodeAttention(const PagedAttentionParams& p, void* workspace, size_
   }
   KCUDA_CHECK_LAUNCH();
   LaunchPdl(&DecodeCombineKernel, dim3(p.n_seqs, p.n_heads), dim3(p.head_dim), 0, stream, p,
-            n_splits, static_cast<const float*>(part_o), static_cast<const float*>(part_m),
+            n_splits, split_tokens, static_cast<const float*>(part_o),
+            static_cast<const float*>(part_m),
             static_cast<const float*>(part_l));
   KCUDA_CHECK_LAUNCH();
 }

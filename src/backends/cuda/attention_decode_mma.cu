@@ -8,8 +8,9 @@
 // m16n8k16 mma (rows >= G zero): Q.K^T and P.V each cost one mma per 16 keys x 8 columns, and
 // the only per-element work left is feeding registers to the mma.
 //
-// Block (sequence, kv head, split), 4 warps; warp w owns the split's keys [64 w, 64 w + 64), in
-// four 16-key chunks (a chunk is 16 rows of one physical block: block_size % 16 == 0). Per chunk
+// Block (sequence, kv head, split), 4 warps; warp w owns a quarter of the split's keys (64 of
+// 256, or 128 of the staged path's 512), in 16-key chunks (a chunk is 16 rows of one physical
+// block: block_size % 16 == 0). Per chunk
 // the warp computes S (16 rows x 16 keys) = Q.K^T, the online softmax of its rows, and O += P.V.
 // K and V go from global memory straight into the mma fragments (quantized caches at head_dim
 // 128: through shared memory, see below), thanks to two layout choices that a dot product
@@ -35,6 +36,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -57,13 +59,16 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kChunk = 16;  // keys per mma step (one 16-row chunk of a physical block)
-constexpr int kChunksPerSplit = kDecodeSplitTokens / kChunk;
-constexpr int kChunksPerWarp = kChunksPerSplit / kWarps;
 constexpr int kMaxGroup = 16;  // mma rows
 // A block walks up to this many consecutive splits of its (sequence, kv head) (see
 // SplitsPerBlock): the prologue (sequence metadata, Q fragments) is paid once, and the staged
-// path keeps its copies in flight across the splits' boundaries.
+// path keeps its copies in flight across the splits' boundaries. Splits of 512 positions (the
+// staged path, DecodeSplitMmaTokens) allow half as many.
 constexpr int kMaxSplitsPerBlock = 8;
+constexpr int kMaxBlockChunks = kMaxSplitsPerBlock * kDecodeSplitTokens / kChunk;
+int MaxSplitsPerBlock(int split_tokens) {
+  return kMaxSplitsPerBlock * kDecodeSplitTokens / split_tokens;
+}
 // Resident blocks per SM the register allocation must allow (65536 / (3 x 128) = 170 registers):
 // the loads in flight per SM bound this kernel, so 3 blocks with one chunk in flight per warp beat
 // 2 blocks with two (measured on the H200, 64 x 8k fp8: 26.0 vs 28.2 ms per step).
@@ -74,7 +79,6 @@ template <int D>
 constexpr int MinBlocksPerSm() {
   return D <= 128 ? kMinBlocksPerSm : 2;
 }
-static_assert(kChunksPerSplit % kWarps == 0 && kChunksPerSplit <= kThreads);
 
 // c (16x8 f32) += a (16x16, row) * b (16x8, col), bf16 or f16 inputs. kTop: only rows 0-7 are
 // live (groups of at most 8 heads): a[1], a[3] are taken as zero and c[2], c[3] are neither
@@ -213,7 +217,9 @@ struct MmaGeometry {
 
 // Launched with PDL (pdl.cuh): waits before anything else.
 // kTop: the group has at most 8 heads (mma rows 8-15 are never computed).
-template <int D, KvCacheType KV, bool kTop>
+// kSplit: positions per split (DecodeSplitMmaTokens: kDecodeSplitTokens, or 512 on the staged
+// path).
+template <int D, KvCacheType KV, bool kTop, int kSplit>
 __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     DecodeSplitMmaKernel(const PagedAttentionParams p, int32_t n_splits, int32_t splits_per_block,
                          int32_t group, int32_t prefetch_ahead, float* __restrict__ part_o,
@@ -226,9 +232,12 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
   using VVec = typename G::VVec;
   constexpr int kRows = kTop ? 1 : 2;  // rows g (+ g + 8) of this lane
   constexpr int kMergeRows = G::MergeRows(kTop);
+  constexpr int kChunksPerSplit = kSplit / kChunk;
+  constexpr int kChunksPerWarp = kChunksPerSplit / kWarps;
+  static_assert(kSplit % (kChunk * kWarps) == 0 && kSplit % kDecodeSplitTokens == 0);
 
   // Element offset of each chunk's row 0, for the block's splits.
-  __shared__ int64_t s_chunk_offset[kMaxSplitsPerBlock * kChunksPerSplit];
+  __shared__ int64_t s_chunk_offset[kMaxBlockChunks];
   __shared__ float s_m[kWarps][kMergeRows];
   __shared__ float s_l[kWarps][kMergeRows];
   // kQShared: the Q fragments [k-step][lane], (a0, a2) when only rows 0-7 are live, else a0..a3.
@@ -250,23 +259,23 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
   // The block's splits [split0, split_end), less those outside [first, pos]: the combine reads
   // only splits that intersect it. Every split is computed exactly as a block of its own would.
   const int split0 = max(static_cast<int>(blockIdx.z) * splits_per_block,
-                         first / kDecodeSplitTokens);
+                         first / kSplit);
   const int split_end = min(min((static_cast<int>(blockIdx.z) + 1) * splits_per_block, n_splits),
-                            pos / kDecodeSplitTokens + 1);
+                            pos / kSplit + 1);
   if (split0 >= split_end) return;
   const int n_block_splits = split_end - split0;
 
   // Split si of the block (0 .. n_block_splits - 1): first position and attended range.
   auto split_range = [&](int si, int& begin, int& r_lo, int& r_hi) {
-    begin = (split0 + si) * kDecodeSplitTokens;
+    begin = (split0 + si) * kSplit;
     r_lo = max(first, begin);
-    r_hi = min(pos, begin + kDecodeSplitTokens - 1);
+    r_hi = min(pos, begin + kSplit - 1);
   };
 
-  if (tid < n_block_splits * kChunksPerSplit) {
+  for (int i = tid; i < n_block_splits * kChunksPerSplit; i += kThreads) {
     int split_begin, lo, hi;
-    split_range(tid / kChunksPerSplit, split_begin, lo, hi);
-    const int chunk_begin = split_begin + (tid % kChunksPerSplit) * kChunk;
+    split_range(i / kChunksPerSplit, split_begin, lo, hi);
+    const int chunk_begin = split_begin + (i % kChunksPerSplit) * kChunk;
     int64_t offset = 0;
     // Only chunks holding attended keys: table entries past the context may be garbage.
     if (chunk_begin <= hi && chunk_begin + kChunk > lo) {
@@ -276,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
           ((int64_t{block} * p.n_kv_heads + kv_head) * p.block_size + chunk_begin % p.block_size) *
           D;
     }
-    s_chunk_offset[tid] = offset;
+    s_chunk_offset[i] = offset;
   }
 
   const int lane = tid % 32;
@@ -688,13 +697,13 @@ EnvSetting g_splits_per_block{"KESTREL_DECODE_SPLITS_PER_BLOCK", [](const char* 
   return e >= 1 && e <= kMaxSplitsPerBlock ? e : 0;
 }};
 
-int SplitsPerBlock(int32_t n_seqs, int32_t n_kv_heads, int32_t n_splits) {
+int SplitsPerBlock(int32_t n_seqs, int32_t n_kv_heads, int32_t n_splits, int max_per_block) {
   const int forced = DecodeSplitsPerBlock();
-  if (forced > 0) return forced;
+  if (forced > 0) return std::min(forced, max_per_block);
   const int64_t slots = int64_t{CurrentDeviceSmCount()} * kMinBlocksPerSm;
   const int64_t heads = int64_t{n_seqs} * n_kv_heads;
   int best = 1;
-  for (int s = 2; s <= kMaxSplitsPerBlock && s <= n_splits; s *= 2) {
+  for (int s = 2; s <= max_per_block && s <= n_splits; s *= 2) {
     const int64_t blocks = heads * ((n_splits + s - 1) / s);
     const int64_t waves = (blocks + slots - 1) / slots;
     if (blocks >= 4 * slots && blocks * 10 >= waves * slots * 9) best = s;
@@ -722,15 +731,16 @@ int PrefetchAhead() {
   return v >= 0 ? v : kDefaultPrefetchAhead<D>;
 }
 
-template <int D, KvCacheType KV>
+template <int D, KvCacheType KV, int kSplit>
 void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, float* part_o,
             float* part_m, float* part_l, cudaStream_t stream) {
-  const int32_t per_block = SplitsPerBlock(p.n_seqs, p.n_kv_heads, n_splits);
+  const int32_t per_block =
+      SplitsPerBlock(p.n_seqs, p.n_kv_heads, n_splits, MaxSplitsPerBlock(kSplit));
   const dim3 grid(p.n_seqs, p.n_kv_heads, (n_splits + per_block - 1) / per_block);
   KCHECK(grid.y <= 65535 && grid.z <= 65535);
   auto go = [&]<bool kTop>() {
     constexpr size_t kSmem = MmaGeometry<D, KV>::SmemBytes(kTop);
-    auto* kernel = &DecodeSplitMmaKernel<D, KV, kTop>;
+    auto* kernel = &DecodeSplitMmaKernel<D, KV, kTop, kSplit>;
     if constexpr (kSmem > 48 * 1024) {
       // Once per instantiation (not a stream operation: fine under graph capture).
       static const bool raised = [&] {
@@ -752,6 +762,22 @@ void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, floa
 
 }  // namespace
 
+// The staged path (quantized caches at head_dim 128) takes splits of 512 positions: each split
+// writes a partial of group x head_dim floats and ends in a cross-warp merge, which on a cache of
+// one byte per element weigh twice what they do on bf16. Measured on the H200
+// (bench_cuda_kernels --only attention_decode --kv-cache-dtype fp8, 32 heads over 8, µs for
+// splits of 256 / 512 / 1024): 64 x 8k 338.6 / 310.0 / 295.3, 64 x 2k 102.8 / 93.6 / 92.3,
+// 16 x 32k 359.1 / 319.4 / 299.4, 1 x 8k 19.5 / 17.7 / 21.5, 1 x 2k 12.9 / 14.8 / 20.5 (int8
+// alike). 1024 would cost a batch of one 7 µs per layer at 2k (fewer blocks than SMs); 512
+// costs it 2 µs there and gains at 8k. A constant of the cache type and head dim, never of the
+// batch (batch invariance).
+constexpr int kStagedSplitTokens = 512;
+
+int32_t DecodeSplitMmaTokens(const PagedAttentionParams& p) {
+  const bool staged = p.head_dim == 128 && KvCacheQuantized(p.kv_type);
+  return staged ? kStagedSplitTokens : kDecodeSplitTokens;
+}
+
 bool DecodeSplitMmaSupported(const PagedAttentionParams& p) {
   const int32_t group = p.n_heads / p.n_kv_heads;
   return (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && group <= kMaxGroup;
@@ -761,16 +787,26 @@ void LaunchDecodeSplitMma(const PagedAttentionParams& p, int32_t n_splits, float
                           float* part_m, float* part_l, cudaStream_t stream) {
   KCHECK(DecodeSplitMmaSupported(p));
   const int32_t group = p.n_heads / p.n_kv_heads;
+  const int32_t split_tokens = DecodeSplitMmaTokens(p);
+  auto by_split = [&]<int D, KvCacheType KV>() {
+    if constexpr (MmaGeometry<D, KV>::kStaged) {
+      KCHECK(split_tokens == kStagedSplitTokens);
+      Launch<D, KV, kStagedSplitTokens>(p, n_splits, group, part_o, part_m, part_l, stream);
+    } else {
+      KCHECK(split_tokens == kDecodeSplitTokens);
+      Launch<D, KV, kDecodeSplitTokens>(p, n_splits, group, part_o, part_m, part_l, stream);
+    }
+  };
   auto by_type = [&]<int D>() {
     switch (p.kv_type) {
       case KvCacheType::kFp8:
-        Launch<D, KvCacheType::kFp8>(p, n_splits, group, part_o, part_m, part_l, stream);
+        by_split.template operator()<D, KvCacheType::kFp8>();
         break;
       case KvCacheType::kInt8:
-        Launch<D, KvCacheType::kInt8>(p, n_splits, group, part_o, part_m, part_l, stream);
+        by_split.template operator()<D, KvCacheType::kInt8>();
         break;
       default:
-        Launch<D, KvCacheType::kBf16>(p, n_splits, group, part_o, part_m, part_l, stream);
+        by_split.template operator()<D, KvCacheType::kBf16>();
         break;
     }
   };

@@ -47,6 +47,10 @@ void LaunchPrefillAttention(const PagedAttentionParams& p, cudaStream_t stream);
 // geometry and partial outputs. Supported for head_dim 64 and 128 and GQA groups of up to 16
 // heads, every cache type.
 bool DecodeSplitMmaSupported(const PagedAttentionParams& p);
+// Positions per split of the tensor-core kernel for p's cache and head dim: kDecodeSplitTokens, or
+// a multiple of it (its partials and the combine follow). A constant of the model and cache, so a
+// sequence's result stays independent of the batch.
+int32_t DecodeSplitMmaTokens(const PagedAttentionParams& p);
 void LaunchDecodeSplitMma(const PagedAttentionParams& p, int32_t n_splits, float* part_o,
                           float* part_m, float* part_l, cudaStream_t stream);
 
