@@ -9,11 +9,11 @@
 // the only per-element work left is feeding registers to the mma.
 //
 // Block (sequence, kv head, split), 4 warps; warp w owns a quarter of the split's keys (64 of
-// 256, or 128 of the staged path's 512), in 16-key chunks (a chunk is 16 rows of one physical
-// block: block_size % 16 == 0). Per chunk
-// the warp computes S (16 rows x 16 keys) = Q.K^T, the online softmax of its rows, and O += P.V.
+// 256, or 128 of the 512 that the quantized caches at head_dim 128 take), in 16-key chunks (a
+// chunk is 16 rows of one physical block: block_size % 16 == 0). Per chunk the warp computes S (16 rows x 16 keys) = Q.K^T, the online softmax of its rows, and O += P.V.
 // K and V go from global memory straight into the mma fragments (quantized caches at head_dim
-// 128: through shared memory, see below), thanks to two layout choices that a dot product
+// 128 and the bf16 cache at head_dim 256: through shared memory, see below), thanks to two
+// layout choices that a dot product
 // permits:
 //   Q.K^T  sums over dims in any order, so lane (g, t) = (lane / 4, lane % 4) takes its B
 //          fragments from K row "key g" at the dims of its own 16-byte pieces (i * 4 + t) of the
@@ -30,8 +30,13 @@
 // where f16 is accurate): O is kept in units of the current chunk's largest V scale (rescaled
 // with the softmax's alpha when the chunk changes) and multiplied back at the end.
 // The loads in flight per SM bound this kernel (a warp computes 16 keys between its loads): for
-// quantized caches at head_dim 128 a warp stages all four of its chunks in shared memory with
-// cp.async up front (16 KB) and fills the same fragments from there.
+// quantized caches at head_dim 128 a warp keeps a ring of three chunks in flight in shared memory
+// (cp.async, 12 KB) and fills the same fragments from there; for the bf16 cache at head_dim 256
+// (groups of up to 8 heads) one 16 KB stage per warp whose K half is refilled with the next
+// chunk once the scores have read it, and its V half once P.V has (MmaGeometry::Stages). H200,
+// bench_cuda_kernels --only attention_decode, µs, register-loaded -> staged: Qwen3.5-27B heads
+// (24 over 4) 64 x 2k 197.2 -> 156.1, 64 x 8k 721.0 -> 564.3, 1 x 2k 21.3 -> 15.9; Qwen3.5-35B-A3B
+// heads (16 over 2) 64 x 2k 107.3 -> 89.7, 64 x 8k 395.8 -> 299.8.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -62,8 +67,8 @@ constexpr int kChunk = 16;  // keys per mma step (one 16-row chunk of a physical
 constexpr int kMaxGroup = 16;  // mma rows
 // A block walks up to this many consecutive splits of its (sequence, kv head) (see
 // SplitsPerBlock): the prologue (sequence metadata, Q fragments) is paid once, and the staged
-// path keeps its copies in flight across the splits' boundaries. Splits of 512 positions (the
-// staged path, DecodeSplitMmaTokens) allow half as many.
+// path keeps its copies in flight across the splits' boundaries. Splits of 512 positions
+// (DecodeSplitMmaTokens) allow half as many.
 constexpr int kMaxSplitsPerBlock = 8;
 constexpr int kMaxBlockChunks = kMaxSplitsPerBlock * kDecodeSplitTokens / kChunk;
 int MaxSplitsPerBlock(int split_tokens) {
@@ -186,39 +191,48 @@ struct MmaGeometry {
   using VVec = std::conditional_t<kVBytes == 16, uint4, uint2>;
   using Elem = std::conditional_t<kQuant, uint8_t, __nv_bfloat16>;
   // Quantized caches at head_dim 128: a warp's chunks staged in shared memory by cp.async, a
-  // ring of kStages chunks in flight that runs on across the block's splits (12 KB per warp). A
-  // stage is the chunk's 16 K rows, its 16 V rows (16-byte pieces placed by StagedPiece) and its
-  // 16 K then 16 V scales. (bf16 chunks, twice the bytes, would need the fragments filled piece
-  // by piece to stay within 3 blocks' registers; they load straight into registers.)
-  static constexpr bool kStaged = D == 128 && kQuant;
+  // ring of Stages() chunks in flight that runs on across the block's splits (12 KB per warp). A
+  // stage is the chunk's 16 K rows, its 16 V rows (16-byte pieces placed by StagedPiece) and
+  // (quantized) its 16 K then 16 V scales. (bf16 chunks at head_dim 128, twice the bytes, would
+  // need the fragments filled piece by piece to stay within 3 blocks' registers; they load
+  // straight into registers.) bf16 at head_dim 256 with groups of up to 8 heads: one stage of
+  // 16 KB per warp, refilled with the next chunk as soon as its fragments are in registers, so
+  // that a chunk's copy is in flight while the one before is computed (2 blocks per SM, whose
+  // 8 warps otherwise keep a chunk in flight only between its load and its first use).
   static constexpr int kRowBytes = D * kElemBytes;
-  static constexpr int kStageBytes = 2 * kChunk * kRowBytes + 2 * kChunk * 4;
-  static constexpr int kStages = kStaged ? 3 : 0;
-  static constexpr size_t kStagingBytes = size_t{kWarps} * kStages * kStageBytes;
+  static constexpr int kStageBytes = 2 * kChunk * kRowBytes + (kQuant ? 2 * kChunk * 4 : 0);
+  static constexpr int Stages(bool top) {
+    return D == 128 && kQuant ? 3 : D == 256 && !kQuant && top ? 1 : 0;
+  }
+  static constexpr size_t StagingBytes(bool top) {
+    return size_t{kWarps} * Stages(top) * kStageBytes;
+  }
+  // Splits of 512 positions (DecodeSplitMmaTokens).
+  static constexpr bool kLongSplits = D == 128 && kQuant;
   // The cross-warp merge [kWarps][rows][kMergeRowFloats] after the staging buffers (the ring is
   // still in flight while a split is merged): 8 rows for groups of up to 8 heads, else 16. 3
   // blocks per SM fit at 8 rows (68 KB each at head_dim 128).
   static constexpr int MergeRows(bool top) { return top ? 8 : kMaxGroup; }
-  // The staged path's merge rows are padded (PaddedCol: conflict-free stores), and so are head
+  // The quantized head_dim-128 path's merge rows are padded (PaddedCol: conflict-free stores), and so are head
   // dim 256's (plain rows cost it a 12-way conflict on 91 % of its shared stores: ncu, 64 x 2k);
   // the bf16 path at head_dim 128 keeps plain rows, whose padded form costs it registers
   // (spills) for less to gain.
-  static constexpr bool kPaddedMerge = kStaged || D == 256;
+  static constexpr bool kPaddedMerge = (D == 128 && kQuant) || D == 256;
   // At head_dim 256 a lane's O (32 dim tiles) and one chunk's K and V fill the 255 registers of
   // 2 blocks per SM and spilled (64-172 bytes); the Q fragments (16 k-steps) then live in shared
   // memory, one copy per block (every warp holds the same ones), read per k-step.
   static constexpr bool kQShared = D == 256;
   static constexpr int kMergeRowFloats = kPaddedMerge ? kPaddedRowFloats<D> : D;
   static constexpr size_t SmemBytes(bool top) {
-    return kStagingBytes + size_t{kWarps} * MergeRows(top) * kMergeRowFloats * sizeof(float);
+    return StagingBytes(top) + size_t{kWarps} * MergeRows(top) * kMergeRowFloats * sizeof(float);
   }
   static_assert(kKPieces >= 1 && kVPieces >= 1 && kSteps == kKPieces * kStepsPerPiece);
 };
 
 // Launched with PDL (pdl.cuh): waits before anything else.
 // kTop: the group has at most 8 heads (mma rows 8-15 are never computed).
-// kSplit: positions per split (DecodeSplitMmaTokens: kDecodeSplitTokens, or 512 on the staged
-// path).
+// kSplit: positions per split (DecodeSplitMmaTokens: kDecodeSplitTokens, or 512 for the
+// quantized caches at head_dim 128).
 template <int D, KvCacheType KV, bool kTop, int kSplit>
 __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     DecodeSplitMmaKernel(const PagedAttentionParams p, int32_t n_splits, int32_t splits_per_block,
@@ -232,6 +246,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
   using VVec = typename G::VVec;
   constexpr int kRows = kTop ? 1 : 2;  // rows g (+ g + 8) of this lane
   constexpr int kMergeRows = G::MergeRows(kTop);
+  constexpr int kStages = G::Stages(kTop);
+  constexpr bool kStaged = kStages > 0;
+  // One stage: refilled before its chunk is computed (the copy in flight meanwhile); a ring of
+  // several: after (its other stages are in flight).
+  constexpr bool kRefillFirst = kStages == 1;
   constexpr int kChunksPerSplit = kSplit / kChunk;
   constexpr int kChunksPerWarp = kChunksPerSplit / kWarps;
   static_assert(kSplit % (kChunk * kWarps) == 0 && kSplit % kDecodeSplitTokens == 0);
@@ -246,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
   // Dynamic: the warps' staging buffers (head_dim 128), then the cross-warp merge
   // [kWarps][kMergeRows][kMergeRowFloats].
   extern __shared__ __align__(16) unsigned char smem[];
-  float* s_o = reinterpret_cast<float*>(smem + G::kStagingBytes);
+  float* s_o = reinterpret_cast<float*>(smem + G::StagingBytes(kTop));
 
   const int tid = threadIdx.x;
   const int seq = blockIdx.x;
@@ -388,7 +407,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
       }
     }
   };
-  auto compute = [&](const ChunkRegs& r) {
+  // A chunk's scores, their online softmax, and the P fragments for O += P.V: r's validity and
+  // scales, K piece i of this lane's n-tile n from k_at(n, i) (r's registers, or the stage).
+  auto scores = [&](const ChunkRegs& r, uint32_t (&a)[4], auto&& k_at) {
     // S = Q.K^T (16 rows x 16 keys): element e of n-tile n is row g + 8 (e / 2), key
     // n * 8 + 2t + e % 2, i.e. this lane's jj = 2n + e % 2.
     float s_acc[2][4];
@@ -420,14 +441,15 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
       const uint32_t(&qa)[4] = G::kQShared ? qs : q_frag[s];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
+        const uint4 kv = k_at(n, i);
         uint32_t b0, b1;
         if constexpr (kQuant) {
-          const uint32_t w = Word(r.k[n][i], sub);
+          const uint32_t w = Word(kv, sub);
           b0 = CodesToF16x2<KV>(w);
           b1 = CodesToF16x2<KV>(w >> 16);
         } else {
-          b0 = Word(r.k[n][i], 2 * sub);
-          b1 = Word(r.k[n][i], 2 * sub + 1);
+          b0 = Word(kv, 2 * sub);
+          b1 = Word(kv, 2 * sub + 1);
         }
         Mma<kQuant, kTop>(s_acc[n], qa, b0, b1);
       }
@@ -463,21 +485,24 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     }
 
     // O += P.V: the S accumulators are the A fragment (k = the chunk's 16 keys in order).
-    uint32_t a[4];
     a[0] = Pack2<kQuant>(s_acc[0][0] * v_weight[0], s_acc[0][1] * v_weight[1]);
     a[1] = Pack2<kQuant>(s_acc[0][2] * v_weight[0], s_acc[0][3] * v_weight[1]);
     a[2] = Pack2<kQuant>(s_acc[1][0] * v_weight[2], s_acc[1][1] * v_weight[3]);
     a[3] = Pack2<kQuant>(s_acc[1][2] * v_weight[2], s_acc[1][3] * v_weight[3]);
+  };
+  // O += P.V, V piece i of this lane's row jj from v_at(jj, i) (r's registers, or the stage).
+  auto accumulate = [&](const uint32_t (&a)[4], auto&& v_at) {
 #pragma unroll
     for (int i = 0; i < G::kVPieces; ++i) {
+      const VVec v0 = v_at(0, i), v1 = v_at(1, i), v2 = v_at(2, i), v3 = v_at(3, i);
       if constexpr (kQuant) {
         // Bytes e, e+1 of rows (2t, 2t+1) and (2t+8, 2t+9): dim tiles i * kVE + e and + e + 1.
 #pragma unroll
         for (int e = 0; e < G::kVE; e += 2) {
           const int w = e / 4;
           const uint32_t sel = e % 4 == 0 ? 0x5140u : 0x7362u;
-          const uint32_t x0 = __byte_perm(Word(r.v[0][i], w), Word(r.v[1][i], w), sel);
-          const uint32_t x1 = __byte_perm(Word(r.v[2][i], w), Word(r.v[3][i], w), sel);
+          const uint32_t x0 = __byte_perm(Word(v0, w), Word(v1, w), sel);
+          const uint32_t x1 = __byte_perm(Word(v2, w), Word(v3, w), sel);
           Mma<true, kTop>(o[i * G::kVE + e], a, CodesToF16x2<KV>(x0), CodesToF16x2<KV>(x1));
           Mma<true, kTop>(o[i * G::kVE + e + 1], a, CodesToF16x2<KV>(x0 >> 16),
                     CodesToF16x2<KV>(x1 >> 16));
@@ -487,12 +512,17 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
         for (int e = 0; e < G::kVE; ++e) {
           const int w = e / 2;
           const uint32_t sel = e % 2 == 0 ? 0x5410u : 0x7632u;
-          const uint32_t b0 = __byte_perm(Word(r.v[0][i], w), Word(r.v[1][i], w), sel);
-          const uint32_t b1 = __byte_perm(Word(r.v[2][i], w), Word(r.v[3][i], w), sel);
+          const uint32_t b0 = __byte_perm(Word(v0, w), Word(v1, w), sel);
+          const uint32_t b1 = __byte_perm(Word(v2, w), Word(v3, w), sel);
           Mma<false, kTop>(o[i * G::kVE + e], a, b0, b1);
         }
       }
     }
+  };
+  auto compute = [&](const ChunkRegs& r) {
+    uint32_t a[4];
+    scores(r, a, [&](int n, int i) { return r.k[n][i]; });
+    accumulate(a, [&](int jj, int i) { return r.v[jj][i]; });
   };
 
   // The warp's chunk q of the block's ring (q = si * kChunksPerWarp + c: its chunks of every
@@ -522,15 +552,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
   };
 
   // The staged path's ring, kStages of its chunks in flight.
-  unsigned char* stages = smem + warp * G::kStages * G::kStageBytes;
+  unsigned char* stages = smem + warp * kStages * G::kStageBytes;
   const int n_ring = n_block_splits * kChunksPerWarp;
-  auto issue = [&](int q) {
-    if constexpr (G::kStaged) {
+  // Copies chunk q's K rows (kK), V rows (kV) and (quantized) scales into its stage.
+  auto issue_part = [&]<bool kK, bool kV>(int q) {
+    if constexpr (kStaged) {
       if (q >= n_ring) return;
       int64_t offset;
       int key0, r_lo, r_hi;
       if (!ring_chunk(q, offset, key0, r_lo, r_hi)) return;
-      unsigned char* st = stages + (q % G::kStages) * G::kStageBytes;
+      unsigned char* st = stages + (q % kStages) * G::kStageBytes;
       const Elem* k_src = k_cache + offset;
       const Elem* v_src = v_cache + offset;
       // Copy `it` of this lane: row lane / kRowPieces + it * kRowsPerIter, piece lane %
@@ -547,19 +578,31 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
         const bool valid = key0 + row >= r_lo && key0 + row <= r_hi;
         const int src = row * D + piece * (16 / G::kElemBytes);
         const int dst = row * G::kRowBytes;
-        CpAsync16(st + dst + StagedPiece<false>(row, piece) * 16, k_src + src, valid);
-        CpAsync16(st + kChunk * G::kRowBytes + dst + StagedPiece<true>(row, piece) * 16,
-                  v_src + src, valid);
+        if constexpr (kK) {
+          CpAsync16(st + dst + StagedPiece<false>(row, piece) * 16, k_src + src, valid);
+        }
+        if constexpr (kV) {
+          CpAsync16(st + kChunk * G::kRowBytes + dst + StagedPiece<true>(row, piece) * 16,
+                    v_src + src, valid);
+        }
       }
-      if (lane < 8) {  // 4 x 16 bytes of K scales, then of V scales
-        const float* src = (lane < 4 ? p.k_scale : p.v_scale) + offset / D + (lane % 4) * 4;
-        CpAsync16(st + 2 * kChunk * G::kRowBytes + lane * 16, src, true);
+      if constexpr (kQuant && kK && kV) {
+        if (lane < 8) {  // 4 x 16 bytes of K scales, then of V scales
+          const float* src = (lane < 4 ? p.k_scale : p.v_scale) + offset / D + (lane % 4) * 4;
+          CpAsync16(st + 2 * kChunk * G::kRowBytes + lane * 16, src, true);
+        }
       }
     }
   };
-  if constexpr (G::kStaged) {
+  auto issue = [&](int q) { issue_part.template operator()<true, true>(q); };
+  if constexpr (kRefillFirst) {  // chunk 0's K rows and V rows, one group each
+    issue_part.template operator()<true, false>(0);
+    CpAsyncCommit();
+    issue_part.template operator()<false, true>(0);
+    CpAsyncCommit();
+  } else if constexpr (kStaged) {
 #pragma unroll
-    for (int q = 0; q < G::kStages; ++q) {
+    for (int q = 0; q < kStages; ++q) {
       issue(q);
       CpAsyncCommit();
     }
@@ -578,48 +621,89 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     l_run[0] = l_run[1] = 0.0f;
     v_units = 1.0f;
 
-    if constexpr (G::kStaged) {
+    if constexpr (kStaged) {
       // Per chunk: wait for its group, fill the fragments from shared memory, compute, refill
       // the stage with the chunk kStages ahead in the ring (the next split's, near the end).
+      // kRefillFirst (one stage, its K rows and V rows committed as two groups): wait for the K
+      // rows, take them into registers and refill them with the next chunk's, compute the
+      // scores, wait for the V rows, P.V reading them from the stage, refill them.
 #pragma unroll 1
       for (int c = 0; c < kChunksPerWarp; ++c) {
         const int q = si * kChunksPerWarp + c;
-        CpAsyncWait<G::kStages - 1>();  // chunk q's group (all but the newest kStages - 1)
-        __syncwarp();                   // ... for every lane's copies
+        // Chunk q's group (all but the newest kStages - 1); kRefillFirst: its K rows' (the
+        // newest group pending is its V rows').
+        CpAsyncWait<kRefillFirst ? 1 : kStages - 1>();
+        __syncwarp();  // ... for every lane's copies
         const int chunk = warp * kChunksPerWarp + c;
         const int key0 = split_begin + chunk * kChunk;
-        if (key0 <= hi && key0 + kChunk - 1 >= lo) {  // warp-uniform
-          const unsigned char* st = stages + (q % G::kStages) * G::kStageBytes;
-          ChunkRegs r;
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            const int row = n * 8 + g;
-#pragma unroll
-            for (int i = 0; i < G::kKPieces; ++i) {
-              r.k[n][i] = *reinterpret_cast<const uint4*>(
-                  st + row * G::kRowBytes + StagedPiece<false>(row, i * 4 + t) * 16);
-            }
-          }
+        const bool attended = key0 <= hi && key0 + kChunk - 1 >= lo;  // warp-uniform
+        const unsigned char* st = stages + (q % kStages) * G::kStageBytes;
+        // The chunk's K rows (and validity, scales), then its V rows, from the stage.
+        auto k_at = [&](int n, int i) {
+          const int row = n * 8 + g;
+          return *reinterpret_cast<const uint4*>(st + row * G::kRowBytes +
+                                                 StagedPiece<false>(row, i * 4 + t) * 16);
+        };
+        auto v_at = [&](int jj, int i) {
+          const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
+          return *reinterpret_cast<const VVec*>(st + kChunk * G::kRowBytes + j * G::kRowBytes +
+                                                StagedPiece<true>(j, i * 8 + g) * 16);
+        };
+        // Validity and scales of this lane's key jj (rows past the context may hold any bits).
+        auto fill_meta = [&](ChunkRegs& r, int jj) {
           const float* scales = reinterpret_cast<const float*>(st + 2 * kChunk * G::kRowBytes);
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
-            r.valid[jj] = key0 + j >= lo && key0 + j <= hi;
-#pragma unroll
-            for (int i = 0; i < G::kVPieces; ++i) {
-              r.v[jj][i] = *reinterpret_cast<const VVec*>(st + kChunk * G::kRowBytes +
-                                                          j * G::kRowBytes +
-                                                          StagedPiece<true>(j, i * 8 + g) * 16);
-            }
-            // Rows past the context may hold any bits.
+          const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
+          r.valid[jj] = key0 + j >= lo && key0 + j <= hi;
+          r.k_scale[jj] = 1.0f;
+          r.v_scale[jj] = 1.0f;
+          if constexpr (kQuant) {
             r.k_scale[jj] = r.valid[jj] ? scales[j] : 0.0f;
             r.v_scale[jj] = r.valid[jj] ? scales[kChunk + j] : 0.0f;
           }
-          compute(r);
+        };
+        // The chunk's K rows, then per key its V rows, validity and scales, into registers.
+        auto fill_kv = [&](ChunkRegs& r) {
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int i = 0; i < G::kKPieces; ++i) r.k[n][i] = k_at(n, i);
+          }
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+            for (int i = 0; i < G::kVPieces; ++i) r.v[jj][i] = v_at(jj, i);
+            fill_meta(r, jj);
+          }
+        };
+        if constexpr (kRefillFirst) {
+          // K and V fragments read from the stage as each mma needs them (registers: O and one
+          // step's fragments); each half refilled with the next chunk's rows once read.
+          ChunkRegs r;
+          uint32_t a[4];
+          if (attended) {
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) fill_meta(r, jj);
+            scores(r, a, k_at);
+          }
+          __syncwarp();  // every lane is done with the K rows before they are refilled
+          issue_part.template operator()<true, false>(q + 1);
+          CpAsyncCommit();
+          CpAsyncWait<1>();  // chunk q's V rows (the next chunk's K rows may stay in flight)
+          __syncwarp();
+          if (attended) accumulate(a, v_at);
+          __syncwarp();  // every lane is done with the V rows before they are refilled
+          issue_part.template operator()<false, true>(q + 1);
+          CpAsyncCommit();
+        } else {
+          if (attended) {
+            ChunkRegs r;
+            fill_kv(r);
+            compute(r);
+          }
+          __syncwarp();  // every lane is done with the stage before it is refilled
+          issue(q + kStages);
+          CpAsyncCommit();
         }
-        __syncwarp();  // every lane is done with the stage before it is refilled
-        issue(q + G::kStages);
-        CpAsyncCommit();
       }
     } else {
 #pragma unroll 1
@@ -684,7 +768,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
         s_o, s_m, s_l, group, row_base, n_splits, part_o, part_m, part_l);
     __syncthreads();  // the merge buffer is read before the next split writes it
   }
-  if constexpr (G::kStaged) CpAsyncWait<0>();
+  if constexpr (kStaged) CpAsyncWait<0>();
 }
 
 // Splits per block: the largest of 1, 2, 4, 8 that still leaves at least 4 waves of blocks on
@@ -762,7 +846,7 @@ void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, floa
 
 }  // namespace
 
-// The staged path (quantized caches at head_dim 128) takes splits of 512 positions: each split
+// The quantized caches at head_dim 128 take splits of 512 positions: each split
 // writes a partial of group x head_dim floats and ends in a cross-warp merge, which on a cache of
 // one byte per element weigh twice what they do on bf16. Measured on the H200
 // (bench_cuda_kernels --only attention_decode --kv-cache-dtype fp8, 32 heads over 8, µs for
@@ -771,11 +855,11 @@ void Launch(const PagedAttentionParams& p, int32_t n_splits, int32_t group, floa
 // alike). 1024 would cost a batch of one 7 µs per layer at 2k (fewer blocks than SMs); 512
 // costs it 2 µs there and gains at 8k. A constant of the cache type and head dim, never of the
 // batch (batch invariance).
-constexpr int kStagedSplitTokens = 512;
+constexpr int kLongSplitTokens = 512;
 
 int32_t DecodeSplitMmaTokens(const PagedAttentionParams& p) {
-  const bool staged = p.head_dim == 128 && KvCacheQuantized(p.kv_type);
-  return staged ? kStagedSplitTokens : kDecodeSplitTokens;
+  const bool long_splits = p.head_dim == 128 && KvCacheQuantized(p.kv_type);
+  return long_splits ? kLongSplitTokens : kDecodeSplitTokens;
 }
 
 bool DecodeSplitMmaSupported(const PagedAttentionParams& p) {
@@ -789,9 +873,9 @@ void LaunchDecodeSplitMma(const PagedAttentionParams& p, int32_t n_splits, float
   const int32_t group = p.n_heads / p.n_kv_heads;
   const int32_t split_tokens = DecodeSplitMmaTokens(p);
   auto by_split = [&]<int D, KvCacheType KV>() {
-    if constexpr (MmaGeometry<D, KV>::kStaged) {
-      KCHECK(split_tokens == kStagedSplitTokens);
-      Launch<D, KV, kStagedSplitTokens>(p, n_splits, group, part_o, part_m, part_l, stream);
+    if constexpr (MmaGeometry<D, KV>::kLongSplits) {
+      KCHECK(split_tokens == kLongSplitTokens);
+      Launch<D, KV, kLongSplitTokens>(p, n_splits, group, part_o, part_m, part_l, stream);
     } else {
       KCHECK(split_tokens == kDecodeSplitTokens);
       Launch<D, KV, kDecodeSplitTokens>(p, n_splits, group, part_o, part_m, part_l, stream);
