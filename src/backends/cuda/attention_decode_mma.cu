@@ -213,8 +213,9 @@ struct MmaGeometry {
   // still in flight while a split is merged): 8 rows for groups of up to 8 heads, else 16. 3
   // blocks per SM fit at 8 rows (68 KB each at head_dim 128).
   static constexpr int MergeRows(bool top) { return top ? 8 : kMaxGroup; }
-  // The quantized head_dim-128 path's merge rows are padded (PaddedCol: conflict-free stores), and so are head
-  // dim 256's (plain rows cost it a 12-way conflict on 91 % of its shared stores: ncu, 64 x 2k);
+  // The quantized head_dim-128 path's merge rows are padded (PaddedCol: conflict-free stores),
+  // and so are head dim 256's (plain rows cost it a 12-way conflict on 91 % of its shared
+  // stores: ncu, 64 x 2k);
   // the bf16 path at head_dim 128 keeps plain rows, whose padded form costs it registers
   // (spills) for less to gain.
   static constexpr bool kPaddedMerge = (D == 128 && kQuant) || D == 256;
