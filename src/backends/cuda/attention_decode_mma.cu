@@ -10,7 +10,8 @@
 //
 // Block (sequence, kv head, split), 4 warps; warp w owns a quarter of the split's keys (64 of
 // 256, or 128 of the 512 that the quantized caches at head_dim 128 take), in 16-key chunks (a
-// chunk is 16 rows of one physical block: block_size % 16 == 0). Per chunk the warp computes S (16 rows x 16 keys) = Q.K^T, the online softmax of its rows, and O += P.V.
+// chunk is 16 rows of one physical block: block_size % 16 == 0). Per chunk the warp computes
+// S (16 rows x 16 keys) = Q.K^T, the online softmax of its rows, and O += P.V.
 // K and V go from global memory straight into the mma fragments (quantized caches at head_dim
 // 128 and the bf16 cache at head_dim 256: through shared memory, see below), thanks to two
 // layout choices that a dot product
@@ -196,9 +197,10 @@ struct MmaGeometry {
   // (quantized) its 16 K then 16 V scales. (bf16 chunks at head_dim 128, twice the bytes, would
   // need the fragments filled piece by piece to stay within 3 blocks' registers; they load
   // straight into registers.) bf16 at head_dim 256 with groups of up to 8 heads: one stage of
-  // 16 KB per warp, refilled with the next chunk as soon as its fragments are in registers, so
-  // that a chunk's copy is in flight while the one before is computed (2 blocks per SM, whose
-  // 8 warps otherwise keep a chunk in flight only between its load and its first use).
+  // 16 KB per warp, the fragments read from it as each mma needs them, its K half refilled with
+  // the next chunk once the scores have read it and its V half once P.V has, so that a chunk's
+  // copy is in flight while the one before is computed (2 blocks per SM, whose 8 warps
+  // otherwise keep a chunk in flight only between its load and its first use).
   static constexpr int kRowBytes = D * kElemBytes;
   static constexpr int kStageBytes = 2 * kChunk * kRowBytes + (kQuant ? 2 * kChunk * 4 : 0);
   static constexpr int Stages(bool top) {
@@ -249,8 +251,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
   constexpr int kMergeRows = G::MergeRows(kTop);
   constexpr int kStages = G::Stages(kTop);
   constexpr bool kStaged = kStages > 0;
-  // One stage: refilled before its chunk is computed (the copy in flight meanwhile); a ring of
-  // several: after (its other stages are in flight).
+  // One stage: each half refilled as soon as the chunk's math has read it (the next chunk's copy
+  // in flight meanwhile); a ring of several: after the chunk (its other stages are in flight).
   constexpr bool kRefillFirst = kStages == 1;
   constexpr int kChunksPerSplit = kSplit / kChunk;
   constexpr int kChunksPerWarp = kChunksPerSplit / kWarps;
