@@ -651,18 +651,28 @@ void ExpectSettingChangesNoBit(const AttnConfig& c, const std::vector<SeqSpec>& 
 }
 
 // The tensor-core decode kernel's blocks may compute several consecutive splits (a ring of
-// copies running across them for quantized caches): 1, 2, 3 and 8 splits per block must give
-// the same bits, for every cache type, with and without a window, over contexts that leave the
-// last block of a sequence partly empty.
+// copies running across them for quantized caches at head_dim 128 and the bf16 cache at 256):
+// 1, 2, 3 and 8 splits per block must give the same bits, for every cache type at head dims 128
+// and 256, with and without a window, over contexts that leave the last block of a sequence
+// partly empty.
 TEST(CudaAttention, DecodeSplitsPerBlockChangeNoBit) {
   KESTREL_REQUIRE_CUDA();
   const int saved = DecodeSplitsPerBlock();
-  ForEachCacheAndWindow({0, 700}, [&](AttnConfig c) {
-    c.context_bucket = 8192;
-    const std::vector<SeqSpec> seqs = DecodeSeqs({5000, 1, 300, 4097, 2049, 700, 16, 7777}, 1300);
-    ExpectSettingChangesNoBit(c, seqs, {1, 2, 3, 8}, SetDecodeSplitsPerBlock,
-                              [](int n) { return std::to_string(n) + " splits per block"; });
-  });
+  for (int32_t head_dim : {128, 256}) {
+    ForEachCacheAndWindow({0, 700}, [&](AttnConfig c) {
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+      c.head_dim = head_dim;
+      if (head_dim == 256) {  // Qwen3.5-27B's group of 6
+        c.n_heads = 12;
+        c.n_kv_heads = 2;
+      }
+      c.context_bucket = 8192;
+      const std::vector<SeqSpec> seqs =
+          DecodeSeqs({5000, 1, 300, 4097, 2049, 700, 16, 7777}, 1300);
+      ExpectSettingChangesNoBit(c, seqs, {1, 2, 3, 8}, SetDecodeSplitsPerBlock,
+                                [](int n) { return std::to_string(n) + " splits per block"; });
+    });
+  }
   SetDecodeSplitsPerBlock(saved);
 }
 
