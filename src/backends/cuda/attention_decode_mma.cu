@@ -376,6 +376,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     bool valid[4];
     float k_scale[4], v_scale[4];
   };
+  // The chunk row (key) of this lane's jj-th V row: its B-fragment k rows 2t, 2t+1, 2t+8, 2t+9,
+  // which are also its S columns.
+  auto key_row = [&](int jj) { return 2 * t + (jj & 1) + 8 * (jj >> 1); };
   auto load = [&](int chunk, ChunkRegs& r) {
     const int key0 = split_begin + chunk * kChunk;
     const int64_t offset = s_chunk_offset[chunk_base + chunk];
@@ -392,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
     }
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
-      const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
+      const int j = key_row(jj);
       r.valid[jj] = key0 + j >= lo && key0 + j <= hi;
       const Elem* row = v_cache + offset + j * D;
 #pragma unroll
@@ -557,7 +560,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
   // The staged path's ring, kStages of its chunks in flight.
   unsigned char* stages = smem + warp * kStages * G::kStageBytes;
   const int n_ring = n_block_splits * kChunksPerWarp;
-  // Copies chunk q's K rows (kK), V rows (kV) and (quantized) scales into its stage.
+  // Copies chunk q's K rows (kK; with them the quantized caches' K and V scales, which the
+  // scores read) and V rows (kV) into its stage.
   auto issue_part = [&]<bool kK, bool kV>(int q) {
     if constexpr (kStaged) {
       if (q >= n_ring) return;
@@ -589,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
                     v_src + src, valid);
         }
       }
-      if constexpr (kQuant && kK && kV) {
+      if constexpr (kQuant && kK) {
         if (lane < 8) {  // 4 x 16 bytes of K scales, then of V scales
           const float* src = (lane < 4 ? p.k_scale : p.v_scale) + offset / D + (lane % 4) * 4;
           CpAsync16(st + 2 * kChunk * G::kRowBytes + lane * 16, src, true);
@@ -628,8 +632,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
       // Per chunk: wait for its group, fill the fragments from shared memory, compute, refill
       // the stage with the chunk kStages ahead in the ring (the next split's, near the end).
       // kRefillFirst (one stage, its K rows and V rows committed as two groups): wait for the K
-      // rows, take them into registers and refill them with the next chunk's, compute the
-      // scores, wait for the V rows, P.V reading them from the stage, refill them.
+      // rows, compute the scores reading them from the stage, refill them with the next chunk's,
+      // wait for the V rows, P.V reading them from the stage, refill them.
 #pragma unroll 1
       for (int c = 0; c < kChunksPerWarp; ++c) {
         const int q = si * kChunksPerWarp + c;
@@ -641,21 +645,21 @@ __global__ void __launch_bounds__(kThreads, MinBlocksPerSm<D>())
         const int key0 = split_begin + chunk * kChunk;
         const bool attended = key0 <= hi && key0 + kChunk - 1 >= lo;  // warp-uniform
         const unsigned char* st = stages + (q % kStages) * G::kStageBytes;
-        // The chunk's K rows (and validity, scales), then its V rows, from the stage.
+        // K piece i of n-tile n and V piece i of row jj of this lane, read from the stage.
         auto k_at = [&](int n, int i) {
           const int row = n * 8 + g;
           return *reinterpret_cast<const uint4*>(st + row * G::kRowBytes +
                                                  StagedPiece<false>(row, i * 4 + t) * 16);
         };
         auto v_at = [&](int jj, int i) {
-          const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
+          const int j = key_row(jj);
           return *reinterpret_cast<const VVec*>(st + kChunk * G::kRowBytes + j * G::kRowBytes +
                                                 StagedPiece<true>(j, i * 8 + g) * 16);
         };
         // Validity and scales of this lane's key jj (rows past the context may hold any bits).
         auto fill_meta = [&](ChunkRegs& r, int jj) {
           const float* scales = reinterpret_cast<const float*>(st + 2 * kChunk * G::kRowBytes);
-          const int j = 2 * t + (jj & 1) + 8 * (jj >> 1);
+          const int j = key_row(jj);
           r.valid[jj] = key0 + j >= lo && key0 + j <= hi;
           r.k_scale[jj] = 1.0f;
           r.v_scale[jj] = 1.0f;
