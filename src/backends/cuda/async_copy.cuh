@@ -1,6 +1,6 @@
 // cp.async (sm_80+): 16-byte copies from global to shared memory that complete in the background,
 // grouped by commit and waited for by group count. Shared by the kernels that stage tiles
-// (attention, MoE GEMM).
+// (attention, MoE GEMM). And bulk copies completed through mbarriers (sm_90; the streaming GEMV).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,62 @@ __device__ __forceinline__ void PrefetchL2Bulk(const void* gmem, uint32_t bytes)
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
 #endif
 }
+// Bulk copies (sm_90, the TMA engine without a tensor map) into shared memory, completed through
+// an mbarrier: one thread arms the barrier with the bytes to expect and issues the copy; every
+// thread that reads the destination first waits for the barrier's phase to complete.
+//
+// Initialises the barrier at `bar` for `count` arrivals per phase (a bulk copy's arming thread
+// counts as one). The caller fences (MbarrierInitFence) and synchronises the block before any
+// thread uses it.
+__device__ __forceinline__ void MbarrierInit(uint64_t* bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddress(bar)), "r"(count)
+               : "memory");
+#endif
+}
+// One arrival on the barrier (release: this thread's earlier writes to shared memory are seen
+// by a thread whose wait returns for the completed phase).
+__device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddress(bar)) : "memory");
+#endif
+}
+// Makes initialised barriers visible to the bulk-copy engine.
+__device__ __forceinline__ void MbarrierInitFence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global `gmem` to shared `smem`,
+// the barrier's current phase completing when they have landed (it is armed here for them).
+__device__ __forceinline__ void BulkCopyToShared(void* smem, const void* gmem, uint32_t bytes,
+                                                 uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t b = SmemAddress(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(SmemAddress(smem)), "l"(gmem), "r"(bytes), "r"(b)
+      : "memory");
+#endif
+}
+// Waits until the barrier's phase with this parity (0 for its first, 1 for the next, ...) has
+// completed.
+__device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(SmemAddress(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {

@@ -36,12 +36,15 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/cuda/async_copy.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/device.h"
 #include "backends/cuda/env_setting.h"
 #include "backends/cuda/linear.h"
 #include "backends/cuda/pdl.cuh"
@@ -384,6 +387,202 @@ void LaunchFma(const __nv_bfloat16* x, int mi, int ki, const __nv_bfloat16* w, i
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Streaming GEMV ("stream", and "auto" above 35 MB), one token row: y[j] = x . w[j].
+//
+// The kernels above read W with per-thread vector loads from many short blocks (at one token the
+// 27B's gate|up is 17,408 blocks of 2 rows), so each block's start, first round trip and exit
+// recur thousands of times per product, and the grid's last wave drains unevenly. Here the grid
+// is one block per SM and block b owns the rows [n b / B, n (b + 1) / B): since W is row-major
+// that range is one contiguous stretch of memory, streamed through a ring of shared-memory stages
+// by bulk copies (the TMA engine, no per-thread loads), R whole rows per stage (1 to 8, about
+// kStageTarget bytes).
+//
+// Warp 0 produces: its lane 0 issues the first ring-full before the PDL wait (W is immutable, so
+// it lands while the previous kernel finishes); then, for each stage in turn, it waits until
+// every consumer thread has read the stage and left its partial sums (the `done` barrier), adds
+// the partial sums of each row in warp order, writes y, and refills the slot with the stage a
+// ring ahead (every producer lane arrives on the slot's `full` barrier with that copy, so its
+// reads of the slot's partial sums come before the consumers' next writes). The kC consumer
+// warps wait for a stage (the `full` barrier), take their share of it and go on to the next
+// without waiting for each other, so consumption, reduction and copies overlap across stages.
+// Consumer thread t takes the 16-byte vectors t, t + 32 kC, ... of every row of a stage (its x
+// vectors held in registers), each vector's eight products chained as in Dot8, the vectors added
+// in order; a warp's R partial sums then go through HalvingButterfly.
+// Deterministic (fixed split and order); one token row only. k up to 32 kC kStreamMaxXVecs * 8
+// (x in registers; 32,768 with 16 consumer warps); a larger k runs fma_r1_ks4_u4.
+constexpr int kStreamMaxRows = 8;    // rows per stage
+constexpr int kStreamMaxSlots = 8;   // stages in the ring
+constexpr int kStreamMaxXVecs = 8;   // x vectors per consumer thread
+constexpr int kStreamMaxSmem = 192 << 10;
+
+// Dot8 of a 16-byte vector of w and one of x.
+__device__ __forceinline__ float Dot8Bf16(const uint4& wv, const uint4& xv) {
+  const float xf[8] = {Bf16Lo(xv.x), Bf16Hi(xv.x), Bf16Lo(xv.y), Bf16Hi(xv.y),
+                       Bf16Lo(xv.z), Bf16Hi(xv.z), Bf16Lo(xv.w), Bf16Hi(xv.w)};
+  return Dot8(wv, xf);
+}
+
+template <int kC, int kXV>
+__global__ void __launch_bounds__((kC + 1) * 32, 1)
+    StreamGemvKernel(const __nv_bfloat16* __restrict__ x,  // [k]
+                     int k,
+                     const __nv_bfloat16* __restrict__ w,  // [n, k]
+                     int n,
+                     float* __restrict__ y,  // [n]
+                     int rows_per_stage, int slots) {
+  extern __shared__ __align__(128) unsigned char ring[];  // [slots][rows_per_stage * k] bf16
+  __shared__ uint64_t full[kStreamMaxSlots], done[kStreamMaxSlots];
+  __shared__ float partial[kStreamMaxSlots][kC][kStreamMaxRows];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int kv = k / 8;
+  const int64_t row_begin = static_cast<int64_t>(n) * blockIdx.x / gridDim.x;
+  const int rows = static_cast<int>(static_cast<int64_t>(n) * (blockIdx.x + 1) / gridDim.x -
+                                    row_begin);
+  const int n_stages = (rows + rows_per_stage - 1) / rows_per_stage;
+  const int64_t row_bytes = static_cast<int64_t>(k) * 2;
+  const int64_t stage_bytes = row_bytes * rows_per_stage;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) {
+      MbarrierInit(&full[s], 32);
+      MbarrierInit(&done[s], kC * 32);
+    }
+    MbarrierInitFence();
+  }
+  __syncthreads();
+
+  if (warp == 0) {  // producer and reducer
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(w) + row_begin * row_bytes;
+    auto issue = [&](int i) {  // by every lane: lane 0 copies, the others arrive
+      if (lane != 0) {
+        MbarrierArrive(&full[i % slots]);
+        return;
+      }
+      const int r0 = i * rows_per_stage;
+      const int nr = min(rows_per_stage, rows - r0);
+      BulkCopyToShared(ring + (i % slots) * stage_bytes, src + r0 * row_bytes,
+                       static_cast<uint32_t>(nr * row_bytes), &full[i % slots]);
+    };
+    for (int i = 0; i < min(slots, n_stages); ++i) issue(i);
+    PdlWait();
+    for (int i = 0; i < n_stages; ++i) {
+      const int slot = i % slots;
+      const int nr = min(rows_per_stage, rows - i * rows_per_stage);
+      MbarrierWait(&done[slot], static_cast<uint32_t>(i / slots) & 1u);
+      if (lane < nr) {
+        float sum = partial[slot][0][lane];
+#pragma unroll
+        for (int c = 1; c < kC; ++c) sum += partial[slot][c][lane];
+        y[row_begin + i * rows_per_stage + lane] = sum;
+      }
+      if (i + slots < n_stages) issue(i + slots);
+    }
+  } else {  // consumers
+    PdlWait();
+    const int c = warp - 1;
+    const int t = c * 32 + lane;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    uint4 xr[kXV];
+#pragma unroll
+    for (int j = 0; j < kXV; ++j) {
+      const int v = t + j * kC * 32;
+      xr[j] = v < kv ? __ldg(xv + v) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll 1
+    for (int i = 0; i < n_stages; ++i) {
+      const int slot = i % slots;
+      const int nr = min(rows_per_stage, rows - i * rows_per_stage);
+      MbarrierWait(&full[slot], static_cast<uint32_t>(i / slots) & 1u);
+      const uint4* st = reinterpret_cast<const uint4*>(ring + slot * stage_bytes);
+      float acc[kStreamMaxRows];
+#pragma unroll
+      for (int r = 0; r < kStreamMaxRows; ++r) {
+        acc[r] = 0.0f;
+        if (r < nr) {
+#pragma unroll
+          for (int j = 0; j < kXV; ++j) {
+            const int v = t + j * kC * 32;
+            if (v < kv) acc[r] += Dot8Bf16(st[r * kv + v], xr[j]);
+          }
+        }
+      }
+      HalvingButterfly<kStreamMaxRows>(acc, lane);
+      if (ButterflyWriter<kStreamMaxRows>(lane)) {
+        partial[slot][c][ButterflyIndex<kStreamMaxRows>(lane)] = acc[0];
+      }
+      MbarrierArrive(&done[slot]);  // this thread has read the stage and written its sums
+    }
+  }
+  PdlLaunchDependents();
+}
+
+template <int kC, int kXV>
+void LaunchStreamX(const __nv_bfloat16* x, int k, const __nv_bfloat16* w, int n, float* y,
+                   int grid, int rows_per_stage, int slots, size_t smem, cudaStream_t stream) {
+  auto* kernel = &StreamGemvKernel<kC, kXV>;
+  static const bool sized = [kernel] {  // once per instantiation, before its first launch
+    KCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kStreamMaxSmem));
+    return true;
+  }();
+  (void)sized;
+  LaunchPdl(kernel, dim3(static_cast<unsigned>(grid)), dim3((kC + 1) * 32), smem, stream, x, k,
+            w, n, y, rows_per_stage, slots);
+}
+
+template <int kC, int kStageTarget, int kRingBytes>
+void LaunchStream(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, int n, float* y,
+                  cudaStream_t stream) {
+  KCHECK(m == 1);
+  constexpr int64_t kMaxK = int64_t{kStreamMaxXVecs} * kC * 32 * 8;
+  const int64_t row_bytes = int64_t{k} * 2;
+  if (k > kMaxK || 2 * row_bytes > kStreamMaxSmem) {
+    LaunchFma<1, 4, 4>(x, m, k, w, n, y, stream);
+    return;
+  }
+  const int rows_per_stage =
+      static_cast<int>(std::clamp<int64_t>(kStageTarget / row_bytes, 1, kStreamMaxRows));
+  const int64_t stage_bytes = rows_per_stage * row_bytes;
+  const int slots =
+      static_cast<int>(std::clamp<int64_t>(kRingBytes / stage_bytes, 2, kStreamMaxSlots));
+  const size_t smem = static_cast<size_t>(slots * stage_bytes);
+  const int grid =
+      static_cast<int>(std::min<int64_t>(n, static_cast<int64_t>(CurrentDeviceSmCount())));
+  const int xvecs = (k / 8 + kC * 32 - 1) / (kC * 32);
+  auto go = [&](auto launch) { launch(x, k, w, n, y, grid, rows_per_stage, slots, smem, stream); };
+  if (xvecs <= 1) go(&LaunchStreamX<kC, 1>);
+  else if (xvecs <= 2) go(&LaunchStreamX<kC, 2>);
+  else if (xvecs <= 4) go(&LaunchStreamX<kC, 4>);
+  else go(&LaunchStreamX<kC, 8>);
+}
+
+// The streaming kernel as "stream" and "auto" run it: stages of about 32 KB, a 128 KB ring.
+// H200, bench_cuda_linear --m 1, against a 48 KB stage target with a 192 KB ring and a 32 KB one
+// with 192 KB: within 1-6 % of either on every shape of Qwen3-8B, the 27B and the 35B-A3B, ahead
+// on most (docs/cuda.md).
+void LaunchStreamDefault(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, int n,
+                         float* y, cudaStream_t stream) {
+  LaunchStream<16, 32 << 10, 128 << 10>(x, m, k, w, n, y, stream);
+}
+
+// The one-row default ("auto"): the streaming kernel for matrices of at least kStreamMinBytes,
+// fma_r1_ks4_u4 below, where a block per SM has too few stages to fill its ring. H200, one call
+// at a time with the weights rotated past L2 (bench_cuda_linear --m 1; copy bandwidth 4,200
+// GB/s), us, fma_r1_ks4_u4 against "stream": 1.1 MB 5.8 / 6.1, 16.8 MB 9.3 / 10.4, 33.6 MB
+// 13.7 / 14.1, 37.7 MB 18.1 / 15.3, 50.3 MB 18.0 / 17.7, 62.9 MB 22.9 / 21.2, 169 MB 50.9 /
+// 44.0, 357 MB 99.7 / 84.8, 1.02 GB 342 / 232, 2.54 GB 668 / 557 (docs/cuda.md). The choice
+// depends on the shape only, so a product always takes the same kernel.
+constexpr int64_t kStreamMinBytes = 35 << 20;
+
+void LaunchAuto(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, int n, float* y,
+                cudaStream_t stream) {
+  if (int64_t{n} * k * 2 >= kStreamMinBytes) {
+    LaunchStreamDefault(x, m, k, w, n, y, stream);
+  } else {
+    LaunchFma<1, 4, 4>(x, m, k, w, n, y, stream);
+  }
+}
+
 using LaunchFn = void (*)(const __nv_bfloat16*, int, int, const __nv_bfloat16*, int, float*,
                           cudaStream_t);
 
@@ -402,15 +601,18 @@ constexpr Variant kVariants[] = {
     {"fma_r4_ks4_u2", kFmaMaxRows, true, &LaunchFma<4, 4, 2>},
     {"fma_r1_ks4_u4", kFmaMaxRows, true, &LaunchFma<1, 4, 4>},
     {"fma_r2_ks8_u4", kFmaMaxRows, true, &LaunchFma<2, 8, 4>},
+    {"stream", 1, true, &LaunchStreamDefault},
+    {"auto", 1, true, &LaunchAuto},
 };
 constexpr int kVariantCount = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
 // Measured on the H200 (bench_cuda_linear, weights rotated past L2): at m = 1 "fma_r1_ks4_u4"
-// (one row per group of 4 warps splitting k) is the fastest on every Qwen3-8B shape: 13.8 us
-// for 4096x4096 (cuBLASLt 15.7), 29.4 us for 4096x12288 (31.9), 296 us for the LM head (299).
-// At m = 8 every CUDA-core variant loses to cuBLASLt, which LinearEngine::Run's first-call
-// timing then picks.
-constexpr int kInitialDefaultVariant = 4;
+// (one row per group of 4 warps splitting k) is the fastest of the per-thread-load variants on
+// every Qwen3-8B shape: 13.8 us for 4096x4096 (cuBLASLt 15.7), 29.4 us for 4096x12288 (31.9),
+// 296 us for the LM head (299); "auto" keeps it for small matrices and streams the others
+// (LaunchAuto). At m = 8 every CUDA-core variant loses to cuBLASLt.
+constexpr int kInitialDefaultVariant = 7;
+static_assert(kVariants[kInitialDefaultVariant].launch == &LaunchAuto);
 
 int FindVariant(const char* name) {
   for (int v = 0; v < kVariantCount; ++v) {

@@ -45,8 +45,10 @@ void SkinnyLinear(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloa
                   float* y, cudaStream_t stream);
 
 // Variants of the skinny kernel, selectable at run time (benchmark, tests, tuning). Indices are
-// 0 .. SkinnyVariantCount()-1; 0 is "tc16", the original tensor-core kernel; the others are
-// CUDA-core GEMV kernels named "fma_r{rows per warp}_ks{warps splitting k}_u{chunks unrolled}".
+// 0 .. SkinnyVariantCount()-1; 0 is "tc16", the original tensor-core kernel; then CUDA-core GEMV
+// kernels named "fma_r{rows per warp}_ks{warps splitting k}_u{chunks unrolled}" (m <= 8);
+// "stream", one block per SM streaming its rows through shared memory by bulk copies (m = 1);
+// and "auto" (the default, m = 1): "stream" for matrices of 35 MB or more, fma_r1_ks4_u4 below.
 // All are deterministic; SkinnyVariantBatchInvariant says whether row i of y is bitwise
 // independent of m (for m up to the variant's max rows).
 int SkinnyVariantCount();
