@@ -557,9 +557,9 @@ void LaunchStream(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, 
 }
 
 // The streaming kernel as "stream" and "auto" run it: stages of about 32 KB, a 128 KB ring.
-// H200, bench_cuda_linear --m 1, against a 48 KB stage target with a 192 KB ring and a 32 KB one
-// with 192 KB: within 1-6 % of either on every shape of Qwen3-8B, the 27B and the 35B-A3B, ahead
-// on most (docs/cuda.md).
+// H200, bench_cuda_linear --m 1: within 1-6 % of a 192 KB ring (32 or 48 KB stages) on every
+// product of Qwen3-8B, the 27B and the 35B-A3B; the 48 KB form ran the 27B's and the MoE's decode
+// steps 1.5-3 % slower, the 8B's 1 % faster (docs/cuda.md).
 void LaunchStreamDefault(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, int n,
                          float* y, cudaStream_t stream) {
   LaunchStream<16, 32 << 10, 128 << 10>(x, m, k, w, n, y, stream);
