@@ -225,7 +225,8 @@ TEST_P(LinearShapeTest, EverySkinnyVariantMatchesReference) {
   const auto* w = w_dev.as<const __nv_bfloat16>();
   for (int v = 0; v < SkinnyVariantCount(); ++v) {
     const int64_t vmax = std::min<int64_t>(max_m, SkinnyVariantMaxRows(v));
-    ASSERT_GE(vmax, 1) << SkinnyVariantName(v);
+    // One-row variants ("stream", "auto") or ones that cover at least 8 rows.
+    ASSERT_TRUE(vmax == 1 || vmax >= 8) << SkinnyVariantName(v);
     auto run = [&](const __nv_bfloat16* xs, int64_t m) {
       DeviceBuffer y_dev = kt::Poisoned<float>(m * n);
       SkinnyLinearVariant(v, xs, m, k, w, n, y_dev.as<float>(), nullptr);

@@ -180,7 +180,6 @@ struct LinearEngine::Impl {
     return &it->second[static_cast<size_t>(i)];
   }
 
-
   // The first configuration cuBLASLt has an algorithm for: f32 output straight into y, else
   // bf16 output into the buffer (converted after), with m as is, then m padded to 16 rows.
   const Fp8Plan& GetFp8Plan(const Key& key) {

@@ -396,25 +396,35 @@ void LaunchFma(const __nv_bfloat16* x, int mi, int ki, const __nv_bfloat16* w, i
 // is one block per SM and block b owns the rows [n b / B, n (b + 1) / B): since W is row-major
 // that range is one contiguous stretch of memory, streamed through a ring of shared-memory stages
 // by bulk copies (the TMA engine, no per-thread loads), R whole rows per stage (1 to 8, about
-// kStageTarget bytes).
+// kStreamStageTarget bytes).
 //
 // Warp 0 produces: its lane 0 issues the first ring-full before the PDL wait (W is immutable, so
 // it lands while the previous kernel finishes); then, for each stage in turn, it waits until
 // every consumer thread has read the stage and left its partial sums (the `done` barrier), adds
 // the partial sums of each row in warp order, writes y, and refills the slot with the stage a
 // ring ahead (every producer lane arrives on the slot's `full` barrier with that copy, so its
-// reads of the slot's partial sums come before the consumers' next writes). The kC consumer
+// reads of the slot's partial sums come before the consumers' next writes). The 16 consumer
 // warps wait for a stage (the `full` barrier), take their share of it and go on to the next
 // without waiting for each other, so consumption, reduction and copies overlap across stages.
-// Consumer thread t takes the 16-byte vectors t, t + 32 kC, ... of every row of a stage (its x
+// Consumer thread t takes the 16-byte vectors t, t + 512, ... of every row of a stage (its x
 // vectors held in registers), each vector's eight products chained as in Dot8, the vectors added
 // in order; a warp's R partial sums then go through HalvingButterfly.
-// Deterministic (fixed split and order); one token row only. k up to 32 kC kStreamMaxXVecs * 8
-// (x in registers; 32,768 with 16 consumer warps); a larger k runs fma_r1_ks4_u4.
-constexpr int kStreamMaxRows = 8;    // rows per stage
-constexpr int kStreamMaxSlots = 8;   // stages in the ring
-constexpr int kStreamMaxXVecs = 8;   // x vectors per consumer thread
-constexpr int kStreamMaxSmem = 192 << 10;
+// Deterministic (fixed split and order); one token row only. k up to kStreamMaxK (x in
+// registers); a larger k runs fma_r1_ks4_u4.
+//
+// Stages of about 32 KB in a 128 KB ring. H200, bench_cuda_linear --m 1: within 1-6 % of a 192 KB
+// ring (32 or 48 KB stages) on every product of Qwen3-8B, the 27B and the 35B-A3B; the 48 KB form
+// ran the 27B's and the MoE's decode steps 1.5-3 % slower, the 8B's 1 % faster (docs/cuda.md).
+constexpr int kStreamConsumers = 16;  // consumer warps
+constexpr int kStreamThreads = (kStreamConsumers + 1) * 32;
+constexpr int kStreamMaxRows = 8;     // rows per stage
+constexpr int kStreamMaxSlots = 8;    // stages in the ring
+constexpr int kStreamMaxXVecs = 8;    // x vectors per consumer thread
+constexpr int64_t kStreamStageTarget = 32 << 10;
+constexpr int64_t kStreamRingBytes = 128 << 10;
+constexpr int64_t kStreamMaxK = int64_t{kStreamMaxXVecs} * kStreamConsumers * 32 * 8;  // 32,768
+// The ring at kStreamMaxK: two stages of one row (a row over kStreamStageTarget is a stage alone).
+constexpr int kStreamMaxSmem = static_cast<int>(std::max(kStreamRingBytes, 2 * kStreamMaxK * 2));
 
 // Dot8 of a 16-byte vector of w and one of x.
 __device__ __forceinline__ float Dot8Bf16(const uint4& wv, const uint4& xv) {
@@ -423,8 +433,8 @@ __device__ __forceinline__ float Dot8Bf16(const uint4& wv, const uint4& xv) {
   return Dot8(wv, xf);
 }
 
-template <int kC, int kXV>
-__global__ void __launch_bounds__((kC + 1) * 32, 1)
+template <int kXV>
+__global__ void __launch_bounds__(kStreamThreads, 1)
     StreamGemvKernel(const __nv_bfloat16* __restrict__ x,  // [k]
                      int k,
                      const __nv_bfloat16* __restrict__ w,  // [n, k]
@@ -433,7 +443,7 @@ __global__ void __launch_bounds__((kC + 1) * 32, 1)
                      int rows_per_stage, int slots) {
   extern __shared__ __align__(128) unsigned char ring[];  // [slots][rows_per_stage * k] bf16
   __shared__ uint64_t full[kStreamMaxSlots], done[kStreamMaxSlots];
-  __shared__ float partial[kStreamMaxSlots][kC][kStreamMaxRows];
+  __shared__ float partial[kStreamMaxSlots][kStreamConsumers][kStreamMaxRows];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int kv = k / 8;
   const int64_t row_begin = static_cast<int64_t>(n) * blockIdx.x / gridDim.x;
@@ -445,7 +455,7 @@ __global__ void __launch_bounds__((kC + 1) * 32, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) {
       MbarrierInit(&full[s], 32);
-      MbarrierInit(&done[s], kC * 32);
+      MbarrierInit(&done[s], kStreamConsumers * 32);
     }
     MbarrierInitFence();
   }
@@ -472,7 +482,7 @@ __global__ void __launch_bounds__((kC + 1) * 32, 1)
       if (lane < nr) {
         float sum = partial[slot][0][lane];
 #pragma unroll
-        for (int c = 1; c < kC; ++c) sum += partial[slot][c][lane];
+        for (int c = 1; c < kStreamConsumers; ++c) sum += partial[slot][c][lane];
         y[row_begin + i * rows_per_stage + lane] = sum;
       }
       if (i + slots < n_stages) issue(i + slots);
@@ -485,7 +495,7 @@ __global__ void __launch_bounds__((kC + 1) * 32, 1)
     uint4 xr[kXV];
 #pragma unroll
     for (int j = 0; j < kXV; ++j) {
-      const int v = t + j * kC * 32;
+      const int v = t + j * kStreamConsumers * 32;
       xr[j] = v < kv ? __ldg(xv + v) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll 1
@@ -501,7 +511,7 @@ __global__ void __launch_bounds__((kC + 1) * 32, 1)
         if (r < nr) {
 #pragma unroll
           for (int j = 0; j < kXV; ++j) {
-            const int v = t + j * kC * 32;
+            const int v = t + j * kStreamConsumers * 32;
             if (v < kv) acc[r] += Dot8Bf16(st[r * kv + v], xr[j]);
           }
         }
@@ -516,53 +526,44 @@ __global__ void __launch_bounds__((kC + 1) * 32, 1)
   PdlLaunchDependents();
 }
 
-template <int kC, int kXV>
+template <int kXV>
 void LaunchStreamX(const __nv_bfloat16* x, int k, const __nv_bfloat16* w, int n, float* y,
                    int grid, int rows_per_stage, int slots, size_t smem, cudaStream_t stream) {
-  auto* kernel = &StreamGemvKernel<kC, kXV>;
+  auto* kernel = &StreamGemvKernel<kXV>;
   static const bool sized = [kernel] {  // once per instantiation, before its first launch
     KCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      kStreamMaxSmem));
     return true;
   }();
   (void)sized;
-  LaunchPdl(kernel, dim3(static_cast<unsigned>(grid)), dim3((kC + 1) * 32), smem, stream, x, k,
+  LaunchPdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(kStreamThreads), smem, stream, x, k,
             w, n, y, rows_per_stage, slots);
 }
 
-template <int kC, int kStageTarget, int kRingBytes>
 void LaunchStream(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, int n, float* y,
                   cudaStream_t stream) {
   KCHECK(m == 1);
-  constexpr int64_t kMaxK = int64_t{kStreamMaxXVecs} * kC * 32 * 8;
-  const int64_t row_bytes = int64_t{k} * 2;
-  if (k > kMaxK || 2 * row_bytes > kStreamMaxSmem) {
+  if (k > kStreamMaxK) {
     LaunchFma<1, 4, 4>(x, m, k, w, n, y, stream);
     return;
   }
+  const int64_t row_bytes = int64_t{k} * 2;
   const int rows_per_stage =
-      static_cast<int>(std::clamp<int64_t>(kStageTarget / row_bytes, 1, kStreamMaxRows));
+      static_cast<int>(std::clamp<int64_t>(kStreamStageTarget / row_bytes, 1, kStreamMaxRows));
   const int64_t stage_bytes = rows_per_stage * row_bytes;
   const int slots =
-      static_cast<int>(std::clamp<int64_t>(kRingBytes / stage_bytes, 2, kStreamMaxSlots));
+      static_cast<int>(std::clamp<int64_t>(kStreamRingBytes / stage_bytes, 2, kStreamMaxSlots));
   const size_t smem = static_cast<size_t>(slots * stage_bytes);
+  KCHECK(smem <= static_cast<size_t>(kStreamMaxSmem));
   const int grid =
       static_cast<int>(std::min<int64_t>(n, static_cast<int64_t>(CurrentDeviceSmCount())));
-  const int xvecs = (k / 8 + kC * 32 - 1) / (kC * 32);
+  constexpr int kLanes = kStreamConsumers * 32;
+  const int xvecs = (k / 8 + kLanes - 1) / kLanes;
   auto go = [&](auto launch) { launch(x, k, w, n, y, grid, rows_per_stage, slots, smem, stream); };
-  if (xvecs <= 1) go(&LaunchStreamX<kC, 1>);
-  else if (xvecs <= 2) go(&LaunchStreamX<kC, 2>);
-  else if (xvecs <= 4) go(&LaunchStreamX<kC, 4>);
-  else go(&LaunchStreamX<kC, 8>);
-}
-
-// The streaming kernel as "stream" and "auto" run it: stages of about 32 KB, a 128 KB ring.
-// H200, bench_cuda_linear --m 1: within 1-6 % of a 192 KB ring (32 or 48 KB stages) on every
-// product of Qwen3-8B, the 27B and the 35B-A3B; the 48 KB form ran the 27B's and the MoE's decode
-// steps 1.5-3 % slower, the 8B's 1 % faster (docs/cuda.md).
-void LaunchStreamDefault(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, int n,
-                         float* y, cudaStream_t stream) {
-  LaunchStream<16, 32 << 10, 128 << 10>(x, m, k, w, n, y, stream);
+  if (xvecs <= 1) go(&LaunchStreamX<1>);
+  else if (xvecs <= 2) go(&LaunchStreamX<2>);
+  else if (xvecs <= 4) go(&LaunchStreamX<4>);
+  else go(&LaunchStreamX<8>);
 }
 
 // The one-row default ("auto"): the streaming kernel for matrices of at least kStreamMinBytes,
@@ -577,7 +578,7 @@ constexpr int64_t kStreamMinBytes = 35 << 20;
 void LaunchAuto(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, int n, float* y,
                 cudaStream_t stream) {
   if (int64_t{n} * k * 2 >= kStreamMinBytes) {
-    LaunchStreamDefault(x, m, k, w, n, y, stream);
+    LaunchStream(x, m, k, w, n, y, stream);
   } else {
     LaunchFma<1, 4, 4>(x, m, k, w, n, y, stream);
   }
@@ -601,7 +602,7 @@ constexpr Variant kVariants[] = {
     {"fma_r4_ks4_u2", kFmaMaxRows, true, &LaunchFma<4, 4, 2>},
     {"fma_r1_ks4_u4", kFmaMaxRows, true, &LaunchFma<1, 4, 4>},
     {"fma_r2_ks8_u4", kFmaMaxRows, true, &LaunchFma<2, 8, 4>},
-    {"stream", 1, true, &LaunchStreamDefault},
+    {"stream", 1, true, &LaunchStream},
     {"auto", 1, true, &LaunchAuto},
 };
 constexpr int kVariantCount = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
