@@ -14,8 +14,7 @@
 // S (16 rows x 16 keys) = Q.K^T, the online softmax of its rows, and O += P.V.
 // K and V go from global memory straight into the mma fragments (quantized caches at head_dim
 // 128 and the bf16 cache at head_dim 256: through shared memory, see below), thanks to two
-// layout choices that a dot product
-// permits:
+// layout choices that a dot product permits:
 //   Q.K^T  sums over dims in any order, so lane (g, t) = (lane / 4, lane % 4) takes its B
 //          fragments from K row "key g" at the dims of its own 16-byte pieces (i * 4 + t) of the
 //          row, and the Q (A) fragments follow the same dim order: one coalesced 16-byte load per
@@ -217,9 +216,8 @@ struct MmaGeometry {
   static constexpr int MergeRows(bool top) { return top ? 8 : kMaxGroup; }
   // The quantized head_dim-128 path's merge rows are padded (PaddedCol: conflict-free stores),
   // and so are head dim 256's (plain rows cost it a 12-way conflict on 91 % of its shared
-  // stores: ncu, 64 x 2k);
-  // the bf16 path at head_dim 128 keeps plain rows, whose padded form costs it registers
-  // (spills) for less to gain.
+  // stores: ncu, 64 x 2k); the bf16 path at head_dim 128 keeps plain rows, whose padded form
+  // costs it registers (spills) for less to gain.
   static constexpr bool kPaddedMerge = (D == 128 && kQuant) || D == 256;
   // At head_dim 256 a lane's O (32 dim tiles) and one chunk's K and V fill the 255 registers of
   // 2 blocks per SM and spilled (64-172 bytes); the Q fragments (16 k-steps) then live in shared

@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
 #pragma unroll
         for (int i = 0; i < kRawPasses; ++i) {
           const int r = raw_row + i * kRawRowsPerPass;
-  #pragma unroll
+#pragma unroll
           for (int t = 0; t < 2; ++t) {
             const uint4 codes =
                 *reinterpret_cast<const uint4*>(st + t * Smem::kRawCodes + r * D + raw_chunk * 16);
