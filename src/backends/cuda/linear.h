@@ -21,8 +21,9 @@ namespace kestrel::cuda {
 
 // Row counts up to which Run uses the skinny kernel (its default variant); cuBLASLt above.
 // Measured on the H200 (bench_cuda_linear, Qwen3-8B shapes, weights rotated past L2): at m = 1
-// the default CUDA-core variant beats cuBLASLt on q|k|v (18.1 vs 18.7 us), o_proj (13.8 vs 15.7),
-// down (29.4 vs 31.9) and the LM head (296 vs 299), and trails on gate|up (54.4 vs 52.5); from
+// the CUDA-core variant fma_r1_ks4_u4 beats cuBLASLt on q|k|v (18.1 vs 18.7 us), o_proj (13.8 vs
+// 15.7), down (29.4 vs 31.9) and the LM head (296 vs 299), and trails on gate|up (54.4 vs 52.5);
+// the default "auto" streams the matrices of 35 MB and more (gate|up 51.4, LM head 279 us); from
 // m = 2 cuBLASLt wins everywhere (m = 4: 18.4 vs 27.6 us on q|k|v). The rule depends on m only,
 // so every run of a shape takes the same path and gives the same bits.
 inline constexpr int64_t kSkinnyMaxRows = 1;
