@@ -6,11 +6,12 @@
 // (n*k*2 weights + m*k*2 input + m*n*4 output) and the fractions of the two ceilings. For m up to
 // kSkinnyKernelMaxRows both paths are timed ("run": true marks the one LinearEngine::Run takes),
 // so the crossover kSkinnyMaxRows can be chosen from these lines.
-// The weights rotate over >= 4 copies (> 200 MB in all) so the 60 MB L2 never serves them.
+// The weights rotate over >= 4 copies (> 200 MB in all) so the 60 MB L2 never serves them
+// (unless --warm-l2).
 // Then the quantized GEMV (QuantGemv) at m = 1 and 8 for FP8 block-128 and 4-bit affine (groups
 // 64 and 128) codes on the same shapes: bytes = codes + scales (+ biases) + x + y.
 // Usage: bench_cuda_linear [--reps N] [--quant-only | --bf16-only] [--shapes MODEL]
-//                          [--m LIST] [--lt-candidates N]
+//                          [--m LIST] [--lt-candidates N] [--warm-l2]
 //   --shapes MODEL       the per-layer shapes of qwen3-8b (default), qwen3.5-27b or
 //                        qwen3.5-35b-a3b (its fused projections as CudaDecoder places them)
 //   --m LIST             token rows of the bf16 table, comma-separated (default 1,2,4,8,16;
@@ -18,6 +19,9 @@
 //   --lt-candidates N    also time cuBLASLt's first N heuristic algorithms at each m > 1
 //                        ("path": "cublaslt_candidate", with the algorithm's configuration)
 //   --bf16-only          skip the quantized GEMVs and the FP8 prefill products
+//   --warm-l2            one copy of each weight instead of rotating copies: after the first
+//                        timed call a matrix that fits in L2 is read from there (the bound of
+//                        any scheme that prefetches the next product's weights into L2)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -116,7 +120,7 @@ double MedianSeconds(int reps, cudaStream_t stream, DeviceBuffer& delay_src,
 
 int Main(int argc, char** argv) {
   const int reps = bench::ParseReps(argc, argv);
-  bool quant_only = false, bf16_only = false;
+  bool quant_only = false, bf16_only = false, warm_l2 = false;
   std::string shape_set = "qwen3-8b";
   std::vector<int64_t> ms = {1, 2, 4, 8, 16};
   int lt_candidates = 0;
@@ -126,6 +130,8 @@ int Main(int argc, char** argv) {
       quant_only = true;
     } else if (std::strcmp(argv[i], "--bf16-only") == 0) {
       bf16_only = true;
+    } else if (std::strcmp(argv[i], "--warm-l2") == 0) {
+      warm_l2 = true;
     } else if (std::strcmp(argv[i], "--shapes") == 0 && has_value) {
       shape_set = argv[++i];
     } else if (std::strcmp(argv[i], "--lt-candidates") == 0 && has_value) {
@@ -159,7 +165,8 @@ int Main(int argc, char** argv) {
     std::printf("{\"skipped\": \"%s\"}\n", info.status().message().c_str());
     return 0;
   }
-  std::printf("{\"device\": \"%s\"}\n", DescribeDevice(*info).c_str());
+  std::printf("{\"device\": \"%s\", \"weights\": \"%s\"}\n", DescribeDevice(*info).c_str(),
+              warm_l2 ? "one copy (warm L2)" : "rotated past L2");
   auto engine_or = LinearEngine::Create();
   if (!engine_or.ok()) {
     std::fprintf(stderr, "%s\n", engine_or.status().message().c_str());
@@ -249,7 +256,8 @@ int Main(int argc, char** argv) {
         const size_t scale_floats = static_cast<size_t>(fp8 ? (n + 127) / 128 * (k / 128)
                                                             : n * (k / qc.group));
         const size_t w_bytes = code_bytes + scale_floats * 4;  // f32 scales; bf16 scale-bias pairs
-        const int n_copies = std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
+        const int n_copies =
+            warm_l2 ? 1 : std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
         std::vector<DeviceBuffer> codes, scales;
         std::vector<WeightSegment> segs;
         for (int c = 0; c < n_copies; ++c) {
@@ -378,7 +386,7 @@ int Main(int argc, char** argv) {
     const int64_t n = shape.n, k = shape.k;
     const size_t w_bytes = static_cast<size_t>(n * k * 2);
     const int n_copies =
-        std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
+        warm_l2 ? 1 : std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
     std::vector<DeviceBuffer> weights;
     for (int c = 0; c < n_copies; ++c) {
       weights.push_back(MustAllocate(w_bytes, "weights"));
