@@ -110,6 +110,12 @@ void FillConstantF32(DeviceBuffer& buf, float v) {
   KCUDA_CHECK(cudaMemcpy(buf.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice));
 }
 
+// Copies of a weight of w_bytes the timed calls rotate over: at least 4 and over 200 MB in all,
+// so that L2 never serves them; one with --warm-l2.
+int WeightCopies(size_t w_bytes, bool warm_l2) {
+  return warm_l2 ? 1 : std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
+}
+
 // Median seconds of one call of fn(rep), behind one 1 GiB device copy (cuda_timing.h).
 template <class Fn>
 double MedianSeconds(int reps, cudaStream_t stream, DeviceBuffer& delay_src,
@@ -256,8 +262,7 @@ int Main(int argc, char** argv) {
         const size_t scale_floats = static_cast<size_t>(fp8 ? (n + 127) / 128 * (k / 128)
                                                             : n * (k / qc.group));
         const size_t w_bytes = code_bytes + scale_floats * 4;  // f32 scales; bf16 scale-bias pairs
-        const int n_copies =
-            warm_l2 ? 1 : std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
+        const int n_copies = WeightCopies(w_bytes, warm_l2);
         std::vector<DeviceBuffer> codes, scales;
         std::vector<WeightSegment> segs;
         for (int c = 0; c < n_copies; ++c) {
@@ -385,8 +390,7 @@ int Main(int argc, char** argv) {
   for (const Shape& shape : shapes) {
     const int64_t n = shape.n, k = shape.k;
     const size_t w_bytes = static_cast<size_t>(n * k * 2);
-    const int n_copies =
-        warm_l2 ? 1 : std::max<int>(4, static_cast<int>((size_t{200} << 20) / w_bytes) + 1);
+    const int n_copies = WeightCopies(w_bytes, warm_l2);
     std::vector<DeviceBuffer> weights;
     for (int c = 0; c < n_copies; ++c) {
       weights.push_back(MustAllocate(w_bytes, "weights"));
