@@ -416,13 +416,14 @@ void LaunchFma(const __nv_bfloat16* x, int mi, int ki, const __nv_bfloat16* w, i
 // ring (32 or 48 KB stages) on every product of Qwen3-8B, the 27B and the 35B-A3B; the 48 KB form
 // ran the 27B's and the MoE's decode steps 1.5-3 % slower, the 8B's 1 % faster (docs/cuda.md).
 constexpr int kStreamConsumers = 16;  // consumer warps
-constexpr int kStreamThreads = (kStreamConsumers + 1) * 32;
+constexpr int kStreamLanes = kStreamConsumers * 32;  // consumer threads
+constexpr int kStreamThreads = kStreamLanes + 32;
 constexpr int kStreamMaxRows = 8;     // rows per stage
 constexpr int kStreamMaxSlots = 8;    // stages in the ring
 constexpr int kStreamMaxXVecs = 8;    // x vectors per consumer thread
 constexpr int64_t kStreamStageTarget = 32 << 10;
 constexpr int64_t kStreamRingBytes = 128 << 10;
-constexpr int64_t kStreamMaxK = int64_t{kStreamMaxXVecs} * kStreamConsumers * 32 * 8;  // 32,768
+constexpr int64_t kStreamMaxK = int64_t{kStreamMaxXVecs} * kStreamLanes * 8;  // 32,768
 // The ring at kStreamMaxK: two stages of one row (a row over kStreamStageTarget is a stage alone).
 constexpr int kStreamMaxSmem = static_cast<int>(std::max(kStreamRingBytes, 2 * kStreamMaxK * 2));
 
@@ -455,7 +456,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) {
       MbarrierInit(&full[s], 32);
-      MbarrierInit(&done[s], kStreamConsumers * 32);
+      MbarrierInit(&done[s], kStreamLanes);
     }
     MbarrierInitFence();
   }
@@ -495,7 +496,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
     uint4 xr[kXV];
 #pragma unroll
     for (int j = 0; j < kXV; ++j) {
-      const int v = t + j * kStreamConsumers * 32;
+      const int v = t + j * kStreamLanes;
       xr[j] = v < kv ? __ldg(xv + v) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll 1
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
         if (r < nr) {
 #pragma unroll
           for (int j = 0; j < kXV; ++j) {
-            const int v = t + j * kStreamConsumers * 32;
+            const int v = t + j * kStreamLanes;
             if (v < kv) acc[r] += Dot8Bf16(st[r * kv + v], xr[j]);
           }
         }
@@ -557,8 +558,7 @@ void LaunchStream(const __nv_bfloat16* x, int m, int k, const __nv_bfloat16* w, 
   KCHECK(smem <= static_cast<size_t>(kStreamMaxSmem));
   const int grid =
       static_cast<int>(std::min<int64_t>(n, static_cast<int64_t>(CurrentDeviceSmCount())));
-  constexpr int kLanes = kStreamConsumers * 32;
-  const int xvecs = (k / 8 + kLanes - 1) / kLanes;
+  const int xvecs = (k / 8 + kStreamLanes - 1) / kStreamLanes;
   auto go = [&](auto launch) { launch(x, k, w, n, y, grid, rows_per_stage, slots, smem, stream); };
   if (xvecs <= 1) go(&LaunchStreamX<1>);
   else if (xvecs <= 2) go(&LaunchStreamX<2>);
