@@ -209,10 +209,11 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
     if (l.moe) {
       const MoeWeights& m = l.moe_w;
       const bool shared = !m.shared_expert.gate_proj.empty();
-      o.router = shared ? plan->PlaceLinear({&m.router, &m.shared_expert_gate})
-                        : plan->PlaceLinear({&m.router});
       // The routed experts run through the bf16 grouped kernels (quantized ones dequantized),
-      // the shared expert as the last of them when it has their shape.
+      // the shared expert as the last of them when it has their shape. Then the router's rows
+      // (and the shared expert's gate row) follow the shared expert's gate|up in bf16, so that
+      // steps which run the shared expert apart take [its gate|up | router | shared gate] as
+      // one product (BindWeights).
       std::vector<const TensorView*> gate_up, down;
       for (const MlpWeights& e : m.experts) {
         gate_up.push_back(&e.gate_proj);
@@ -223,6 +224,11 @@ void CudaDecoder::PlanWeights(CudaWeightPlan* plan) {
         gate_up.push_back(&m.shared_expert.gate_proj);
         gate_up.push_back(&m.shared_expert.up_proj);
         down.push_back(&m.shared_expert.down_proj);
+        gate_up.push_back(&m.router);
+        gate_up.push_back(&m.shared_expert_gate);
+      } else {
+        o.router = shared ? plan->PlaceLinear({&m.router, &m.shared_expert_gate})
+                          : plan->PlaceLinear({&m.router});
       }
       o.experts_gate_up = plan->Place(gate_up);
       o.experts_down = plan->Place(down);
@@ -277,9 +283,14 @@ void CudaDecoder::BindWeights(const uint8_t* base) {
     l.experts_down = at(o.experts_down);
     l.shared_gate_up = linear(o.shared_gate_up);
     l.shared_down = linear(o.shared_down);
-    if (l.moe && moe_shared_slot_) {  // the slot's bf16 matrices, for steps that run it apart
+    if (l.moe && moe_shared_slot_) {
+      // The slot's bf16 matrices, for steps that run it apart, and the router rows after it
+      // (PlanWeights): shared_router is [shared gate|up | router | shared gate].
       const int64_t inter = c_.moe.expert_intermediate, n_e = c_.moe.n_experts;
-      l.shared_gate_up = l.experts_gate_up + n_e * 2 * inter * c_.hidden_size;
+      const __nv_bfloat16* slot = l.experts_gate_up + n_e * 2 * inter * c_.hidden_size;
+      l.shared_gate_up = slot;
+      l.shared_router = slot;
+      l.router = slot + 2 * inter * c_.hidden_size;
       l.shared_down = l.experts_down + n_e * c_.hidden_size * inter;
     }
   }
@@ -321,6 +332,12 @@ Status CudaDecoder::UploadConstants() {
 
 // Offsets of one activation layout; ActivationBytes and BindActivations share it.
 namespace {
+// Floats per row of the [shared gate|up | router | shared gate] product (CudaDecoder::Moe): a
+// multiple of 4, so that its rows are 16-byte aligned for cuBLASLt's and SiluMul's vector paths.
+int64_t SharedRouterStride(int64_t router_width, int64_t shared_inter) {
+  return (2 * shared_inter + router_width + 3) / 4 * 4;
+}
+
 struct ActivationLayout {
   size_t x, xn, qkv, q, attn, tmp, gate_up, act, x_final, logits, workspace, workspace_bytes;
   size_t gate, conv_out, dq, dk, beta, g, core, gdn_out, delta_workspace;
@@ -378,7 +395,12 @@ ActivationLayout Layout(const ModelConfig& c, const CudaDecoder::LayoutDims& d, 
   const int64_t slot = d.moe_shared_slot ? 1 : 0;
   const int64_t pairs = moe ? n * (c.moe.top_k + slot) : 0;
   const int64_t experts = moe ? c.moe.n_experts + slot : 0;
-  l.router = reserve(moe ? n * d.router_width * 4 : 0);
+  // Router logits; with the shared slot, steps that run the shared expert apart write its
+  // gate|up in front of them (CudaDecoder::Moe).
+  const int64_t router_width =
+      d.moe_shared_slot ? SharedRouterStride(d.router_width, c.moe.expert_intermediate)
+                        : d.router_width;
+  l.router = reserve(moe ? n * router_width * 4 : 0);
   l.topk_ids = reserve(pairs * 4);
   l.topk_w = reserve(pairs * 4);
   l.expert_begin = reserve(moe ? (experts + 1) * 4 : 0);
@@ -624,17 +646,32 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
   // experts' (a few rows each).
   const bool slot = UseSharedSlot(n);
   const bool shared = !w.shared_gate_up.empty() && !slot;
-  // Router logits and, in the last column, the shared expert's gate logit.
-  linear->Run(xn_, n, hidden, w.router, router_width_, router_, stream);  // [n, router_width]
-  if (shared) {
-    linear->Run(xn_, n, hidden, w.shared_gate_up, 2 * shared_inter, gate_up_, stream);
+  // Router logits and, in the last column, the shared expert's gate logit: [n, router_width]
+  // at `logits`, rows `ld` floats apart.
+  float* logits = router_;
+  int64_t ld = router_width_;
+  if (shared && moe_shared_slot_) {
+    // One product for the shared expert's gate|up and the router (rows stored together).
+    ld = SharedRouterStride(router_width_, shared_inter);
+    linear->RunCublasLtStrided(xn_, n, hidden, w.shared_router.bf16(),
+                               2 * shared_inter + router_width_, router_, ld, stream);
+    logits = router_ + 2 * shared_inter;
     marks->Mark(CudaStage::kMatmul);
-    cuda::SiluMul(gate_up_, nullptr, nullptr, n, shared_inter, act_, stream);
+    cuda::SiluMul(router_, ld, nullptr, nullptr, n, shared_inter, act_, stream);
     marks->Mark(CudaStage::kOther);
     linear->Run(act_, n, shared_inter, w.shared_down, hidden, shared_out_, stream);  // [n, hidden]
+  } else {
+    linear->Run(xn_, n, hidden, w.router, router_width_, router_, stream);
+    if (shared) {
+      linear->Run(xn_, n, hidden, w.shared_gate_up, 2 * shared_inter, gate_up_, stream);
+      marks->Mark(CudaStage::kMatmul);
+      cuda::SiluMul(gate_up_, nullptr, nullptr, n, shared_inter, act_, stream);
+      marks->Mark(CudaStage::kOther);
+      linear->Run(act_, n, shared_inter, w.shared_down, hidden, shared_out_, stream);
+    }
   }
   marks->Mark(CudaStage::kMatmul);
-  cuda::MoeRoute(router_, router_width_, n, n_e, top_k, m.norm_topk_prob, slot, routing_,
+  cuda::MoeRoute(logits, ld, n, n_e, top_k, m.norm_topk_prob, slot, routing_,
                  moe_active_log_ + w.moe_index, stream);
   // The shared slot makes the shared expert one more expert (id n_e) that every token picks.
   const int32_t picks = static_cast<int32_t>(moe_picks(n));
@@ -656,15 +693,15 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
   } else {
     // Few rows (decode): one grouped launch per GEMM that streams only the routed experts'
     // weights. A token picks an expert at most once; at most `pairs` experts get rows.
+    // SiLU·up is the gate|up GEMM's epilogue (one launch, no f32 gate|up rows).
     const int32_t max_active = std::min(slots, pairs);
-    cuda::MoeLinear(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up, 2 * inter,
-                    routing_, max_active, expert_gate_up_, stream);
-    cuda::SiluMul(expert_gate_up_, nullptr, nullptr, pairs, inter, expert_act_, stream);
+    cuda::MoeLinearSiluMul(xn_, routing_.rows, static_cast<int32_t>(hidden), w.experts_gate_up,
+                           inter, routing_, max_active, expert_act_, stream);
     cuda::MoeLinear(expert_act_, nullptr, inter, w.experts_down, static_cast<int32_t>(hidden),
                     routing_, max_active, expert_out_, stream);  // [pairs, hidden]
   }
   cuda::MoeCombine(expert_out_, routing_, n, picks, static_cast<int32_t>(hidden),
-                   shared ? shared_out_ : nullptr, router_ + n_e, router_width_, tmp_, stream);
+                   shared ? shared_out_ : nullptr, logits + n_e, ld, tmp_, stream);
   marks->Mark(CudaStage::kMoe);
 }
 

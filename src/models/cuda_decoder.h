@@ -22,7 +22,9 @@
 // A MoE channel mixer:  [router | shared-expert gate] GEMM -> shared expert (gate|up GEMM ->
 //   SiLU*up -> down GEMM) -> softmax top-k + counting sort by expert -> grouped gate|up GEMM over
 //   the routed experts only -> SiLU*up -> grouped down GEMM -> weighted sum per token
-//   (+ sigmoid(gate) * shared).
+//   (+ sigmoid(gate) * shared). Decode-sized steps compute SiLU*up in the grouped gate|up
+//   kernel; when the shared expert has the routed experts' shape it rides along as one of them
+//   in steps of up to 8 tokens, and larger steps take its gate|up and the router as one GEMM.
 //
 // A hybrid step:  [attention layer as above, with q|gate split and sigmoid(gate) * attention]
 //   or [add+RMSNorm -> fused in_proj GEMM (qkv | z | b | a) -> causal conv + SiLU (window from
@@ -215,8 +217,8 @@ class CudaDecoder {
     // MoE layers: router (n_experts (+1 shared-expert gate row), hidden); the experts one after
     // the other, gate|up (n_experts, 2*moe_inter, hidden) and down (n_experts, hidden,
     // moe_inter), the shared expert as expert n_experts when it has their shape
-    // (moe_shared_slot_); its gate|up (2*shared_inter, hidden) and down (those of the slot, or
-    // its own).
+    // (moe_shared_slot_; the router's rows then follow its gate|up, in bf16); its gate|up
+    // (2*shared_inter, hidden) and down (those of the slot, or its own).
     bool moe = false;
     int64_t moe_index = 0;
     cuda::Weight router;
@@ -224,6 +226,8 @@ class CudaDecoder {
     const __nv_bfloat16* experts_down = nullptr;
     cuda::Weight shared_gate_up;
     cuda::Weight shared_down;
+    // With the shared slot: [shared gate|up (2*moe_inter) | router | shared gate] rows, bf16.
+    cuda::Weight shared_router;
   };
   struct LayerOffsets {
     static constexpr size_t kNone = CudaWeightPlan::kNone;

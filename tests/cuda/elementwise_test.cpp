@@ -608,5 +608,30 @@ TEST(CudaSiluMul, UnalignedOutputTakesTheScalarPath) {
   RunSiluCase(5, 64, SiluBias::kBoth, 600, 1);
 }
 
+// Gate|up rows at the start of wider rows (the MoE layers' [shared gate|up | router] product):
+// bitwise the contiguous call's output, the other columns (NaN) never read; strides that keep
+// rows 16-byte aligned take the vector path, others the per-element one.
+TEST(CudaSiluMul, StridedRowsEqualContiguousRows) {
+  KESTREL_REQUIRE_CUDA();
+  const int64_t n = 7, inter = 64;
+  const std::vector<float> gate_up = RandomF32(n * 2 * inter, 700, -8.0f, 8.0f);
+  const DeviceBuffer d_dense = Upload(gate_up);
+  const DeviceBuffer d_want = Poisoned<uint16_t>(n * inter);
+  SiluMul(d_dense.as<float>(), nullptr, nullptr, n, inter, Bf16Ptr(d_want), nullptr);
+  const std::vector<uint16_t> want = Download<uint16_t>(d_want, n * inter);
+  for (int64_t stride : {2 * inter + 260, 2 * inter + 257}) {
+    SCOPED_TRACE(stride);
+    std::vector<float> wide(static_cast<size_t>(n * stride), std::nanf(""));
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy(gate_up.begin() + t * 2 * inter, gate_up.begin() + (t + 1) * 2 * inter,
+                wide.begin() + t * stride);
+    }
+    const DeviceBuffer d_wide = Upload(wide);
+    const DeviceBuffer d_out = Poisoned<uint16_t>(n * inter);
+    SiluMul(d_wide.as<float>(), stride, nullptr, nullptr, n, inter, Bf16Ptr(d_out), nullptr);
+    EXPECT_EQ(Download<uint16_t>(d_out, n * inter), want);
+  }
+}
+
 }  // namespace
 }  // namespace kestrel::cuda

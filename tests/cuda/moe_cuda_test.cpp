@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "backends/cuda/activation.h"
 #include "backends/cuda/moe.h"
 #include "backends/cuda/moe_gemm.h"
 #include "cuda/cuda_test_util.h"
@@ -271,6 +272,19 @@ TEST(CudaMoe, GroupedExpertGemmsAndCombineMatchTheReference) {
       }
     }
     EXPECT_LT(worst, 1e-4) << "gate|up";
+    // The fused form: bitwise the product through SiluMul.
+    {
+      DeviceBuffer d_act_ref = Poisoned<uint16_t>(size_t(pairs) * inter);
+      DeviceBuffer d_act_fused = Poisoned<uint16_t>(size_t(pairs) * inter);
+      cuda::SiluMul(d_gate_up.as<float>(), nullptr, nullptr, pairs, inter,
+                    static_cast<__nv_bfloat16*>(d_act_ref.get()), nullptr);
+      cuda::MoeLinearSiluMul(xb, r.view.rows, hidden, static_cast<const __nv_bfloat16*>(d_gu.get()),
+                             inter, r.view, std::min(n_e, pairs),
+                             static_cast<__nv_bfloat16*>(d_act_fused.get()), nullptr);
+      EXPECT_EQ(Download<uint16_t>(d_act_ref, size_t(pairs) * inter),
+                Download<uint16_t>(d_act_fused, size_t(pairs) * inter))
+          << "MoeLinearSiluMul against MoeLinear + SiluMul";
+    }
     const DeviceBuffer d_act = Upload(act);
     cuda::MoeLinear(static_cast<const __nv_bfloat16*>(d_act.get()), nullptr, inter,
                     static_cast<const __nv_bfloat16*>(d_down.get()), hidden, r.view,

@@ -17,4 +17,10 @@ void SiluMul(const float* gate_up /*[n, 2*I]: gate in columns [0, I), up in [I, 
              const __nv_bfloat16* up_bias /*[I] or nullptr*/, int64_t n, int64_t I,
              __nv_bfloat16* out /*[n, I]*/, cudaStream_t stream);
 
+// The same with row t's gate|up at gate_up + t * gate_up_stride (>= 2 * I floats): the gate|up
+// columns at the start of a wider product's rows.
+void SiluMul(const float* gate_up, int64_t gate_up_stride, const __nv_bfloat16* gate_bias,
+             const __nv_bfloat16* up_bias, int64_t n, int64_t I, __nv_bfloat16* out,
+             cudaStream_t stream);
+
 }  // namespace kestrel::cuda

@@ -13,6 +13,7 @@
 #include "backends/cuda/moe_gemm.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/ptx.cuh"
+#include "backends/cuda/silu.cuh"
 #include "core/check.h"
 
 namespace kestrel::cuda {
@@ -244,8 +245,8 @@ constexpr int kReducePad = 4;
 // mma column tiles (8 token rows each) per pass over an expert's rows (MoeLinear says why one).
 constexpr int kMTiles = 1;
 
-// Rows g and g + 8 of the 16 rows [n0, n0 + 16) of routed expert e's matrix, as a lane reads
-// them (a row past n is never loaded: zeros instead).
+// The two rows of routed expert e's matrix [n, k] that lane group g feeds to the mma (A rows g
+// and g + 8). A row marked not ok is never loaded (zeros instead).
 struct WeightRows {
   const uint4* lo;
   const uint4* hi;
@@ -253,14 +254,31 @@ struct WeightRows {
 };
 
 __device__ __forceinline__ WeightRows ExpertRows(const __nv_bfloat16* w, int e, int n, int k_vecs,
-                                                 int n0, int g) {
+                                                 int lo, bool lo_ok, int hi, bool hi_ok) {
   const uint4* we = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(e) * n * k_vecs;
   WeightRows r;
-  r.lo_ok = n0 + g < n;
-  r.hi_ok = n0 + g + 8 < n;
-  r.lo = we + static_cast<int64_t>(r.lo_ok ? n0 + g : 0) * k_vecs;
-  r.hi = we + static_cast<int64_t>(r.hi_ok ? n0 + g + 8 : 0) * k_vecs;
+  r.lo_ok = lo_ok;
+  r.hi_ok = hi_ok;
+  r.lo = we + static_cast<int64_t>(lo_ok ? lo : 0) * k_vecs;
+  r.hi = we + static_cast<int64_t>(hi_ok ? hi : 0) * k_vecs;
   return r;
+}
+
+// A block's (or warp's) 16 rows from `first`: rows first + g and first + g + 8 of the matrix; or,
+// with kSiluMul (a gate|up matrix, n = 2 * inter), gate row first + g and up row
+// inter + first + g, so that both halves of an activation meet in one thread (first counts
+// activations then, 8 per 16 rows).
+template <bool kSiluMul>
+__device__ __forceinline__ WeightRows BlockRows(const __nv_bfloat16* w, int e, int n, int k_vecs,
+                                                int first, int g) {
+  if constexpr (kSiluMul) {
+    const int inter = n / 2;
+    const bool ok = first + g < inter;
+    return ExpertRows(w, e, n, k_vecs, first + g, ok, inter + first + g, ok);
+  } else {
+    return ExpertRows(w, e, n, k_vecs, first + g, first + g < n, first + g + 8,
+                      first + g + 8 < n);
+  }
 }
 
 // Token row g of each column tile of the pass over the expert's rows [r0, r0 + m) (permuted rows
@@ -307,27 +325,40 @@ __device__ __forceinline__ void AccumulateStep(const WeightRows& w,
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
+// At least three blocks per SM (at most 85 registers). Unbounded, the kSiluMul form took 89
+// registers (two blocks per SM) and ran the 35B-A3B preset's decode steps of 8-64 tokens 2-7 %
+// slower than the unfused kernels; bounded it takes 64 (70 without kSiluMul). A bound of four on
+// this and the warps-own-rows kernel (the down projection at 59 registers) ran those steps
+// 0-1 % slower than this (H200, docs/cuda.md).
+constexpr int kSkinnyBlocksPerSm = 3;
+
+// kSiluMul: the rows are a gate|up matrix's (n = 2 * inter) and the block writes
+// act[r, j] = bf16(silu(gate) * up) (SiluMul's operations) instead of y: the sums are those y
+// would get, so the result is bitwise MoeLinear's y through SiluMul.
+template <bool kSiluMul>
+__global__ void __launch_bounds__(kThreads, kSkinnyBlocksPerSm)
     MoeSkinnyKernel(const __nv_bfloat16* __restrict__ x,  // [*, k]
                     const int32_t* __restrict__ x_rows,   // [n * top_k] or null
                     int k,
                     const __nv_bfloat16* __restrict__ w,  // [n_experts, n, k]
                     int n, const int32_t* __restrict__ expert_begin,
                     const int32_t* __restrict__ active, const int32_t* __restrict__ n_active,
-                    float* __restrict__ y) {  // [n * top_k, n]
+                    float* __restrict__ y,                // [n * top_k, n]
+                    __nv_bfloat16* __restrict__ act) {    // kSiluMul: [n * top_k, n / 2]
   __shared__ float partial[kWarps][kMTiles * 8][kRowsPerBlock + kReducePad];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int n0 = blockIdx.x * kRowsPerBlock;
+  // First row (or activation, kSiluMul) of the block.
+  const int n0 = blockIdx.x * (kSiluMul ? kRowsPerBlock / 2 : kRowsPerBlock);
   const int k_vecs = k / 8;
   PdlWait();
   if (static_cast<int>(blockIdx.y) >= *n_active) return;
   const int e = active[blockIdx.y];
   const int first = expert_begin[e];
   const int m_e = expert_begin[e + 1] - first;
-  const WeightRows wr = ExpertRows(w, e, n, k_vecs, n0, g);
+  const WeightRows wr = BlockRows<kSiluMul>(w, e, n, k_vecs, n0, g);
   const int n_steps = (k_vecs + kVecsPerStep - 1) / kVecsPerStep;
 
   for (int r0 = 0; r0 < m_e; r0 += kMTiles * 8) {
@@ -346,14 +377,28 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < kMTiles * 8 * kRowsPerBlock; i += kThreads) {
-      const int token = i / kRowsPerBlock;
-      const int col = n0 + i % kRowsPerBlock;
-      if (token < m && col < n) {
-        float sum = partial[0][token][i % kRowsPerBlock];
+    auto sum = [&](int token, int row) {
+      float s = partial[0][token][row];
 #pragma unroll
-        for (int wi = 1; wi < kWarps; ++wi) sum += partial[wi][token][i % kRowsPerBlock];
-        y[static_cast<int64_t>(first + r0 + token) * n + col] = sum;
+      for (int wi = 1; wi < kWarps; ++wi) s += partial[wi][token][row];
+      return s;
+    };
+    if constexpr (kSiluMul) {
+      const int inter = n / 2;
+      for (int i = threadIdx.x; i < kMTiles * 8 * 8; i += kThreads) {
+        const int token = i / 8, j = i % 8;
+        if (token < m && n0 + j < inter) {
+          act[static_cast<int64_t>(first + r0 + token) * inter + n0 + j] =
+              __float2bfloat16_rn(SiluTimes(sum(token, j), sum(token, j + 8)));
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < kMTiles * 8 * kRowsPerBlock; i += kThreads) {
+        const int token = i / kRowsPerBlock;
+        const int col = n0 + i % kRowsPerBlock;
+        if (token < m && col < n) {
+          y[static_cast<int64_t>(first + r0 + token) * n + col] = sum(token, i % kRowsPerBlock);
+        }
       }
     }
     __syncthreads();  // partial is rewritten by the next pass
@@ -371,25 +416,29 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kRowsVariantMaxK = 1024;
 constexpr int kRowsPerWarpBlock = kWarps * kRowsPerBlock;
 
+template <bool kSiluMul>
 __global__ void __launch_bounds__(kThreads)
     MoeSkinnyRowsKernel(const __nv_bfloat16* __restrict__ x, const int32_t* __restrict__ x_rows,
                         int k, const __nv_bfloat16* __restrict__ w, int n,
                         const int32_t* __restrict__ expert_begin,
                         const int32_t* __restrict__ active, const int32_t* __restrict__ n_active,
-                        float* __restrict__ y) {
+                        float* __restrict__ y, __nv_bfloat16* __restrict__ act) {
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int n0 = blockIdx.x * kRowsPerWarpBlock + warp * kRowsPerBlock;
+  // First row (or activation, kSiluMul) of the warp, and where the matrix ends in those units.
+  constexpr int kPerWarp = kSiluMul ? kRowsPerBlock / 2 : kRowsPerBlock;
+  const int n0 = (blockIdx.x * kWarps + warp) * kPerWarp;
+  const int n_end = kSiluMul ? n / 2 : n;
   const int k_vecs = k / 8;
   PdlWait();
   if (static_cast<int>(blockIdx.y) >= *n_active) return;
   const int e = active[blockIdx.y];
   const int first = expert_begin[e];
   const int m_e = expert_begin[e + 1] - first;
-  if (n0 >= n) return;  // after every block-wide read; no barriers below
-  const WeightRows wr = ExpertRows(w, e, n, k_vecs, n0, g);
+  if (n0 >= n_end) return;  // after every block-wide read; no barriers below
+  const WeightRows wr = BlockRows<kSiluMul>(w, e, n, k_vecs, n0, g);
   const int n_steps = (k_vecs + kVecsPerStep - 1) / kVecsPerStep;
 
   for (int r0 = 0; r0 < m_e; r0 += kMTiles * 8) {
@@ -400,29 +449,48 @@ __global__ void __launch_bounds__(kThreads)
     for (int step = 0; step < n_steps; ++step) {
       AccumulateStep(wr, x_t, m, step, t, k_vecs, acc);
     }
-    // Accumulator q of tile mt: W row g + 8 * (q / 2), token row mt * 8 + 2t + q % 2.
+    // Accumulator q of tile mt: W row g + 8 * (q / 2) (kSiluMul: gate, then up), token row
+    // mt * 8 + 2t + q % 2.
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
+      if constexpr (kSiluMul) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int token = mt * 8 + 2 * t + (q & 1);
-        const int col = n0 + g + 8 * (q >> 1);
-        if (token < m && col < n)
-          y[static_cast<int64_t>(first + r0 + token) * n + col] = acc[mt][q];
+        for (int q = 0; q < 2; ++q) {
+          const int token = mt * 8 + 2 * t + q;
+          if (token < m && n0 + g < n_end) {
+            act[static_cast<int64_t>(first + r0 + token) * n_end + n0 + g] =
+                __float2bfloat16_rn(SiluTimes(acc[mt][q], acc[mt][q + 2]));
+          }
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int token = mt * 8 + 2 * t + (q & 1);
+          const int col = n0 + g + 8 * (q >> 1);
+          if (token < m && col < n)
+            y[static_cast<int64_t>(first + r0 + token) * n + col] = acc[mt][q];
+        }
       }
     }
   }
 }
 
+template <bool kSiluMul>
 void LaunchMoeSkinny(const __nv_bfloat16* x, const int32_t* x_rows, int k, const __nv_bfloat16* w,
-                     int n, const MoeRouting& r, int max_active, float* y, cudaStream_t stream) {
+                     int n, const MoeRouting& r, int max_active, float* y, __nv_bfloat16* act,
+                     cudaStream_t stream) {
   const bool rows = k <= kRowsVariantMaxK;
-  const int rows_per_block = rows ? kRowsPerWarpBlock : kRowsPerBlock;
-  const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
+  // Rows of W a block covers; with kSiluMul half of them are gate rows, so a block covers that
+  // many activations (n / 2 of them in all).
+  const int per_block = rows ? kRowsPerWarpBlock : kRowsPerBlock;
+  const int units = kSiluMul ? n / 2 : n;
+  const int units_per_block = kSiluMul ? per_block / 2 : per_block;
+  const dim3 grid(static_cast<unsigned>((units + units_per_block - 1) / units_per_block),
                   static_cast<unsigned>(max_active));
-  LaunchPdl(rows ? &MoeSkinnyRowsKernel : &MoeSkinnyKernel, grid, dim3(kThreads),
-            0, stream, x, x_rows, k, w, n, static_cast<const int32_t*>(r.expert_begin),
-            static_cast<const int32_t*>(r.active), static_cast<const int32_t*>(r.n_active), y);
+  LaunchPdl(rows ? &MoeSkinnyRowsKernel<kSiluMul> : &MoeSkinnyKernel<kSiluMul>, grid,
+            dim3(kThreads), 0, stream, x, x_rows, k, w, n,
+            static_cast<const int32_t*>(r.expert_begin), static_cast<const int32_t*>(r.active),
+            static_cast<const int32_t*>(r.n_active), y, act);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -520,7 +588,16 @@ void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const _
   // at 20 layers, 2k context, ms per step (mean of two runs) at batch 1 / 8 / 16 / 32 / 64:
   // tiles by the token count 2.166 / 4.063 / 6.043 / 8.936 / 12.864, one tile 2.148 / 4.039 /
   // 5.911 / 8.343 / 11.385 (the same bits either way: a row depends only on its own x).
-  LaunchMoeSkinny(x, x_rows, k, w, n_out, r, max_active, y, stream);
+  LaunchMoeSkinny<false>(x, x_rows, k, w, n_out, r, max_active, y, nullptr, stream);
+  KCUDA_CHECK_LAUNCH();
+}
+
+void MoeLinearSiluMul(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k,
+                      const __nv_bfloat16* w, int32_t inter, const MoeRouting& r,
+                      int32_t max_active, __nv_bfloat16* act, cudaStream_t stream) {
+  KCHECK(k > 0 && k % 8 == 0 && inter > 0 && max_active >= 1);
+  KCHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0);
+  LaunchMoeSkinny<true>(x, x_rows, k, w, 2 * inter, r, max_active, nullptr, act, stream);
   KCUDA_CHECK_LAUNCH();
 }
 

@@ -79,6 +79,14 @@ void MoeLinear(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k, const _
                int32_t n_out, const MoeRouting& r, int32_t max_active, float* y,
                cudaStream_t stream);
 
+// act[r, i] = bf16(silu(g) * u) for i < inter, g and u columns i and inter + i of MoeLinear's
+// product with a gate|up matrix (W_e = w + e * 2 * inter * k: inter gate rows, then inter up
+// rows): bitwise MoeLinear(..., n_out = 2 * inter, y) followed by SiluMul(y, ..., act), in one
+// launch without y (each block reads gate rows and the up rows of the same activations).
+void MoeLinearSiluMul(const __nv_bfloat16* x, const int32_t* x_rows, int32_t k,
+                      const __nv_bfloat16* w, int32_t inter, const MoeRouting& r,
+                      int32_t max_active, __nv_bfloat16* act, cudaStream_t stream);
+
 // out[t, :hidden] = sum_j topk_w[t, j] * y[pos[t, j], :] over j by increasing expert id, then
 // + sigmoid(shared_gate[t * shared_gate_stride]) * shared[t, :] when shared is not null.
 // top_k <= kMoeMaxTopK + 1 (the routing's picks, a shared slot included).
