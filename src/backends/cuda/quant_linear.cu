@@ -332,9 +332,12 @@ __global__ void __launch_bounds__(kThreads)
 // memory round trips more than the bytes.) ncu puts both formats at the same issue rate (0.68
 // per scheduler and cycle, SM 66 %), so the loop keeps address math out: per-row scale pointers,
 // shifts for the group, x read without predicates; 48 registers, 5 blocks of 8 warps per SM
-// (2026-12-03: int4 group 64 296.8 -> 328.6 tok/s, FP8 284.7 -> 294.2).
+// (2026-12-03: int4 group 64 296.8 -> 328.6 tok/s, FP8 284.7 -> 294.2). Bounded to 6 blocks of 8
+// warps (40 registers, no spills; 7 spill): FP8 gate|up 32.6 -> 30.8 us, LM head 155.2 -> 153.3,
+// q|k|v 12.85 -> 13.15; int4 (group 64) LM head 132.7 -> 128.7, the rest within 1 %; decode
+// batch 1 FP8 3.150 -> 3.113 ms, int4 2.880 -> 2.871 (H200, 2026-12-04, two rounds each).
 template <WeightFormat F, int W>
-__global__ void __launch_bounds__(W * 32, W == 8 ? 5 : 2)
+__global__ void __launch_bounds__(W * 32, W == 8 ? 6 : 2)
     QuantMmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
                        int m, int k, const WeightSegment w, int n,
                        float* __restrict__ y, int64_t ldy) {    // [m, ldy]
