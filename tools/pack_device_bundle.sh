@@ -3,9 +3,10 @@
 # CUDA driver's) into .devbin/, for a GPU machine that has the CUDA toolkit but not Debian's
 # -dev packages. .devbin/ is ignored by git (.git/info/exclude) and travels as a carried path.
 #   tools/pack_device_bundle.sh [build-dir]      (default build/release)
-# KERNEL_BENCHES=0 leaves out bench_cuda_linear / bench_cuda_kernels (30 MB of the 64 MiB that
-# may travel) when the run does not need them; KERNEL_BENCHES="bench_cuda_kernels" takes only
-# the ones named; TEST_BINARIES=0 leaves out test_cuda.
+# KERNEL_BENCHES=0 leaves out bench_cuda_linear / bench_cuda_kernels / bench_cuda_persistent
+# (30 MB of the 64 MiB that may travel) when the run does not need them;
+# KERNEL_BENCHES="bench_cuda_kernels" takes only the ones named; TEST_BINARIES=0 leaves out
+# test_cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
@@ -16,7 +17,7 @@ extra=()
 [[ ${TEST_BINARIES:-1} == 0 ]] || extra+=("$build"/tests/test_cuda)
 case ${KERNEL_BENCHES:-1} in
   0) ;;
-  1) extra+=("$build"/bench_cuda_linear "$build"/bench_cuda_kernels) ;;
+  1) extra+=("$build"/bench_cuda_linear "$build"/bench_cuda_kernels "$build"/bench_cuda_persistent) ;;
   *) for b in $KERNEL_BENCHES; do extra+=("$build/$b"); done ;;
 esac
 for t in "${extra[@]}"; do [[ -x $t ]] && bins+=("$t"); done
