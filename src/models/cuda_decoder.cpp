@@ -648,27 +648,29 @@ void CudaDecoder::Moe(const LayerWeights& w, const DeviceBatchView& v, cudaStrea
   const bool shared = !w.shared_gate_up.empty() && !slot;
   // Router logits and, in the last column, the shared expert's gate logit: [n, router_width]
   // at `logits`, rows `ld` floats apart.
+  // The shared expert's gate|up (when it runs apart) likewise at `shared_gate_up`, rows
+  // `shared_ld` floats apart.
   float* logits = router_;
   int64_t ld = router_width_;
+  const float* shared_gate_up = gate_up_;
+  int64_t shared_ld = 2 * shared_inter;
   if (shared && moe_shared_slot_) {
     // One product for the shared expert's gate|up and the router (rows stored together).
     ld = SharedRouterStride(router_width_, shared_inter);
     linear->RunCublasLtStrided(xn_, n, hidden, w.shared_router.bf16(),
                                2 * shared_inter + router_width_, router_, ld, stream);
     logits = router_ + 2 * shared_inter;
-    marks->Mark(CudaStage::kMatmul);
-    cuda::SiluMul(router_, ld, nullptr, nullptr, n, shared_inter, act_, stream);
-    marks->Mark(CudaStage::kOther);
-    linear->Run(act_, n, shared_inter, w.shared_down, hidden, shared_out_, stream);  // [n, hidden]
+    shared_gate_up = router_;
+    shared_ld = ld;
   } else {
     linear->Run(xn_, n, hidden, w.router, router_width_, router_, stream);
-    if (shared) {
-      linear->Run(xn_, n, hidden, w.shared_gate_up, 2 * shared_inter, gate_up_, stream);
-      marks->Mark(CudaStage::kMatmul);
-      cuda::SiluMul(gate_up_, nullptr, nullptr, n, shared_inter, act_, stream);
-      marks->Mark(CudaStage::kOther);
-      linear->Run(act_, n, shared_inter, w.shared_down, hidden, shared_out_, stream);
-    }
+    if (shared) linear->Run(xn_, n, hidden, w.shared_gate_up, shared_ld, gate_up_, stream);
+  }
+  if (shared) {
+    marks->Mark(CudaStage::kMatmul);
+    cuda::SiluMul(shared_gate_up, shared_ld, nullptr, nullptr, n, shared_inter, act_, stream);
+    marks->Mark(CudaStage::kOther);
+    linear->Run(act_, n, shared_inter, w.shared_down, hidden, shared_out_, stream);  // [n, hidden]
   }
   marks->Mark(CudaStage::kMatmul);
   cuda::MoeRoute(logits, ld, n, n_e, top_k, m.norm_topk_prob, slot, routing_,
