@@ -15,6 +15,7 @@
 // timed layers (CUDA events, launches with programmatic dependent launch as the model's).
 // Usage: bench_cuda_persistent [--reps N] [--only grid_barrier|layer_stream]
 //                              [--layer qwen3-8b-fp8|qwen3-8b-bf16|moe-bf16] [--rounds N]
+//                              [--barrier-blocks-per-sm N] [--barrier-threads T]
 // Layers (bytes per product): qwen3-8b-fp8 q|k|v 25.2 MB, o_proj 16.8, gate|up 100.7, down 50.3;
 // qwen3-8b-bf16 twice those; moe-bf16 the 35B-A3B's delta-net in_proj 50.6, out_proj 16.8,
 // router 1.1, nine experts' gate|up 37.7 and down 18.9.
@@ -73,7 +74,7 @@ __device__ __forceinline__ void ConsumersSync() {
   asm volatile("bar.sync %0, %1;" ::"n"(kConsumerBarrier), "n"(kConsumers) : "memory");
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads)
     GridBarrierKernel(unsigned* counter, int rounds, unsigned epoch_base) {
   PdlWait();
   for (int r = 0; r < rounds; ++r) {
@@ -155,6 +156,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 struct Options {
   int reps = 30;
   int rounds = 1000;
+  int barrier_blocks_per_sm = 1;
+  int barrier_threads = kThreads;
   std::string only;
   std::string layer = "qwen3-8b-fp8";
 };
@@ -171,6 +174,10 @@ bool Parse(int argc, char** argv, Options* o) {
       o->reps = std::max(1, std::atoi(value.c_str()));
     } else if (flag == "--rounds") {
       o->rounds = std::max(1, std::atoi(value.c_str()));
+    } else if (flag == "--barrier-blocks-per-sm") {
+      o->barrier_blocks_per_sm = std::clamp(std::atoi(value.c_str()), 1, 8);
+    } else if (flag == "--barrier-threads") {
+      o->barrier_threads = std::clamp(std::atoi(value.c_str()) / 32 * 32, 32, kThreads);
     } else if (flag == "--only" && (value == "grid_barrier" || value == "layer_stream")) {
       o->only = value;
     } else if (flag == "--layer" &&
@@ -236,15 +243,23 @@ int Main(int argc, char** argv) {
   };
 
   if (opt.only.empty() || opt.only == "grid_barrier") {
+    // All blocks must be resident at once: --barrier-blocks-per-sm times --barrier-threads
+    // within an SM's 2,048 threads.
+    const int blocks = sms * opt.barrier_blocks_per_sm;
+    if (opt.barrier_blocks_per_sm * opt.barrier_threads > 2048) {
+      std::fprintf(stderr, "bench_cuda_persistent: %d blocks of %d threads do not fit an SM\n",
+                   opt.barrier_blocks_per_sm, opt.barrier_threads);
+      return 2;
+    }
     const double sec = timed([&](int) {
-      LaunchPdl(&GridBarrierKernel, dim3(sms), dim3(kThreads), 0, stream, counters.as<unsigned>(),
-                opt.rounds, barrier_arrivals);
-      barrier_arrivals += static_cast<unsigned>(opt.rounds * sms);
+      LaunchPdl(&GridBarrierKernel, dim3(blocks), dim3(opt.barrier_threads), 0, stream,
+                counters.as<unsigned>(), opt.rounds, barrier_arrivals);
+      barrier_arrivals += static_cast<unsigned>(opt.rounds * blocks);
       KCUDA_CHECK_LAUNCH();
     });
     std::printf("{\"bench\": \"grid_barrier\", \"blocks\": %d, \"threads\": %d, \"rounds\": %d, "
                 "\"us_per_barrier\": %.3f}\n",
-                sms, kThreads, opt.rounds, sec * 1e6 / opt.rounds);
+                blocks, opt.barrier_threads, opt.rounds, sec * 1e6 / opt.rounds);
     std::fflush(stdout);
   }
 
