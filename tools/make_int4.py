@@ -11,11 +11,13 @@ Optionally the dequantized model ((q - zero) * scale in float32) as an f32 direc
 reference the int4 model's logits must equal. numpy only; Kestrel's tests call it.
 
   make_int4.py --model DIR --out DIR --format awq|gptq [--group-size 128] [--dequantized-out DIR]
+               [--act-order-g-idx [--uneven-g-idx] [--perm-per-tensor]]
 """
 import argparse
 import json
 import os
 import sys
+import zlib
 
 import numpy as np
 
@@ -56,6 +58,12 @@ def main():
     ap.add_argument("--dequantized-out")
     ap.add_argument("--act-order-g-idx", action="store_true",
                     help="GPTQ: act-order (desc_act): groups over a permuted order of the inputs, g_idx to match")
+    ap.add_argument("--uneven-g-idx", action="store_true",
+                    help="with --act-order-g-idx: one input of group 0 moved to group 1 (quantized "
+                         "with group 1's scale and zero), so the groups are not all group-size long")
+    ap.add_argument("--perm-per-tensor", action="store_true",
+                    help="with --act-order-g-idx: each matrix its own input order (by default all "
+                         "matrices of one width share it, as q/k/v and gate/up of a GPTQ layer do)")
     args = ap.parse_args()
     gs = args.group_size
     cfg = json.load(open(os.path.join(args.model, "config.json")))
@@ -65,14 +73,23 @@ def main():
         w = tensors[name]()
         if name.endswith("_proj.weight") and w.ndim == 2 and w.shape[1] % gs == 0 and w.shape[0] % 8 == 0:
             base = name[:-len(".weight")]
-            perm = None
+            g_idx = (np.arange(w.shape[1]) // gs).astype(np.int32)
             if args.format == "gptq" and args.act_order_g_idx:
                 # Act-order: groups of inputs in a permuted order (input perm[j] is in group
                 # j // gs), quantized in that order, stored in the original column order.
-                perm = np.random.default_rng(0).permutation(w.shape[1])
+                seed = zlib.crc32(name.encode()) if args.perm_per_tensor else 0
+                perm = np.random.default_rng(seed).permutation(w.shape[1])
                 qp, zero, scale, dp = quantize(w[:, perm], gs)
                 q, d = np.empty_like(qp), np.empty_like(dp)
                 q[:, perm], d[:, perm] = qp, dp
+                g_idx[perm] = np.arange(w.shape[1]) // gs
+                if args.uneven_g_idx:
+                    c = perm[0]
+                    s1 = scale[:, 1].astype(np.float32)
+                    safe = np.where(s1 == 0, 1, s1)
+                    q[:, c] = np.clip(np.floor(w[:, c].astype(np.float32) / safe + 0.5) + zero[:, 1], 0, 15)
+                    d[:, c] = (q[:, c] - zero[:, 1]).astype(np.float32) * s1
+                    g_idx[c] = 1
             else:
                 q, zero, scale, d = quantize(w, gs)
             if args.format == "awq":
@@ -81,9 +98,6 @@ def main():
             else:
                 qweight = pack_cols(q, list(range(8))).T.copy()  # [in/8, out]
                 qzeros = pack_cols(zero.T - 1, list(range(8)))   # [in/G, out/8], zero - 1
-                g_idx = (np.arange(w.shape[1]) // gs).astype(np.int32)
-                if perm is not None:
-                    g_idx[perm] = np.arange(w.shape[1]) // gs
                 out[base + ".g_idx"] = ("I32", g_idx.shape, g_idx.tobytes())
             out[base + ".qweight"] = ("I32", qweight.shape, qweight.tobytes())
             out[base + ".qzeros"] = ("I32", qzeros.shape, qzeros.tobytes())

@@ -9,13 +9,18 @@ random codes in the format's published layout, everything else is copied byte fo
                   (Qwen's *-FP8 releases)
   --format mlx4   MLX affine 4-bit: U32 words, BF16 scales and biases per --group-size (64)
                   columns, config "quantization": {"group_size": 64, "bits": 4}
+  --format gptq   GPTQ int4: qweight I32 [in/8, out], qzeros I32 [in/G, out/8] (zero 8, stored
+                  as 7), F16 scales [in/G, out], g_idx I32 [in] = i / G, group --group-size (128)
+  --format gptq-act-order   the same with desc_act: g_idx groups over a permuted order of the
+                  inputs (one order per input width, as q/k/v and gate/up of a GPTQ layer share)
 
 The codes are random (normal values rounded to e4m3; uniform 4-bit codes with a scale and bias
 that give the bf16 model's std), which is all a speed benchmark needs; the quantization tools
 (make_fp8.py, make_mlx.py, make_int4.py) quantize real weights for the correctness tests but
 are too slow for 8B parameters. numpy only.
 
-  make_random_quantized.py --model DIR --out DIR --format fp8|mlx4 [--std 0.02] [--threads N]
+  make_random_quantized.py --model DIR --out DIR --format fp8|mlx4|gptq|gptq-act-order
+                           [--group-size G] [--std 0.02]
 """
 import argparse
 import concurrent.futures as cf
@@ -56,6 +61,20 @@ def tensors_of(name, shape, fmt, gs, std):
                  lambda rng: np.full(sr * sc, std / 16, np.float32))]
     base = name[: -len(".weight")]
     s = std / 4.6  # uniform 0..15 codes have sd 4.6
+    if fmt.startswith("gptq"):
+        g = cols // gs
+
+        def g_idx(rng):
+            gi = (np.arange(cols) // gs).astype(np.int32)
+            if fmt == "gptq-act-order":  # one input order per width (a fixed seed)
+                gi[np.random.default_rng(cols).permutation(cols)] = np.arange(cols) // gs
+            return gi
+        return [(base + ".qweight", "I32", [cols // 8, rows],
+                 lambda rng: rng.integers(0, 2**32, rows * cols // 8, dtype=np.uint32)),
+                (base + ".qzeros", "I32", [g, rows // 8],
+                 lambda rng: np.full(g * rows // 8, 0x77777777, np.uint32)),
+                (base + ".scales", "F16", [g, rows], lambda rng: np.full(g * rows, s, np.float16)),
+                (base + ".g_idx", "I32", [cols], g_idx)]
     g = cols // gs
     return [(name, "U32", [rows, cols // 8],
              lambda rng: rng.integers(0, 2**32, rows * cols // 8, dtype=np.uint32)),
@@ -64,7 +83,7 @@ def tensors_of(name, shape, fmt, gs, std):
              lambda rng: bf16(np.full(rows * g, -7.5 * s, np.float32))[0])]
 
 
-SIZES = {"F8_E4M3": 1, "U32": 4, "F32": 4, "BF16": 2, "F16": 2}
+SIZES = {"F8_E4M3": 1, "U32": 4, "I32": 4, "F32": 4, "BF16": 2, "F16": 2}
 
 
 def convert_shard(src, dst, fmt, gs, std, seed):
@@ -111,17 +130,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a random bf16 model directory")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--format", required=True, choices=["fp8", "mlx4"])
-    ap.add_argument("--group-size", type=int, default=64, help="MLX group size (default 64)")
+    ap.add_argument("--format", required=True, choices=["fp8", "mlx4", "gptq", "gptq-act-order"])
+    ap.add_argument("--group-size", type=int, help="MLX group size (default 64), GPTQ (128)")
     ap.add_argument("--std", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     cfg = json.load(open(os.path.join(args.model, "config.json")))
-    gs = 128 if args.format == "fp8" else args.group_size
+    gptq = args.format.startswith("gptq")
+    gs = 128 if args.format == "fp8" else args.group_size or (128 if gptq else 64)
     if args.format == "fp8":
         cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                       "weight_block_size": [128, 128]}
+    elif gptq:
+        cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": gs,
+                                      "desc_act": args.format == "gptq-act-order", "sym": False,
+                                      "checkpoint_format": "gptq"}
     else:
         cfg["quantization"] = {"group_size": gs, "bits": 4}
     json.dump(cfg, open(os.path.join(args.out, "config.json"), "w"), indent=2, sort_keys=True)

@@ -120,7 +120,7 @@ void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out) {
     for (int64_t j = 0; j < cols; ++j) {
       const uint32_t q = (p[j * bits / 8] >> ((j * bits) % 8)) & ((1u << bits) - 1);
       const float sq = scales[j / w.block_cols] * static_cast<float>(q);
-      out[j] = sq + biases[j / w.block_cols];
+      out[w.input_perm != nullptr ? w.input_perm[j] : j] = sq + biases[j / w.block_cols];
     }
     return;
   }

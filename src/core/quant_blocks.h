@@ -59,7 +59,8 @@ void DequantizeQ6_KBlock(const uint8_t* block, float* out);
 void DequantizeRow(DType t, const void* row, int64_t n, float* out);
 
 // out[0..cols) = row `row` of a 2-D weight of any dtype Kestrel reads: plain, GGUF blocks, or FP8
-// with block scales (f32(fp8) * scale, one rounding).
+// with block scales (f32(fp8) * scale, one rounding), MLX affine (a GPTQ act-order matrix's in
+// its inputs' own order, undoing input_perm).
 void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out);
 
 // ---- Integer dot products against quantized activations (llama.cpp's CPU semantics) ---------

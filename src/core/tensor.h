@@ -26,6 +26,11 @@ struct TensorView {
   const float* block_scale = nullptr;
   const float* group_bias = nullptr;
   int64_t block_rows = 0, block_cols = 0;
+  // kMlxQ4 matrices from GPTQ act-order checkpoints: the stored columns are the inputs in the
+  // order perm[0 .. cols) (stored column j holds input perm[j]), so that each group's inputs are
+  // contiguous; y = W_stored . x[perm]. The kernels that read the codes gather x by it;
+  // quant::DequantizeMatrixRow returns rows in the inputs' own order. Null: no permutation.
+  const int32_t* input_perm = nullptr;
   // kQ4_K and kQ8_0 matrices on the CPU: the same rows interleaved in groups of 8 for the AVX2
   // integer kernels (cpu::PackRows), or null. Only those kernels read it; everything else reads
   // data.

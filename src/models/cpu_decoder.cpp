@@ -154,6 +154,7 @@ const TensorView* CpuDecoder::Bf16Weight(const TensorView* w, bool round_quantiz
     r.view.data = r.values.data();
     r.view.block_scale = nullptr;
     r.view.group_bias = nullptr;
+    r.view.input_perm = nullptr;  // DequantizeMatrixRow wrote the inputs' own order
     r.view.block_rows = r.view.block_cols = 0;
     it = rounded_weights_.emplace(w, std::move(r)).first;
   }

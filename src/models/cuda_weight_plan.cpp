@@ -322,6 +322,24 @@ void CudaWeightPlan::ArrangeOnDevice(uint8_t* base, cudaStream_t stream) const {
 
 CudaWeightPlan::Linear CudaWeightPlan::PlaceLinear(const std::vector<const TensorView*>& parts) {
   Linear out;
+  const int32_t* perm = parts.front()->input_perm;
+  bool permuted = false, perm_kept = true;
+  for (const TensorView* t : parts) {
+    permuted |= t->input_perm != nullptr;
+    perm_kept &= perm != nullptr && t->input_perm != nullptr &&
+                 KindOf(*t).format == WeightFormat::kAffine4 &&
+                 (t->input_perm == perm ||
+                  std::memcmp(t->input_perm, perm, static_cast<size_t>(t->shape[1]) * 4) == 0);
+  }
+  if (permuted && !perm_kept) {
+    Segment s;
+    s.format = WeightFormat::kBf16;
+    for (const TensorView* t : parts) s.rows += t->shape[0];
+    s.data = Place(parts);  // ToBf16: rows in the inputs' own order
+    formats_used_ |= 1u << static_cast<unsigned>(WeightFormat::kBf16);
+    out.push_back(s);
+    return out;
+  }
   std::vector<const TensorView*> run;
   int64_t run_rows = 0;
   Kind run_kind;
@@ -343,6 +361,12 @@ CudaWeightPlan::Linear CudaWeightPlan::PlaceLinear(const std::vector<const Tenso
   if (!run.empty()) AddSegment(run, run_rows, &out);
   KCHECK_MSG(out.size() <= static_cast<size_t>(cuda::kMaxWeightSegments),
              "a fused linear weight has more format changes than the device descriptor holds");
+  if (permuted) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(parts.front()->shape[1]) * 4);
+    std::memcpy(bytes.data(), perm, bytes.size());
+    const size_t at = Own(std::move(bytes));
+    for (Segment& s : out) s.input_perm = at;
+  }
   return out;
 }
 
@@ -360,6 +384,7 @@ cuda::Weight CudaWeightPlan::Bind(const Linear& w, const uint8_t* base) {
     o.group = s.group;
     o.scale_ld = s.scale_ld;
   }
+  if (!w.empty()) d.input_perm = static_cast<const int32_t*>(at(w.front().input_perm));
   return d;
 }
 

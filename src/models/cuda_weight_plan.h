@@ -43,6 +43,7 @@ class CudaWeightPlan {
     cuda::WeightFormat format = cuda::WeightFormat::kBf16;
     int64_t rows = 0;
     size_t data = kNone, scale = kNone, bias = kNone, scale_bias = kNone;
+    size_t input_perm = kNone;  // GPTQ act-order: the layer's int32 column order (every segment)
     int32_t group = 0, scale_ld = 0;
   };
   using Linear = std::vector<Segment>;
@@ -54,7 +55,9 @@ class CudaWeightPlan {
   size_t PlaceOptional(std::initializer_list<const TensorView*> parts);
   // A linear weight [sum of rows, k] from its parts (2-D, same k). A part in a layout the
   // quantized kernels cannot read (e.g. an MLX group of 256, FP8 blocks other than 128 x 128) is
-  // dequantized to bf16: slower, never wrong.
+  // dequantized to bf16: slower, never wrong. GPTQ act-order parts (input_perm) keep their 4-bit
+  // codes when every part is 4-bit with the same column order (q|k|v and gate|up of one GPTQ
+  // layer share their inputs' order); otherwise the whole weight is bf16 in the inputs' order.
   Linear PlaceLinear(const std::vector<const TensorView*>& parts);
   Linear PlaceLinear(std::initializer_list<const TensorView*> parts) {
     return PlaceLinear(std::vector<const TensorView*>(parts));

@@ -83,8 +83,10 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
     return InvalidArgument(where + "qweight and qzeros must be I32");
   }
   // GPTQ's g_idx: the group of each input. i / group_size is the plain layout; anything else
-  // (act-order, desc_act) puts an input's scale and zero elsewhere, which the contiguous groups
-  // of the 4-bit layout cannot express: such a matrix is dequantized to f32 below.
+  // (act-order, desc_act) puts an input's scale and zero elsewhere. When every group holds
+  // group_size inputs (what GPTQ's act-order writes), the columns are stored in the order of
+  // their groups (input_perm, the inputs of each group in increasing order) and the kernels
+  // gather x to match; other g_idx (groups of unequal size) are dequantized to f32 below.
   std::vector<int32_t> g_idx;
   bool act_order = false;
   if (!awq && store_.Has(base + ".g_idx")) {
@@ -117,11 +119,14 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
     return out_nibble(word(qz, g * (rows / 8) + o / 8), o) + (awq ? 0 : 1);
   };
   // The bound view of the converted matrix [rows, cols], and the checkpoint tensors it used.
+  // The bytes counted: the codes and zeros as published (the scales are counted as read), or
+  // the f32 matrix a g_idx of unequal groups is held as.
   auto bind = [&](const void* data, DType dtype) {
     used_.insert(base + ".qweight");
     used_.insert(base + ".qzeros");
     n_parameters_ += rows * cols;
-    n_bytes_ += static_cast<int64_t>(qw.size_bytes() + qz.size_bytes());
+    n_bytes_ += dtype == DType::kF32 ? rows * cols * 4
+                                     : static_cast<int64_t>(qw.size_bytes() + qz.size_bytes());
     *out = TensorView{};
     out->data = data;
     out->dtype = dtype;
@@ -129,6 +134,23 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
     out->shape[0] = rows;
     out->shape[1] = cols;
   };
+  // Stored column j holds input perm[j]: a stable counting sort of the inputs by group.
+  std::vector<int32_t> perm;
+  if (act_order) {
+    std::vector<int64_t> fill(static_cast<size_t>(groups) + 1, 0);
+    for (int32_t g : g_idx) ++fill[static_cast<size_t>(g) + 1];
+    bool even = true;
+    for (int64_t g = 0; g < groups; ++g) even &= fill[static_cast<size_t>(g) + 1] == gs;
+    if (even) {
+      for (int64_t g = 0; g < groups; ++g) fill[static_cast<size_t>(g) + 1] += fill[static_cast<size_t>(g)];
+      perm.resize(static_cast<size_t>(cols));
+      for (int64_t i = 0; i < cols; ++i) {
+        perm[static_cast<size_t>(fill[static_cast<size_t>(g_idx[static_cast<size_t>(i)])]++)] =
+            static_cast<int32_t>(i);
+      }
+      act_order = false;  // the contiguous layout below, over the permuted columns
+    }
+  }
   if (act_order) {
     // (q - zero) * scale of the input's own group, in f32: exact (an f16 times a small integer).
     std::vector<float> w(static_cast<size_t>(rows * cols));
@@ -146,10 +168,11 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
   }
   std::vector<uint8_t> codes(static_cast<size_t>(rows * cols / 2));
   std::vector<float> scales(static_cast<size_t>(rows * groups)), biases(scales.size());
+  auto input = [&](int64_t j) -> int64_t { return perm.empty() ? j : perm[static_cast<size_t>(j)]; };
   for (int64_t o = 0; o < rows; ++o) {
-    for (int64_t i = 0; i < cols; i += 2) {
-      codes[static_cast<size_t>(o * cols / 2 + i / 2)] =
-          static_cast<uint8_t>(code(o, i) | (code(o, i + 1) << 4));
+    for (int64_t j = 0; j < cols; j += 2) {
+      codes[static_cast<size_t>(o * cols / 2 + j / 2)] =
+          static_cast<uint8_t>(code(o, input(j)) | (code(o, input(j + 1)) << 4));
     }
     for (int64_t g = 0; g < groups; ++g) {
       const float s = s_in[g * rows + o];
@@ -166,6 +189,12 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
   out->group_bias = owned_scales_.back().data();
   out->block_rows = 1;
   out->block_cols = gs;
+  if (!perm.empty()) {
+    std::vector<uint8_t> bytes(perm.size() * sizeof(int32_t));
+    std::memcpy(bytes.data(), perm.data(), bytes.size());
+    owned_bytes_.push_back(std::move(bytes));
+    out->input_perm = reinterpret_cast<const int32_t*>(owned_bytes_.back().data());
+  }
   return Status::Ok();
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@ namespace kt = ::kestrel::cuda::testing;
 struct HostWeight {
   std::vector<uint8_t> data;
   std::vector<float> scale, bias;
+  std::vector<int32_t> perm;  // GPTQ act-order column order, or empty
   TensorView view;
 };
 
@@ -170,6 +172,8 @@ struct Case {
   int64_t k;
   std::string formats;  // CudaWeightPlan::formats() expected
   int segments;
+  // Per part: 0, or the seed of a GPTQ act-order column order (kMlxQ4 parts, input_perm).
+  std::vector<uint64_t> perm_seeds = {};
 };
 
 void RunCase(const Case& c) {
@@ -180,10 +184,18 @@ void RunCase(const Case& c) {
   int64_t n = 0, n_quantized = 0;  // bf16 parts come last in a case
   bool four_bit = false;
   uint64_t seed = 7;
-  for (const auto& [dtype, rows] : c.parts) {
+  for (size_t i = 0; i < c.parts.size(); ++i) {
+    const auto& [dtype, rows] = c.parts[i];
     host.push_back(MakeWeight(dtype, rows, c.k, c.group, seed++));
+    if (i < c.perm_seeds.size() && c.perm_seeds[i] != 0) {
+      HostWeight& h = host.back();
+      h.perm.resize(static_cast<size_t>(c.k));
+      std::iota(h.perm.begin(), h.perm.end(), 0);
+      std::shuffle(h.perm.begin(), h.perm.end(), std::mt19937_64(c.perm_seeds[i]));
+      h.view.input_perm = h.perm.data();
+    }
     n += rows;
-    if (dtype != DType::kBF16) n_quantized += rows;
+    if (dtype != DType::kBF16 && c.formats != "bf16") n_quantized += rows;
     four_bit |= dtype == DType::kQ4_K || dtype == DType::kMlxQ4;
   }
   for (const HostWeight& h : host) views.push_back(&h.view);
@@ -246,6 +258,21 @@ TEST(CudaQuantLinear, MlxAffine) {
     RunCase({"mlx8 g" + std::to_string(g), {{DType::kMlxQ8, 200}}, g, 512, "int8-affine", 1});
   }
   RunCase({"mlx8 g16", {{DType::kMlxQ8, 70}}, 16, 256, "int8-affine", 1});
+}
+
+// GPTQ act-order: 4-bit parts whose stored columns are the inputs in a permuted order. One
+// shared order keeps the codes (x gathered for the GEMV, tile columns scattered for larger m);
+// parts in different orders, or beside a part without one, become one bf16 weight in the inputs'
+// order. The reference dequantizes rows in the inputs' order (DequantizeMatrixRow).
+TEST(CudaQuantLinear, GptqActOrder) {
+  KESTREL_REQUIRE_CUDA();
+  RunCase({"act-order q|k|v g128", {{DType::kMlxQ4, 256}, {DType::kMlxQ4, 64}, {DType::kMlxQ4, 64}},
+           128, 512, "int4-affine", 1, {5, 5, 5}});
+  RunCase({"act-order g32", {{DType::kMlxQ4, 200}}, 32, 768, "int4-affine", 1, {9}});
+  RunCase({"act-order, two orders", {{DType::kMlxQ4, 128}, {DType::kMlxQ4, 64}}, 64, 512, "bf16",
+           1, {5, 6}});
+  RunCase({"act-order beside a plain part", {{DType::kMlxQ4, 128}, {DType::kMlxQ4, 64}}, 64, 512,
+           "bf16", 1, {5, 0}});
 }
 
 TEST(CudaQuantLinear, GgufBlocks) {

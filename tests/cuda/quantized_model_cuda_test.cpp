@@ -71,6 +71,17 @@ TEST(CudaQuantizedModel, EveryFormatAgreesWithItsDequantizedWeightsOnTheCpu) {
       {"mlx8_tiny", "make_mlx.py", tiny, "--bits 8", "int8-affine"},
       {"awq_tiny", "make_int4.py", tiny, "--format awq", "int4-affine"},
       {"gptq_tiny", "make_int4.py", tiny, "--format gptq", "int4-affine"},
+      // GPTQ act-order: x gathered (GEMV) / tile columns scattered (prefill) by the layer's input
+      // order; every matrix in its own order (q|k|v and gate|up then fused as bf16, o_proj and
+      // down 4-bit); the MoE fixture (experts bf16, attention 4-bit); unequal groups (f32 on
+      // the host, bf16 here).
+      {"gptq_act_order", "make_int4.py", tiny, "--format gptq --act-order-g-idx", "int4-affine"},
+      {"gptq_act_order_mixed", "make_int4.py", tiny,
+       "--format gptq --act-order-g-idx --perm-per-tensor", "bf16+int4-affine"},
+      {"gptq_act_order_moe", "make_int4.py", fx + "qwen3_moe",
+       "--format gptq --act-order-g-idx --group-size 32", "int4-affine"},
+      {"gptq_uneven_g_idx", "make_int4.py", tiny,
+       "--format gptq --act-order-g-idx --uneven-g-idx", "bf16"},
       {"tiny_q8_0", "make_gguf.py", tiny, "--type q8_0 --pre qwen2", "int8-affine"},
       {"tiny_q4_k", "make_gguf.py", tiny, "--type q4_k --pre qwen2", "int4-affine"},
       {"tiny_q6_k", "make_gguf.py", tiny, "--type q6_k --pre qwen2", "int8-affine"},

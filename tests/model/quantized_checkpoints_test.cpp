@@ -97,6 +97,11 @@ class QuantizedCheckpoints : public ::testing::Test {
         {"awq_qwen3", "make_int4.py", fx + "qwen3", "--format awq --group-size 32"},
         {"gptq_qwen3_moe", "make_int4.py", fx + "qwen3_moe", "--format gptq --group-size 32"},
         {"gptq_act_order", "make_int4.py", tiny, "--format gptq --act-order-g-idx"},
+        {"gptq_uneven_g_idx", "make_int4.py", tiny, "--format gptq --act-order-g-idx --uneven-g-idx"},
+        {"gptq_act_order_mixed", "make_int4.py", tiny,
+         "--format gptq --act-order-g-idx --perm-per-tensor"},
+        {"gptq_act_order_moe", "make_int4.py", fx + "qwen3_moe",
+         "--format gptq --act-order-g-idx --group-size 32"},
     };
     for (const Writer& w : writers) {
       Converted c{*dir_ + "/" + w.name, *dir_ + "/" + w.name + "_ref"};
@@ -220,11 +225,51 @@ TEST_F(QuantizedCheckpoints, MlxCheckpointsEqualTheDequantizedWeightsBitForBit) 
 
 // AWQ and GPTQ int4: repacked at load into the affine 4-bit layout with bias = -(scale * zero),
 // which equals (q - zero) * scale exactly (both products are exact), so the model is its
-// dequantized copy bit for bit in both kernel sets. GPTQ act-order (a permuted g_idx) is
-// dequantized to f32 at load (its groups are not contiguous): bit for bit too, at f32's size.
+// dequantized copy bit for bit in both kernel sets. A g_idx whose groups are not all group-size
+// long (no act-order checkpoint writes one, but the format allows it) is dequantized to f32 at
+// load: bit for bit too, at f32's size.
 TEST_F(QuantizedCheckpoints, AwqAndGptqCheckpointsEqualTheDequantizedWeightsBitForBit) {
-  ExpectEqualsDequantized({"awq_tiny", "gptq_tiny", "awq_qwen3", "gptq_qwen3_moe", "gptq_act_order"});
+  ExpectEqualsDequantized({"awq_tiny", "gptq_tiny", "awq_qwen3", "gptq_qwen3_moe", "gptq_uneven_g_idx"});
   EXPECT_LE(ErrorAgainstBf16(Get("awq_tiny").gguf, "int4 (AWQ/GPTQ), group 128"), 0.3);
+}
+
+int64_t WeightBytes(const std::string& path) {
+  Result<std::unique_ptr<Model>> model = Model::Load(path, ModelLoadOptions{});
+  EXPECT_TRUE(model.ok()) << path << ": " << model.status().message();
+  return model.ok() ? (*model)->weight_bytes() : 0;
+}
+
+// GPTQ act-order (desc_act: g_idx groups over a permuted order of the inputs) stays 4-bit: the
+// columns are stored group by group and the AVX2 kernels gather x in that order, so its size is
+// the plain GPTQ model's and its logits are the dequantized copy's up to the order of the f32
+// sums (the reference kernels, which dequantize rows back in the inputs' order, bit for bit).
+TEST_F(QuantizedCheckpoints, GptqActOrderStaysInt4) {
+  const int64_t plain = WeightBytes(Get("gptq_tiny").gguf);
+  const int64_t act_order = WeightBytes(Get("gptq_act_order").gguf);
+  const int64_t uneven = WeightBytes(Get("gptq_uneven_g_idx").gguf);
+  ASSERT_GT(plain, 0);
+  EXPECT_EQ(act_order, plain);  // codes, zeros and scales as published
+  EXPECT_GT(uneven, 4 * plain);  // held as f32
+  // The tiny model, the same with every matrix in its own input order, and the MoE fixture
+  // (experts too) at group 32.
+  for (const char* name : {"gptq_act_order", "gptq_act_order_mixed", "gptq_act_order_moe"}) {
+    SCOPED_TRACE(name);
+    const std::string& q = Get(name).gguf;
+    const std::string& ref = Get(name).reference;
+    EXPECT_TRUE(SameBits(AllLogits(q, CpuKernels::kReference), AllLogits(ref, CpuKernels::kReference)));
+    if (!cpu::CpuHasAvx2Fma()) continue;  // the reference kernels were checked
+    const auto got = AllLogits(q, CpuKernels::kAuto);
+    const auto want = AllLogits(ref, CpuKernels::kAuto);
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_FALSE(got.empty());
+    double worst = 0;
+    for (size_t t = 0; t < got.size(); ++t) {
+      worst = std::max(worst, testing::MaxAbsDiff(got[t], want[t]) / testing::Range(want[t]));
+      EXPECT_EQ(testing::Argmax(got[t]), testing::Argmax(want[t])) << "position " << t;
+    }
+    std::printf("[ info     ] %-22s (avx2) max |logit - dequantized| / range = %.3g\n", name, worst);
+    EXPECT_LE(worst, 1e-5);
+  }
 }
 
 TEST_F(QuantizedCheckpoints, OtherQuantizationMethodsAreRefusedByName) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "backends/cpu/kernels_internal.h"
 #include "core/check.h"
@@ -56,10 +57,34 @@ void LinearGroup(const OpContext& ctx, int64_t m_rows, std::span<const LinearJob
                           job.y, ctx.int8_activations);
       }
       return;
-    case KernelSet::kAvx2:
+    case KernelSet::kAvx2: {
       KCHECK(CpuHasAvx2Fma());
-      avx2::LinearGroup(ctx.pool, m_rows, jobs, ctx.int8_activations, ctx.batch_invariant);
+      // GPTQ act-order weights (input_perm): their codes read x in the permuted order, so x is
+      // gathered into a copy first (the reference kernels dequantize rows in the inputs' own
+      // order and need none).
+      LinearJob gathered[kMaxLinearGroup];
+      bool any = false;
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        gathered[j] = jobs[j];
+        const int32_t* perm = jobs[j].w->input_perm;
+        if (perm == nullptr) continue;
+        thread_local std::vector<float> copies[kMaxLinearGroup];
+        const int64_t k = jobs[j].w->shape[1];
+        std::vector<float>& c = copies[j];
+        c.resize(static_cast<size_t>(m_rows * k));
+        for (int64_t t = 0; t < m_rows; ++t) {
+          const float* src = jobs[j].x + t * k;
+          float* dst = c.data() + t * k;
+          for (int64_t i = 0; i < k; ++i) dst[i] = src[perm[i]];
+        }
+        gathered[j].x = c.data();
+        any = true;
+      }
+      avx2::LinearGroup(ctx.pool, m_rows,
+                        any ? std::span<const LinearJob>(gathered, jobs.size()) : jobs,
+                        ctx.int8_activations, ctx.batch_invariant);
       return;
+    }
   }
 }
 

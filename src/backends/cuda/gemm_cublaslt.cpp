@@ -378,11 +378,21 @@ void LinearEngine::Run(const __nv_bfloat16* x, int64_t m, int64_t k, const Weigh
     return;
   }
   KCHECK_MSG(!impl_->batch_invariant, "batch-invariant linear layers take bf16 weights only");
+  if (w.input_perm != nullptr && m <= kQuantGemvMaxRows) {
+    // GPTQ act-order: x in the stored columns' order, in the dequantization buffer (unused by
+    // the GEMV path).
+    KCHECK_MSG(impl_->dequant.size_bytes() >= static_cast<size_t>(m * k) * 2,
+               "no dequantization buffer for an act-order weight");
+    auto* gathered = impl_->dequant.as<__nv_bfloat16>();
+    GatherColumns(x, m, k, w.input_perm, gathered, stream);
+    x = gathered;
+  }
   int64_t row0 = 0;
   for (int i = 0; i < w.n_segments; ++i) {
     const WeightSegment& s = w.seg[i];
     const int64_t rows = s.rows < 0 ? n - row0 : s.rows;
     KCHECK(rows >= 1 && row0 + rows <= n);
+    KCHECK(w.input_perm == nullptr || s.format == WeightFormat::kAffine4);
     if (s.format == WeightFormat::kBf16) {
       const auto* wb = static_cast<const __nv_bfloat16*>(s.data);
       if (m <= kSkinnyMaxRows) {
@@ -403,7 +413,7 @@ void LinearEngine::Run(const __nv_bfloat16* x, int64_t m, int64_t k, const Weigh
       auto* scratch = impl_->dequant.as<__nv_bfloat16>();
       for (int64_t t0 = 0; t0 < rows; t0 += tile) {
         const int64_t t_rows = std::min(tile, rows - t0);
-        DequantizeRows(s, t0, t_rows, k, scratch, stream);
+        DequantizeRows(s, t0, t_rows, k, scratch, stream, w.input_perm);
         RunCublasLtStrided(x, m, k, scratch, t_rows, y + row0 + t0, n, stream);
       }
     }

@@ -69,6 +69,10 @@ struct Weight {
   }
   int n_segments = 0;
   WeightSegment seg[kMaxWeightSegments];
+  // GPTQ act-order (kAffine4 segments only): the stored columns are the inputs in the order
+  // input_perm[0 .. k) (core/tensor.h); LinearEngine::Run gathers x by it (m <= 8) or scatters
+  // the dequantized tiles' columns back (larger m). Null: none.
+  const int32_t* input_perm = nullptr;
 
   bool empty() const { return n_segments == 0; }
   bool is_bf16() const { return n_segments == 1 && seg[0].format == WeightFormat::kBf16; }
@@ -86,9 +90,14 @@ void QuantGemv(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment
                float* y, int64_t ldy, cudaStream_t stream);
 
 // out[r, :] = W[row0 + r, :] as bf16 (round to nearest even of the f32 value; kAffine4: its bf16
-// value), r < rows.
+// value), r < rows. With input_perm (kAffine4 only), stored column j goes to out[r, perm[j]]: the
+// rows in the inputs' own order.
 void DequantizeRows(const WeightSegment& w, int64_t row0, int64_t rows, int64_t k,
-                    __nv_bfloat16* out, cudaStream_t stream);
+                    __nv_bfloat16* out, cudaStream_t stream, const int32_t* input_perm = nullptr);
+
+// out[i, j] = x[i, perm[j]] for i < m, j < k (bf16 rows of k; perm a permutation of [0, k)).
+void GatherColumns(const __nv_bfloat16* x, int64_t m, int64_t k, const int32_t* perm,
+                   __nv_bfloat16* out, cudaStream_t stream);
 
 // Turns `bytes` (a multiple of 4) of 4-bit codes in a checkpoint's order (element j of a row at
 // nibble j % 8 of word j / 8, little-endian) into kAffine4's, in place on the device.
