@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes a GGUF file from a Hugging Face model directory, quantizing its matrices in the ggml
-block formats Kestrel reads (Q8_0, Q4_K, Q5_K, Q6_K), and optionally the same model with every
+block formats Kestrel reads (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1), and optionally the same model with every
 weight replaced by its dequantized value, as an f32 safetensors directory: the reference the GGUF
 model's logits must equal (Kestrel or transformers run on it). Kestrel's tests call it (numpy
 only).
@@ -14,7 +14,8 @@ Architectures: Llama / Mistral (llama), Qwen2, Qwen3, Qwen3-MoE, and the hybrid 
 them: the names, the metadata keys, and the tensor transforms (see hybrid_tensors), the MTP head
 written as the extra block llama.cpp calls nextn.
 
-  make_gguf.py --model DIR --out FILE.gguf --type q8_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m|f16|bf16|f32
+  make_gguf.py --model DIR --out FILE.gguf --type q8_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m|q4_0|q4_1|
+                                                  q5_0|q5_1|f16|bf16|f32
                [--dequantized-out DIR] [--pre qwen2|llama-bpe|qwen35] [--tokenizer DIR]
   make_gguf.py --golden OUT.bin      random blocks of each type and their dequantized values
 """
@@ -31,9 +32,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint_io import bf16, load_model, write_f32_safetensors  # noqa: E402
 
-GGML = {"f32": 0, "f16": 1, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14, "bf16": 30}
-BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
-BLOCK_BYTES = {"q8_0": 34, "q4_k": 144, "q5_k": 176, "q6_k": 210}
+GGML = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12,
+        "q5_k": 13, "q6_k": 14, "bf16": 30}
+BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256,
+         "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32}
+BLOCK_BYTES = {"q8_0": 34, "q4_k": 144, "q5_k": 176, "q6_k": 210, "q4_0": 18, "q4_1": 20, "q5_0": 22,
+               "q5_1": 24}
+# The legacy 32-element formats: (bits, with a min m) -> layout as quant_blocks.h describes it.
+LEGACY = {"q4_0": (4, False), "q4_1": (4, True), "q5_0": (5, False), "q5_1": (5, True)}
 
 
 # ---- block formats ---------------------------------------------------------------------------
@@ -66,6 +72,64 @@ def dequantize_q8_0(b, cols):
     d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
     q = b[..., 2:].view(np.int8).astype(np.float32)
     return (q * d).reshape(rows, cols)
+
+
+def quantize_legacy(w, kind):
+    """Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks of 32: symmetric ones from the signed value of largest
+    magnitude (d = max / -2^(bits-1), as ggml), the others over [min, max] (d = range / (2^bits-1))."""
+    bits, has_min = LEGACY[kind]
+    rows, cols = w.shape
+    g = w.reshape(rows, cols // 32, 32).astype(np.float32)
+    top = (1 << bits) - 1
+    if has_min:
+        lo, hi = g.min(axis=2), g.max(axis=2)
+        d = f16((hi - lo) / top)
+        m = f16(lo)
+        df = d.astype(np.float32)
+        safe = np.where(df == 0, 1, df)
+        q = np.clip(rint((g - m.astype(np.float32)[..., None]) / safe[..., None]), 0, top)
+    else:
+        idx = np.abs(g).argmax(axis=2)
+        mx = np.take_along_axis(g, idx[..., None], axis=2)[..., 0]
+        half = 1 << (bits - 1)
+        d = f16(mx / -half)
+        df = d.astype(np.float32)
+        safe = np.where(df == 0, 1, df)
+        q = np.clip(np.floor(g / safe[..., None] + half + 0.5), 0, top)
+        q[df == 0] = half
+    q = q.astype(np.uint32)
+    nbytes = BLOCK_BYTES[kind]
+    out = np.zeros((rows, cols // 32, nbytes), np.uint8)
+    out[..., 0:2] = d.view(np.uint8).reshape(rows, cols // 32, 2)
+    at = 2
+    if has_min:
+        out[..., 2:4] = m.view(np.uint8).reshape(rows, cols // 32, 2)
+        at = 4
+    if bits == 5:
+        qh = (((q >> 4) & 1) << np.arange(32, dtype=np.uint32)).sum(axis=2).astype(np.uint32)
+        out[..., at:at + 4] = qh.view(np.uint8).reshape(rows, cols // 32, 4)
+        at += 4
+    out[..., at:at + 16] = ((q[..., :16] & 0xF) | ((q[..., 16:] & 0xF) << 4)).astype(np.uint8)
+    return out.reshape(rows, -1)
+
+
+def dequantize_legacy(b, cols, kind):
+    bits, has_min = LEGACY[kind]
+    rows = b.shape[0]
+    b = b.reshape(rows, cols // 32, BLOCK_BYTES[kind])
+    d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
+    at = 4 if has_min else 2
+    q = np.concatenate([b[..., at + (4 if bits == 5 else 0):][..., :16] & 0xF,
+                        b[..., at + (4 if bits == 5 else 0):][..., :16] >> 4], axis=2).astype(np.int64)
+    if bits == 5:
+        qh = b[..., at:at + 4].copy().view(np.uint32).astype(np.int64)
+        q |= ((qh >> np.arange(32)) & 1) << 4
+    if has_min:
+        m = b[..., 2:4].copy().view(np.float16).astype(np.float32)
+        v = (q.astype(np.float32) * d).astype(np.float32) + m  # q * d exact, then one rounding
+    else:
+        v = (q - (1 << (bits - 1))).astype(np.float32) * d
+    return v.astype(np.float32).reshape(rows, cols)
 
 
 def pack_q4k_scales(sc, m):  # sc, m [n, 8] in 0..63 -> [n, 12]
@@ -213,6 +277,8 @@ def dequantize_q6_k(b, cols):
 
 QUANT = {"q8_0": (quantize_q8_0, dequantize_q8_0), "q4_k": (quantize_q4_k, dequantize_q4_k),
          "q5_k": (quantize_q5_k, dequantize_q5_k), "q6_k": (quantize_q6_k, dequantize_q6_k)}
+for _kind in LEGACY:
+    QUANT[_kind] = (lambda w, k=_kind: quantize_legacy(w, k), lambda b, cols, k=_kind: dequantize_legacy(b, cols, k))
 
 
 def encode(w, kind):
@@ -755,7 +821,8 @@ def golden(path):
     float32 values the format defines for them: [u32 n_types] then per type
     [u32 ggml type][u32 rows][u32 cols][u32 n_bytes][bytes][rows*cols f32]."""
     rng = np.random.default_rng(1234)
-    kinds = (("q8_0", 96), ("q4_k", 512), ("q6_k", 512), ("q5_k", 512))
+    kinds = (("q8_0", 96), ("q4_k", 512), ("q6_k", 512), ("q5_k", 512), ("q4_0", 96), ("q4_1", 96),
+             ("q5_0", 96), ("q5_1", 96))
     out = bytearray(struct.pack("<I", len(kinds)))
     for kind, cols in kinds:
         rows = 5
@@ -764,8 +831,10 @@ def golden(path):
         raw = rng.integers(0, 256, nbytes, dtype=np.uint8)
         blocks = raw.reshape(-1, per_block)
         scales = f16(rng.uniform(-2, 2, (blocks.shape[0], 2))).view(np.uint8).reshape(-1, 4)
-        if kind == "q8_0":
+        if kind == "q8_0" or kind in ("q4_0", "q5_0"):
             blocks[:, 0:2] = scales[:, 0:2]
+        elif kind in ("q4_1", "q5_1"):
+            blocks[:, 0:4] = scales
         elif kind in ("q4_k", "q5_k"):
             blocks[:, 0:4] = scales
         else:
@@ -781,7 +850,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--out")
-    ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"])
+    ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k", "q4_k_m",
+                                                       "q5_k_m", "q4_0", "q4_1", "q5_0", "q5_1"])
     ap.add_argument("--dequantized-out")
     ap.add_argument("--pre", default="qwen2", help="tokenizer.ggml.pre (qwen2, qwen35, llama-bpe)")
     ap.add_argument("--tokenizer", help="directory of tokenizer.json / tokenizer_config.json (default --model)")

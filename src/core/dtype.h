@@ -8,22 +8,27 @@
 
 namespace kestrel {
 
-// kQ8_0, kQ4_K, kQ5_K, kQ6_K: GGUF/ggml block-quantized matrices (core/quant_blocks.h),
-// row-major, each row a whole number of blocks; a view's shape counts elements, its bytes count
-// blocks.
+// kQ8_0, kQ4_K, kQ5_K, kQ6_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1: GGUF/ggml block-quantized matrices
+// (core/quant_blocks.h), row-major, each row a whole number of blocks; a view's shape counts
+// elements, its bytes count blocks.
 // kF8E4M3: FP8 (e4m3fn) weights of block-quantized checkpoints; the view's block_scale holds
 // the f32 scale of each 128 x 128 block (TensorView::block_scale).
 // kMlxQ4, kMlxQ8: MLX affine-quantized matrices (uint32 words of 8 nibbles / 4 bytes, element j
 // of a word in bits [b*j, b*j + b)); the view's block_scale and group_bias hold each group's
 // f32 scale and bias: w = scale * q + bias. kU32: the packed words as the file stores them.
 enum class DType : uint8_t {
-  kF32, kF16, kBF16, kI32, kI64, kU8, kQ8_0, kQ4_K, kQ6_K, kF8E4M3, kU32, kMlxQ4, kMlxQ8, kQ5_K
+  kF32, kF16, kBF16, kI32, kI64, kU8, kQ8_0, kQ4_K, kQ6_K, kF8E4M3, kU32, kMlxQ4, kMlxQ8, kQ5_K,
+  kQ4_0, kQ4_1, kQ5_0, kQ5_1
 };
 
 // Elements per block and bytes per block: (1, element size) for the plain types.
 inline int64_t DTypeBlockElems(DType t) {
   switch (t) {
-    case DType::kQ8_0: return 32;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1: return 32;
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K: return 256;
@@ -34,6 +39,13 @@ inline int64_t DTypeBlockElems(DType t) {
 }
 // The GGUF block formats (self-contained blocks with their scales).
 inline bool IsBlockQuantized(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ||
+         t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1;
+}
+// The block formats the CPU's integer kernels take with int8 activations (llama.cpp's
+// semantics, quant_blocks.h); the others (Q4_0, Q4_1, Q5_0, Q5_1) are dequantized in the f32
+// kernels whatever the activations.
+inline bool HasIntDot(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
 }
 // Formats whose scales live beside the weights (TensorView::block_scale): FP8 blocks, MLX groups.
@@ -55,6 +67,10 @@ inline size_t DTypeSize(DType t) {
     case DType::kQ4_K: return 144;
     case DType::kQ5_K: return 176;
     case DType::kQ6_K: return 210;
+    case DType::kQ4_0: return 18;
+    case DType::kQ4_1: return 20;
+    case DType::kQ5_0: return 22;
+    case DType::kQ5_1: return 24;
     case DType::kF8E4M3: return 1;
     case DType::kU32: return 4;
     case DType::kMlxQ4:
@@ -80,6 +96,10 @@ inline std::string_view DTypeName(DType t) {
     case DType::kQ4_K: return "Q4_K";
     case DType::kQ5_K: return "Q5_K";
     case DType::kQ6_K: return "Q6_K";
+    case DType::kQ4_0: return "Q4_0";
+    case DType::kQ4_1: return "Q4_1";
+    case DType::kQ5_0: return "Q5_0";
+    case DType::kQ5_1: return "Q5_1";
     case DType::kF8E4M3: return "F8_E4M3";
     case DType::kU32: return "U32";
     case DType::kMlxQ4: return "MLX_Q4";

@@ -164,6 +164,10 @@ std::optional<DType> DTypeOfGgmlType(uint32_t ggml_type) {
     case 0: return DType::kF32;
     case 1: return DType::kF16;
     case 30: return DType::kBF16;
+    case 2: return DType::kQ4_0;
+    case 3: return DType::kQ4_1;
+    case 6: return DType::kQ5_0;
+    case 7: return DType::kQ5_1;
     case 8: return DType::kQ8_0;
     case 12: return DType::kQ4_K;
     case 13: return DType::kQ5_K;

@@ -72,6 +72,20 @@ void DequantizeQ6_KBlock(const uint8_t* block, float* out) {
   }
 }
 
+void DequantizeLegacyBlock(DType t, const uint8_t* block, float* out) {
+  const LegacyBlock l = LegacyLayout(t);
+  const float d = LoadF16(block);
+  const float m = l.has_min ? LoadF16(block + 2) : 0.0f;
+  uint32_t qh = 0;
+  if (l.qh_at >= 0) std::memcpy(&qh, block + l.qh_at, 4);
+  const uint8_t* nib = block + l.nibbles_at;
+  for (int j = 0; j < 32; ++j) {
+    const int nibble = j < 16 ? nib[j] & 0xF : nib[j - 16] >> 4;
+    const int q = nibble | static_cast<int>((qh >> j) & 1u) << 4;
+    out[j] = l.has_min ? static_cast<float>(q) * d + m : static_cast<float>(q - l.offset) * d;
+  }
+}
+
 void DequantizeRow(DType t, const void* row, int64_t n, float* out) {
   const auto* p = static_cast<const uint8_t*>(row);
   switch (t) {
@@ -88,6 +102,15 @@ void DequantizeRow(DType t, const void* row, int64_t n, float* out) {
       KCHECK(n % kQ8_0Block == 0);
       for (int64_t b = 0; b < n / kQ8_0Block; ++b) DequantizeQ8_0Block(p + b * kQ8_0Bytes, out + b * kQ8_0Block);
       return;
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1: {
+      KCHECK(n % 32 == 0);
+      const int64_t bytes = LegacyLayout(t).bytes;
+      for (int64_t b = 0; b < n / 32; ++b) DequantizeLegacyBlock(t, p + b * bytes, out + b * 32);
+      return;
+    }
     case DType::kQ4_K:
       KCHECK(n % kQKBlock == 0);
       for (int64_t b = 0; b < n / kQKBlock; ++b) DequantizeQ4_KBlock(p + b * kQ4_KBytes, out + b * kQKBlock);

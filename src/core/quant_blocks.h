@@ -15,6 +15,14 @@
 //                                    w = (d * sc[g]) * q - (dmin * m[g])
 //   Q6_K  256 elements, 210 bytes: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs,
 //         int8 scales[16] (one per 16 elements), f16 d;      w = (d * scale) * (q - 32)
+// The legacy 32-element formats: 16 bytes of nibbles, element j < 16 in the low nibble of byte j
+// and element j + 16 in its high nibble; Q5_* add a little-endian u32 qh whose bit j is the
+// fifth bit of element j (q = nibble | bit << 4).
+//   Q4_0  18 bytes: f16 d, nibbles;               w = (q - 8) * d
+//   Q4_1  20 bytes: f16 d, f16 m, nibbles;        w = q * d + m
+//   Q5_0  22 bytes: f16 d, qh, nibbles;           w = (q - 16) * d
+//   Q5_1  24 bytes: f16 d, f16 m, qh, nibbles;    w = q * d + m
+// (q * d is exact in f32 for these, so a fused q * d + m rounds as the definition does.)
 // In Q8_0, Q4_K and Q5_K every product is exact in f32 (an f16 times integers of at most 11 bits
 // together: 7 for Q8_0, 6 + 4 for Q4_K, 6 + 5 for Q5_K), so a fused multiply-add gives the same
 // value as the separate operations.
@@ -30,6 +38,22 @@ namespace kestrel::quant {
 
 inline constexpr int kQ8_0Block = 32, kQ8_0Bytes = 34;
 inline constexpr int kQKBlock = 256, kQ4_KBytes = 144, kQ5_KBytes = 176, kQ6_KBytes = 210;
+
+// The legacy 32-element formats' layout: bytes of the block before the nibbles, whether it has
+// a min m (at byte 2) and a qh word (after d, or after d and m).
+struct LegacyBlock {
+  int bytes, nibbles_at, qh_at;  // qh_at < 0: none
+  bool has_min;
+  int offset;  // subtracted from q when there is no min: 8 or 16
+};
+inline constexpr LegacyBlock LegacyLayout(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return {18, 2, -1, false, 8};
+    case DType::kQ4_1: return {20, 4, -1, true, 0};
+    case DType::kQ5_0: return {22, 6, 2, false, 16};
+    default: return {24, 8, 4, true, 0};  // kQ5_1
+  }
+}
 
 inline float LoadF16(const uint8_t* p) {
   uint16_t h;
@@ -53,6 +77,7 @@ void DequantizeQ8_0Block(const uint8_t* block, float* out);  // 32 elements
 void DequantizeQ4_KBlock(const uint8_t* block, float* out);
 void DequantizeQ5_KBlock(const uint8_t* block, float* out);
 void DequantizeQ6_KBlock(const uint8_t* block, float* out);
+void DequantizeLegacyBlock(DType t, const uint8_t* block, float* out);  // Q4_0 .. Q5_1: 32
 
 // out[0..n) = elements [0, n) of a row of type t starting at `row` (n a multiple of the block
 // size for block types; any F32/F16/BF16 row too).

@@ -52,6 +52,10 @@ Kind KindOf(const TensorView& t) {
       }
       return {};
     case DType::kQ8_0: return {WeightFormat::kAffine8, 32};
+    case DType::kQ4_0:
+    case DType::kQ4_1: return {WeightFormat::kAffine4, 32};
+    case DType::kQ5_0:
+    case DType::kQ5_1: return {WeightFormat::kAffine8, 32};  // 5-bit codes in bytes
     case DType::kQ4_K: return {WeightFormat::kAffine4, 32};
     case DType::kQ5_K: return {WeightFormat::kAffine8, 32};  // 5-bit codes in bytes
     case DType::kQ6_K: return {WeightFormat::kAffine8, 16};
@@ -115,6 +119,42 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
           uint8_t* c = p.codes.data() + r * k + blk * quant::kQ8_0Block;
           for (int i = 0; i < quant::kQ8_0Block; ++i) c[i] = static_cast<uint8_t>(b[2 + i] ^ 0x80);
           PushAffine(d, -128.0f * d, &p);
+        }
+      }
+      break;
+    }
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1: {
+      // Per 32-block: q * d + m, or (q - offset) * d as q * d + (-offset * d) (exact: offset is
+      // 8 or 16). 4-bit codes re-packed so element e is the nibble (e & 1) of byte e / 2; 5-bit
+      // ones a code per byte.
+      const quant::LegacyBlock l = quant::LegacyLayout(t.dtype);
+      const bool four = l.qh_at < 0;
+      p.codes.resize(static_cast<size_t>(four ? rows * k / 2 : rows * k));
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = src + r * t.row_bytes();
+        for (int64_t blk = 0; blk < k / 32; ++blk) {
+          const uint8_t* b = row + blk * l.bytes;
+          const float d = quant::LoadF16(b);
+          uint32_t qh = 0;
+          if (!four) std::memcpy(&qh, b + l.qh_at, 4);
+          uint8_t vals[32];
+          for (int j = 0; j < 32; ++j) {
+            const uint8_t* nib = b + l.nibbles_at;
+            vals[j] = static_cast<uint8_t>((j < 16 ? nib[j] & 0xF : nib[j - 16] >> 4) |
+                                           ((qh >> j) & 1u) << 4);
+          }
+          const int64_t e0 = r * k + blk * 32;
+          if (four) {
+            for (int e = 0; e < 32; e += 2) {
+              p.codes[static_cast<size_t>((e0 + e) / 2)] = static_cast<uint8_t>(vals[e] | (vals[e + 1] << 4));
+            }
+          } else {
+            std::memcpy(p.codes.data() + e0, vals, 32);
+          }
+          PushAffine(d, l.has_min ? quant::LoadF16(b + 2) : -static_cast<float>(l.offset) * d, &p);
         }
       }
       break;

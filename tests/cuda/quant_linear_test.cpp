@@ -75,6 +75,20 @@ HostWeight MakeWeight(DType dtype, int64_t rows, int64_t k, int group, uint64_t 
         }
       }
       break;
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1: {
+      const quant::LegacyBlock l = quant::LegacyLayout(dtype);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < k / 32; ++b) {
+          uint8_t* blk = &w.data[r * row_bytes + b * l.bytes];
+          put_f16(blk, pos(rng) / 4);
+          if (l.has_min) put_f16(blk + 2, sym(rng));
+        }
+      }
+      break;
+    }
     case DType::kQ6_K:
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t b = 0; b < k / 256; ++b) put_f16(&w.data[r * row_bytes + b * 210 + 208], pos(rng) / 64);
@@ -281,6 +295,10 @@ TEST(CudaQuantLinear, GgufBlocks) {
   RunCase({"q4_k", {{DType::kQ4_K, 150}}, 0, 512, "int4-affine", 1});
   RunCase({"q6_k", {{DType::kQ6_K, 150}}, 0, 512, "int8-affine", 1});
   RunCase({"q5_k", {{DType::kQ5_K, 150}}, 0, 512, "int8-affine", 1});
+  RunCase({"q4_0", {{DType::kQ4_0, 150}}, 0, 512, "int4-affine", 1});
+  RunCase({"q4_1", {{DType::kQ4_1, 150}}, 0, 512, "int4-affine", 1});
+  RunCase({"q5_0", {{DType::kQ5_0, 150}}, 0, 512, "int8-affine", 1});
+  RunCase({"q5_1", {{DType::kQ5_1, 150}}, 0, 512, "int8-affine", 1});
   // A Q5_K_M-style q|k|v (v in Q6_K): 8-bit codes of groups 32 and 16, two segments.
   RunCase({"q5_k|q5_k|q6_k", {{DType::kQ5_K, 256}, {DType::kQ5_K, 64}, {DType::kQ6_K, 64}}, 0, 512,
            "int8-affine", 2});
@@ -293,7 +311,8 @@ TEST(CudaQuantLinear, GgufBlocks) {
 // or fifth bit is off by whole steps.
 TEST(CudaWeightPlanOnTheHost, GgufBlocksBecomeTheCpuWeights) {
   const int64_t rows = 24, k = 512;
-  for (DType dtype : {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ4_0,
+                      DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
     SCOPED_TRACE(DTypeName(dtype));
     const HostWeight w = MakeWeight(dtype, rows, k, 0, 31);
     CudaWeightPlan plan;

@@ -87,6 +87,10 @@ TEST(CudaQuantizedModel, EveryFormatAgreesWithItsDequantizedWeightsOnTheCpu) {
       {"tiny_q6_k", "make_gguf.py", tiny, "--type q6_k --pre qwen2", "int8-affine"},
       {"tiny_q4_k_m", "make_gguf.py", tiny, "--type q4_k_m --pre qwen2", ""},
       {"tiny_q5_k", "make_gguf.py", tiny, "--type q5_k --pre qwen2", "int8-affine"},
+      {"tiny_q4_0", "make_gguf.py", tiny, "--type q4_0 --pre qwen2", "int4-affine"},
+      {"tiny_q4_1", "make_gguf.py", tiny, "--type q4_1 --pre qwen2", "int4-affine"},
+      {"tiny_q5_0", "make_gguf.py", tiny, "--type q5_0 --pre qwen2", "int8-affine"},
+      {"tiny_q5_1", "make_gguf.py", tiny, "--type q5_1 --pre qwen2", "int8-affine"},
   };
   const std::string py = Python();
   for (const Writer& w : writers) {

@@ -10,11 +10,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/ops.h"
+#include "core/gguf.h"
 #include "core/quant_blocks.h"
 #include "core/thread_pool.h"
 #include "kernel_test_util.h"
@@ -231,11 +233,9 @@ std::vector<GoldenType> ReadGolden() {
   std::vector<GoldenType> types(u32());
   for (GoldenType& t : types) {
     const uint32_t ggml = u32();
-    EXPECT_TRUE(ggml == 8 || ggml == 12 || ggml == 13 || ggml == 14) << ggml;
-    t.dtype = ggml == 8    ? DType::kQ8_0
-              : ggml == 12 ? DType::kQ4_K
-              : ggml == 13 ? DType::kQ5_K
-                           : DType::kQ6_K;
+    const std::optional<DType> dt = DTypeOfGgmlType(ggml);
+    EXPECT_TRUE(dt.has_value() && IsBlockQuantized(*dt)) << ggml;
+    t.dtype = dt.value_or(DType::kQ8_0);
     t.rows = u32();
     t.cols = u32();
     t.bytes.resize(u32());
@@ -250,7 +250,7 @@ std::vector<GoldenType> ReadGolden() {
 
 TEST(QuantLinear, DequantizationMatchesTheNumpyDefinitionBitForBit) {
   const std::vector<GoldenType> golden = ReadGolden();
-  ASSERT_EQ(golden.size(), 4u);
+  ASSERT_EQ(golden.size(), 8u);  // Q8_0, Q4_K, Q6_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1
   ThreadPool pool(2);
   for (const GoldenType& g : golden) {
     const std::string name(DTypeName(g.dtype));

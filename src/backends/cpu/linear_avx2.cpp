@@ -25,6 +25,7 @@
 
 #include "backends/cpu/kernels_internal.h"
 #include "backends/cpu/simd_avx2.h"
+#include "core/quant_blocks.h"
 
 namespace kestrel::cpu::avx2 {
 namespace {
@@ -69,9 +70,17 @@ inline float Load1(const void* base, int64_t i) {
 // ---- block-quantized weights (core/quant_blocks.h defines the formats; local copies here) ----
 
 template <DType T>
+constexpr bool kLegacy = T == DType::kQ4_0 || T == DType::kQ4_1 || T == DType::kQ5_0 ||
+                         T == DType::kQ5_1;
+// Rows read 32 elements at a time through Dequant32.
+template <DType T>
 constexpr bool kBlock = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ5_K ||
                         T == DType::kQ6_K || T == DType::kF8E4M3 || T == DType::kMlxQ4 ||
-                        T == DType::kMlxQ8;
+                        T == DType::kMlxQ8 || kLegacy<T>;
+// The integer kernels with int8 activations (HasIntDot).
+template <DType T>
+constexpr bool kIntDot = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ5_K ||
+                         T == DType::kQ6_K;
 
 // The FP8 / MLX weight the calling thread is reading (its side scales), set by LinearGroup's
 // chunk runner before the kernels run on it.
@@ -87,6 +96,7 @@ constexpr int64_t RowBytes(int64_t k_in) {
   else if constexpr (T == DType::kQ5_K) return k_in / 256 * 176;
   else if constexpr (T == DType::kF8E4M3 || T == DType::kMlxQ8) return k_in;
   else if constexpr (T == DType::kMlxQ4) return k_in / 2;
+  else if constexpr (kLegacy<T>) return k_in / 32 * quant::LegacyLayout(T).bytes;
   else return k_in / 256 * 210;
 }
 
@@ -142,6 +152,31 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
       // d1 * q is exact (an f16 times 6 bits times 4 or 5 bits), so the fused form rounds as the
       // definition's d1 * q - m1 does.
       out[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), d1, m1);
+    }
+  } else if constexpr (kLegacy<T>) {
+    // Q4_0 / Q4_1 / Q5_0 / Q5_1: vectors 0, 1 from the low nibbles of bytes 0-15, 2, 3 from the
+    // high ones; the fifth bit of element 8j + i is bit 8j + i of qh.
+    constexpr quant::LegacyBlock l = quant::LegacyLayout(T);
+    const uint8_t* b = row + k / 32 * l.bytes;
+    const __m256 d = _mm256_set1_ps(HalfToFloat(b));
+    const __m256 m = _mm256_set1_ps(l.has_min ? HalfToFloat(b + 2) : 0.0f);
+    const __m256i low = _mm256_set1_epi32(0xF), one = _mm256_set1_epi32(1);
+    const __m256i offset = _mm256_set1_epi32(l.offset), lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    uint32_t qh = 0;
+    if constexpr (l.qh_at >= 0) std::memcpy(&qh, b + l.qh_at, 4);
+    for (int j = 0; j < 4; ++j) {
+      __m256i v = Bytes8ToI32(b + l.nibbles_at + 8 * (j & 1));
+      v = j < 2 ? _mm256_and_si256(v, low) : _mm256_srli_epi32(v, 4);
+      if constexpr (l.qh_at >= 0) {
+        const __m256i h = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(qh >> (8 * j))), lanes), one);
+        v = _mm256_or_si256(v, _mm256_slli_epi32(h, 4));
+      }
+      if constexpr (l.has_min) {
+        out[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, m);  // q * d exact: one rounding
+      } else {
+        out[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(v, offset)), d);
+      }
     }
   } else if constexpr (T == DType::kF8E4M3) {
     // e4m3 -> f16 bits (exponent rebias by 2^8 done in f32, exactly), times the block's scale.
@@ -918,6 +953,10 @@ inline void WithDType(DType t, Fn&& fn) {
     case DType::kQ4_K: fn.template operator()<DType::kQ4_K>(); return;
     case DType::kQ5_K: fn.template operator()<DType::kQ5_K>(); return;
     case DType::kQ6_K: fn.template operator()<DType::kQ6_K>(); return;
+    case DType::kQ4_0: fn.template operator()<DType::kQ4_0>(); return;
+    case DType::kQ4_1: fn.template operator()<DType::kQ4_1>(); return;
+    case DType::kQ5_0: fn.template operator()<DType::kQ5_0>(); return;
+    case DType::kQ5_1: fn.template operator()<DType::kQ5_1>(); return;
     case DType::kF8E4M3: fn.template operator()<DType::kF8E4M3>(); return;
     case DType::kMlxQ4: fn.template operator()<DType::kMlxQ4>(); return;
     case DType::kMlxQ8: fn.template operator()<DType::kMlxQ8>(); return;
@@ -964,7 +1003,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
   for (size_t j = 0; j < jobs.size(); ++j) {
     const TensorView& w = *jobs[j].w;
     const int64_t n_out = w.shape[0], k_in = w.shape[1];
-    const bool int_dot = int8_activations && IsBlockQuantized(w.dtype);
+    const bool int_dot = int8_activations && HasIntDot(w.dtype);
     const bool direct = int_dot || batch_invariant || m_rows <= kDirectMaxRows;
     const int64_t unit_rows = direct ? 8 : kNr;
     const int64_t n_units = (n_out + unit_rows - 1) / unit_rows;
@@ -1029,7 +1068,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
     const int64_t n_begin = u_begin * unit_rows;
     const int64_t n_end = u_end * unit_rows < n_out ? u_end * unit_rows : n_out;
     WithDType(w.dtype, [&]<DType T>() {
-      if constexpr (kBlock<T>) {
+      if constexpr (kIntDot<T>) {
         if (plan[j].int_dot) {
           IntDotRange<T>(w.data, w.cpu_packed, k_in, n_out, n_begin, n_end, act_rows[j].data(),
                          m_rows, job.y);

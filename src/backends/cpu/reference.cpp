@@ -16,7 +16,7 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
             bool int8_activations) {
   const int64_t n_out = w.shape[0];
   const int64_t k_in = w.shape[1];
-  if (IsBlockQuantized(w.dtype) && int8_activations) {
+  if (HasIntDot(w.dtype) && int8_activations) {
     const bool k_quant = w.dtype != DType::kQ8_0;
     std::vector<int8_t> q(static_cast<size_t>(k_in));
     std::vector<float> d(static_cast<size_t>(k_in / 32));
