@@ -198,6 +198,31 @@ float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
+float DotLegacySymmetric(DType t, const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
+  KCHECK(t == DType::kQ4_0 || t == DType::kQ5_0);
+  const LegacyBlock l = LegacyLayout(t);
+  float lane[8] = {};
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const uint8_t* blk = w_row + b * l.bytes;
+    uint32_t qh = 0;
+    if (l.qh_at >= 0) std::memcpy(&qh, blk + l.qh_at, 4);
+    const uint8_t* nib = blk + l.nibbles_at;
+    int qw[32];
+    for (int i = 0; i < 32; ++i) {
+      const int nibble = i < 16 ? nib[i] & 0xF : nib[i - 16] >> 4;
+      qw[i] = (nibble | static_cast<int>((qh >> i) & 1u) << 4) - l.offset;
+    }
+    const int8_t* qx = x.q + b * 32;
+    const float scale = LoadF16(blk) * x.d[b];
+    for (int j = 0; j < 8; ++j) {
+      int32_t p = 0;
+      for (int i = 4 * j; i < 4 * j + 4; ++i) p += qw[i] * qx[i];
+      lane[j] = std::fma(scale, static_cast<float>(p), lane[j]);
+    }
+  }
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
 namespace {
 
 // Q5_K: Q4_K's nibbles (at byte 48) with their fifth bits from qh; eight lanes.

@@ -109,6 +109,8 @@ void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out);
 //          4j..4j+3 of group g)), lane[j]) with the 5-bit q; acc_m as Q4_K's; result = (the lane
 //          sum as for Q8_0) - acc_m
 //   Q6_K:  acc += (dx * d) * float(sum_j sc_j * (sum (q6 - 32) * q_x)_j)
+//   Q4_0, Q5_0:  Q8_0's activations and lanes, with q_w = q - 8 or q - 16 (the symmetric legacy
+//          formats are Q8_0 blocks with fewer bits); Q4_1 and Q5_1 have no integer form here.
 // The AVX2 kernels compute the same integers and the same float operations, so both kernel sets
 // give the same bits.
 inline constexpr int kQ8_KGroup = 16;  // elements per bsum
@@ -130,5 +132,6 @@ float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k);
 float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
 float DotQ5_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
 float DotQ6_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
+float DotLegacySymmetric(DType t, const uint8_t* w_row, ActsQ8_0View x, int64_t k);  // Q4_0, Q5_0
 
 }  // namespace kestrel::quant

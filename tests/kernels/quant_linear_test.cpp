@@ -29,7 +29,8 @@ using cpu::OpContext;
 using testing::RandomFloats;
 using testing::SameBits;
 
-constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                                 DType::kQ4_0, DType::kQ5_0};
 
 // Quantized weights as raw blocks at `byte_offset` past a 64-byte boundary.
 struct QuantWeights {
@@ -57,7 +58,7 @@ QuantWeights MakeQuantWeights(std::mt19937& rng, DType dtype, int64_t rows, int6
       const uint16_t h = F32ToF16(scale(rng));
       std::memcpy(p + at, &h, 2);
     };
-    if (dtype == DType::kQ8_0) put(0);
+    if (dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ5_0) put(0);
     if (dtype == DType::kQ4_K || dtype == DType::kQ5_K) { put(0); put(2); }
     if (dtype == DType::kQ6_K) put(208);
   }
@@ -103,7 +104,7 @@ TEST(QuantLinear, Int8ActivationsSameBitsInEveryKernelSet) {
         const std::vector<float> y = RunLinear(ref, x, m, w.view);
         // Against f64 over the dequantized operands: the activations quantized by the scalar
         // definition, each block's integer sum exact, so only the per-block f32 rounding remains.
-        const bool k_quant = dt != DType::kQ8_0;
+        const bool k_quant = !TakesQ8_0Activations(dt);
         std::vector<int8_t> q(static_cast<size_t>(cols));
         std::vector<float> d(static_cast<size_t>(cols / 32));
         std::vector<int16_t> bs(static_cast<size_t>(cols / 16));

@@ -80,7 +80,7 @@ constexpr bool kBlock = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ
 // The integer kernels with int8 activations (HasIntDot).
 template <DType T>
 constexpr bool kIntDot = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ5_K ||
-                         T == DType::kQ6_K;
+                         T == DType::kQ6_K || T == DType::kQ4_0 || T == DType::kQ5_0;
 
 // The FP8 / MLX weight the calling thread is reading (its side scales), set by LinearGroup's
 // chunk runner before the kernels run on it.
@@ -324,6 +324,44 @@ template <int R>
       const uint8_t* blk = w + r * row_bytes + b * 34;
       _mm_prefetch(reinterpret_cast<const char*>(blk + ahead), _MM_HINT_T0);
       const __m256i wq = Load32(blk + 2);
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+      const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk) * x.d[b]), sums, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]);
+}
+
+// Q4_0 and Q5_0 as Q8_0 blocks of fewer bits: each block's codes unpacked to the int8 q - 8 or
+// q - 16 (the fifth bits from qh spread to bytes), then DotQ8_0's integer and float steps.
+template <int R, DType T>
+[[gnu::optimize("fp-contract=off")]] void DotLegacySymmetric(const uint8_t* w, int64_t row_bytes,
+                                                            ActsView x, int64_t k, float* out) {
+  constexpr quant::LegacyBlock l = quant::LegacyLayout(T);
+  const int64_t ahead = PrefetchAhead(R, row_bytes);
+  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+  const __m256i offset = _mm256_set1_epi8(static_cast<char>(l.offset));
+  const __m256i spread = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
+                                            0x0202020202020202, 0x0303030303030303);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i fifth = _mm256_set1_epi8(0x10);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const __m256i xq = Load32(x.q + 32 * b);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + r * row_bytes + b * l.bytes;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + ahead), _MM_HINT_T0);
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + l.nibbles_at));
+      __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+      if constexpr (l.qh_at >= 0) {
+        uint32_t qh;
+        std::memcpy(&qh, blk + l.qh_at, 4);
+        const __m256i bytes =
+            _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), spread), bit);
+        q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bytes, bit), fifth));
+      }
+      const __m256i wq = _mm256_sub_epi8(q, offset);
       const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
       const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk) * x.d[b]), sums, acc[r]);
@@ -614,14 +652,16 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
     float out[R];
     const uint8_t* row = base + n * row_bytes;
     if constexpr (T == DType::kQ8_0) DotQ8_0<R>(row, row_bytes, acts[t], k_in, out);
-    else if constexpr (T == DType::kQ4_K) DotQ45_K<R, false>(row, row_bytes, acts[t], k_in, out);
+    else if constexpr (T == DType::kQ4_0 || T == DType::kQ5_0) {
+      DotLegacySymmetric<R, T>(row, row_bytes, acts[t], k_in, out);
+    } else if constexpr (T == DType::kQ4_K) DotQ45_K<R, false>(row, row_bytes, acts[t], k_in, out);
     else if constexpr (T == DType::kQ5_K) DotQ45_K<R, true>(row, row_bytes, acts[t], k_in, out);
     else DotQ6_K<R>(row, row_bytes, acts[t], k_in, out);
     for (int r = 0; r < R; ++r) y[t * n_out + n + r] = out[r];
   };
   for (int64_t t = 0; t < m_rows; ++t) {
     int64_t n = n_begin;
-    if constexpr (T == DType::kQ8_0) {
+    if constexpr (T == DType::kQ8_0 || T == DType::kQ4_0 || T == DType::kQ5_0) {
       for (; n + 4 <= n_end; n += 4) rows.template operator()<4>(n, t);
     }
     for (; n < n_end; ++n) rows.template operator()<1>(n, t);
@@ -1012,11 +1052,11 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
         direct ? (unit_bytes >= (128 << 10) ? 1 : (128 << 10) / unit_bytes) : kChunkPanels;
     plan[j] = {n_units, chunk_units, n_chunks, unit_rows, direct, int_dot};
     if (int_dot) {
-      const bool k_quant = w.dtype != DType::kQ8_0;
+      const bool k_quant = !TakesQ8_0Activations(w.dtype);
       // An earlier job with the same x and activation format shares its blocks.
       size_t same = j;
       for (size_t i = 0; i < j; ++i) {
-        if (plan[i].int_dot && jobs[i].x == jobs[j].x && (jobs[i].w->dtype != DType::kQ8_0) == k_quant &&
+        if (plan[i].int_dot && jobs[i].x == jobs[j].x && !TakesQ8_0Activations(jobs[i].w->dtype) == k_quant &&
             jobs[i].w->shape[1] == k_in) {
           same = i;
         }

@@ -17,7 +17,7 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
   const int64_t n_out = w.shape[0];
   const int64_t k_in = w.shape[1];
   if (HasIntDot(w.dtype) && int8_activations) {
-    const bool k_quant = w.dtype != DType::kQ8_0;
+    const bool k_quant = !TakesQ8_0Activations(w.dtype);
     std::vector<int8_t> q(static_cast<size_t>(k_in));
     std::vector<float> d(static_cast<size_t>(k_in / 32));
     std::vector<int16_t> bsum(static_cast<size_t>(k_in / 16));
@@ -31,6 +31,8 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
         const uint8_t* row = static_cast<const uint8_t*>(w.data) + n * w.row_bytes();
         y[m * n_out + n] =
             w.dtype == DType::kQ8_0 ? quant::DotQ8_0(row, {q.data(), d.data()}, k_in)
+            : w.dtype == DType::kQ4_0 || w.dtype == DType::kQ5_0
+                ? quant::DotLegacySymmetric(w.dtype, row, {q.data(), d.data()}, k_in)
             : w.dtype == DType::kQ4_K ? quant::DotQ4_K(row, {q.data(), d.data(), bsum.data()}, k_in)
             : w.dtype == DType::kQ5_K ? quant::DotQ5_K(row, {q.data(), d.data(), bsum.data()}, k_in)
                                       : quant::DotQ6_K(row, {q.data(), d.data(), bsum.data()}, k_in);
