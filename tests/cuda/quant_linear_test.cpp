@@ -210,7 +210,8 @@ void RunCase(const Case& c) {
     }
     n += rows;
     if (dtype != DType::kBF16 && c.formats != "bf16") n_quantized += rows;
-    four_bit |= dtype == DType::kQ4_K || dtype == DType::kMlxQ4;
+    four_bit |= dtype == DType::kQ4_K || dtype == DType::kMlxQ4 || dtype == DType::kQ4_0 ||
+                dtype == DType::kQ4_1;
   }
   for (const HostWeight& h : host) views.push_back(&h.view);
   CudaWeightPlan plan;
