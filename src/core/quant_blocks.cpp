@@ -182,38 +182,17 @@ void QuantizeActsQ8_K(const float* x, int64_t k, int8_t* q, float* d, int16_t* b
   }
 }
 
-float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
-  float lane[8] = {};
-  for (int64_t b = 0; b < k / kQ8_0Block; ++b) {
-    const uint8_t* blk = w_row + b * kQ8_0Bytes;
-    const int8_t* qw = reinterpret_cast<const int8_t*>(blk + 2);
-    const int8_t* qx = x.q + b * kQ8_0Block;
-    const float scale = LoadF16(blk) * x.d[b];
-    for (int j = 0; j < 8; ++j) {
-      int32_t p = 0;
-      for (int i = 4 * j; i < 4 * j + 4; ++i) p += int32_t{qw[i]} * qx[i];
-      lane[j] = std::fma(scale, static_cast<float>(p), lane[j]);
-    }
-  }
-  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-}
+namespace {
 
-float DotLegacySymmetric(DType t, const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
-  KCHECK(t == DType::kQ4_0 || t == DType::kQ5_0);
-  const LegacyBlock l = LegacyLayout(t);
+// Q8_0's eight lanes over blocks of 32 int8 weights: codes(b, qw) fills block b's weights and
+// returns the weight block's f16 scale as f32.
+template <class Codes>
+float DotQ8_0Lanes(ActsQ8_0View x, int64_t k, Codes codes) {
   float lane[8] = {};
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const uint8_t* blk = w_row + b * l.bytes;
-    uint32_t qh = 0;
-    if (l.qh_at >= 0) std::memcpy(&qh, blk + l.qh_at, 4);
-    const uint8_t* nib = blk + l.nibbles_at;
-    int qw[32];
-    for (int i = 0; i < 32; ++i) {
-      const int nibble = i < 16 ? nib[i] & 0xF : nib[i - 16] >> 4;
-      qw[i] = (nibble | static_cast<int>((qh >> i) & 1u) << 4) - l.offset;
-    }
-    const int8_t* qx = x.q + b * 32;
-    const float scale = LoadF16(blk) * x.d[b];
+  int qw[32];
+  for (int64_t b = 0; b < k / kQ8_0Block; ++b) {
+    const int8_t* qx = x.q + b * kQ8_0Block;
+    const float scale = codes(b, qw) * x.d[b];
     for (int j = 0; j < 8; ++j) {
       int32_t p = 0;
       for (int i = 4 * j; i < 4 * j + 4; ++i) p += qw[i] * qx[i];
@@ -221,6 +200,32 @@ float DotLegacySymmetric(DType t, const uint8_t* w_row, ActsQ8_0View x, int64_t 
     }
   }
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+}  // namespace
+
+float DotQ8_0(const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
+  return DotQ8_0Lanes(x, k, [&](int64_t b, int* qw) {
+    const uint8_t* blk = w_row + b * kQ8_0Bytes;
+    for (int i = 0; i < 32; ++i) qw[i] = static_cast<int8_t>(blk[2 + i]);
+    return LoadF16(blk);
+  });
+}
+
+float DotLegacySymmetric(DType t, const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
+  KCHECK(t == DType::kQ4_0 || t == DType::kQ5_0);
+  const LegacyBlock l = LegacyLayout(t);
+  return DotQ8_0Lanes(x, k, [&](int64_t b, int* qw) {
+    const uint8_t* blk = w_row + b * l.bytes;
+    uint32_t qh = 0;
+    if (l.qh_at >= 0) std::memcpy(&qh, blk + l.qh_at, 4);
+    const uint8_t* nib = blk + l.nibbles_at;
+    for (int i = 0; i < 32; ++i) {
+      const int nibble = i < 16 ? nib[i] & 0xF : nib[i - 16] >> 4;
+      qw[i] = (nibble | static_cast<int>((qh >> i) & 1u) << 4) - l.offset;
+    }
+    return LoadF16(blk);
+  });
 }
 
 namespace {

@@ -310,34 +310,15 @@ inline int64_t PrefetchAhead(int r, int64_t row_bytes) {
 }
 
 // out[r] = the dot products of rows w + r * row_bytes (r < R) with x: R weight streams at once,
-// each also asking for the same offset PrefetchAhead bytes further.
-template <int R>
-[[gnu::optimize("fp-contract=off")]] void DotQ8_0(const uint8_t* w, int64_t row_bytes, ActsView x,
-                                                 int64_t k, float* out) {
-  const int64_t ahead = PrefetchAhead(R, row_bytes);
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const __m256i xq = Load32(x.q + 32 * b);
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = w + r * row_bytes + b * 34;
-      _mm_prefetch(reinterpret_cast<const char*>(blk + ahead), _MM_HINT_T0);
-      const __m256i wq = Load32(blk + 2);
-      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-      const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk) * x.d[b]), sums, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]);
-}
-
-// Q4_0 and Q5_0 as Q8_0 blocks of fewer bits: each block's codes unpacked to the int8 q - 8 or
-// q - 16 (the fifth bits from qh spread to bytes), then DotQ8_0's integer and float steps.
+// each also asking for the same offset PrefetchAhead bytes further. Q8_0, and Q4_0 / Q5_0 as
+// Q8_0 blocks of fewer bits: each block's codes unpacked to the int8 q - 8 or q - 16 (the fifth
+// bits from qh spread to bytes), then the same integer and float steps.
 template <int R, DType T>
-[[gnu::optimize("fp-contract=off")]] void DotLegacySymmetric(const uint8_t* w, int64_t row_bytes,
-                                                            ActsView x, int64_t k, float* out) {
-  constexpr quant::LegacyBlock l = quant::LegacyLayout(T);
+[[gnu::optimize("fp-contract=off")]] void DotQ8_0Blocks(const uint8_t* w, int64_t row_bytes,
+                                                       ActsView x, int64_t k, float* out) {
+  constexpr bool kQ8 = T == DType::kQ8_0;
+  constexpr quant::LegacyBlock l =
+      kQ8 ? quant::LegacyBlock{quant::kQ8_0Bytes, 2, -1, false, 0} : quant::LegacyLayout(T);
   const int64_t ahead = PrefetchAhead(R, row_bytes);
   const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
   const __m256i offset = _mm256_set1_epi8(static_cast<char>(l.offset));
@@ -352,16 +333,21 @@ template <int R, DType T>
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * row_bytes + b * l.bytes;
       _mm_prefetch(reinterpret_cast<const char*>(blk + ahead), _MM_HINT_T0);
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + l.nibbles_at));
-      __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-      if constexpr (l.qh_at >= 0) {
-        uint32_t qh;
-        std::memcpy(&qh, blk + l.qh_at, 4);
-        const __m256i bytes =
-            _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), spread), bit);
-        q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bytes, bit), fifth));
+      __m256i wq;
+      if constexpr (kQ8) {
+        wq = Load32(blk + l.nibbles_at);
+      } else {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + l.nibbles_at));
+        __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+        if constexpr (l.qh_at >= 0) {
+          uint32_t qh;
+          std::memcpy(&qh, blk + l.qh_at, 4);
+          const __m256i bytes = _mm256_and_si256(
+              _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), spread), bit);
+          q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bytes, bit), fifth));
+        }
+        wq = _mm256_sub_epi8(q, offset);
       }
-      const __m256i wq = _mm256_sub_epi8(q, offset);
       const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
       const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk) * x.d[b]), sums, acc[r]);
@@ -651,9 +637,8 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
   auto rows = [&]<int R>(int64_t n, int64_t t) {
     float out[R];
     const uint8_t* row = base + n * row_bytes;
-    if constexpr (T == DType::kQ8_0) DotQ8_0<R>(row, row_bytes, acts[t], k_in, out);
-    else if constexpr (T == DType::kQ4_0 || T == DType::kQ5_0) {
-      DotLegacySymmetric<R, T>(row, row_bytes, acts[t], k_in, out);
+    if constexpr (T == DType::kQ8_0 || T == DType::kQ4_0 || T == DType::kQ5_0) {
+      DotQ8_0Blocks<R, T>(row, row_bytes, acts[t], k_in, out);
     } else if constexpr (T == DType::kQ4_K) DotQ45_K<R, false>(row, row_bytes, acts[t], k_in, out);
     else if constexpr (T == DType::kQ5_K) DotQ45_K<R, true>(row, row_bytes, acts[t], k_in, out);
     else DotQ6_K<R>(row, row_bytes, acts[t], k_in, out);
