@@ -87,6 +87,11 @@ inline constexpr int64_t kDirectMaxRows = 16;
 // Q8_0 (32 elements; kQ8_0PackedBlockBytes, 272 bytes for 8 rows, as many as 8 x 34):
 //   [8 j][8 rows][4 bytes]  elements 4j..4j+3 of each row
 //   [8 rows] f16 d
+// Q4_0 and Q5_0 (32 elements; 8 x 18 and 8 x 22 bytes, as the file's):
+//   [4 i][8 rows][4 bytes]  nibble bytes 4i..4i+3 of each row: elements 4i..4i+3 (low nibbles)
+//                           and 16 + 4i..16 + 4i + 3 (high)
+//   Q5_0 only: [8 rows] u32 qh
+//   [8 rows] f16 d
 // With it the AVX2 integer kernels compute 8 rows per pass over an activation block, the lanes
 // of their vectors being the rows, so the activations are loaded (and broadcast) and the block's
 // scales decoded once for the 8 rows; every row still gets the same integers and the same float
@@ -94,7 +99,9 @@ inline constexpr int64_t kDirectMaxRows = 16;
 // TensorView::cpu_packed points at the packed copy.
 inline constexpr int64_t kQ4_KPackedBlockBytes = 8 * 144 + 32;
 inline constexpr int64_t kQ8_0PackedBlockBytes = 8 * 34;
-// Whether w (2-D, kQ4_K or kQ8_0, rows % 8 == 0) can be packed, and its packed size in bytes.
+inline constexpr int64_t kQ4_0PackedBlockBytes = 8 * 18, kQ5_0PackedBlockBytes = 8 * 22;
+// Whether w (2-D, kQ4_K, kQ8_0, kQ4_0 or kQ5_0, rows % 8 == 0) can be packed, and its packed
+// size in bytes.
 bool CanPackRows(const TensorView& w);
 int64_t PackedRowsBytes(const TensorView& w);
 // Writes the packed copy of w to out (PackedRowsBytes(w) bytes).

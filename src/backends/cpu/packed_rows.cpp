@@ -1,4 +1,5 @@
-// The row interleaving of ops.h (PackRows) for Q4_K and Q8_0, read by the AVX2 integer kernels.
+// The row interleaving of ops.h (PackRows) for Q4_K, Q8_0, Q4_0 and Q5_0, read by the AVX2
+// integer kernels.
 #include <cstring>
 
 #include "backends/cpu/ops.h"
@@ -45,18 +46,36 @@ void PackQ8_0Block(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   }
 }
 
+// The same for Q4_0 and Q5_0: nibbles, (Q5_0) qh, d.
+void PackLegacyBlock(DType t, const uint8_t* const* rows, int64_t b, uint8_t* o) {
+  const quant::LegacyBlock l = quant::LegacyLayout(t);
+  const bool five = l.qh_at >= 0;
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* blk = rows[r] + b * l.bytes;
+    for (int i = 0; i < 4; ++i) std::memcpy(o + (i * 8 + r) * 4, blk + l.nibbles_at + 4 * i, 4);
+    if (five) std::memcpy(o + 128 + 4 * r, blk + l.qh_at, 4);
+    std::memcpy(o + (five ? 160 : 128) + 2 * r, blk, 2);  // d
+  }
+}
+
 int64_t BlockElements(const TensorView& w) {
   return w.dtype == DType::kQ4_K ? kQKBlock : kQ8_0Block;
 }
 
 int64_t PackedBlockBytes(const TensorView& w) {
-  return w.dtype == DType::kQ4_K ? kQ4_KPackedBlockBytes : kQ8_0PackedBlockBytes;
+  switch (w.dtype) {
+    case DType::kQ4_K: return kQ4_KPackedBlockBytes;
+    case DType::kQ4_0: return kQ4_0PackedBlockBytes;
+    case DType::kQ5_0: return kQ5_0PackedBlockBytes;
+    default: return kQ8_0PackedBlockBytes;
+  }
 }
 
 }  // namespace
 
 bool CanPackRows(const TensorView& w) {
-  return (w.dtype == DType::kQ4_K || w.dtype == DType::kQ8_0) && w.n_dims == 2 &&
+  return (w.dtype == DType::kQ4_K || w.dtype == DType::kQ8_0 || w.dtype == DType::kQ4_0 ||
+          w.dtype == DType::kQ5_0) && w.n_dims == 2 &&
          w.shape[0] > 0 && w.shape[0] % 8 == 0 && w.shape[1] % BlockElements(w) == 0;
 }
 
@@ -78,8 +97,10 @@ void PackRows(const TensorView& w, uint8_t* out) {
       uint8_t* o = out + (group * n_blocks + b) * block_bytes;
       if (w.dtype == DType::kQ4_K) {
         PackQ4_KBlock(rows, b, o);
-      } else {
+      } else if (w.dtype == DType::kQ8_0) {
         PackQ8_0Block(rows, b, o);
+      } else {
+        PackLegacyBlock(w.dtype, rows, b, o);
       }
     }
   }
