@@ -426,53 +426,23 @@ template <int R, bool kFifthBit>
   }
 }
 
-// Q8_0 rows packed in groups of 8 (cpu::PackRows): out[r] for the 8 rows of `group` (n_blocks
-// packed blocks) and the activation row x. Vector j holds lane j of DotQ8_0's eight (elements
-// 4j..4j+3 of each block) for the 8 rows: the same integers, the same fused multiply-adds in the
-// same order and the same final lane sum per row, so the same bits, with the block's 4-byte
-// activation groups broadcast and its scales converted once for the 8 rows.
+// Q8_0, Q4_0 and Q5_0 rows packed in groups of 8 (cpu::PackRows): out[r] for the 8 rows of
+// `group` (n_blocks packed blocks) and the activation row x. Vector j holds lane j of the row
+// kernel's eight (DotQ8_0Blocks: elements 4j..4j+3 of each block) for the 8 rows: the same
+// integers, the same fused multiply-adds in the same order and the same final lane sum per row,
+// so the same bits, with the block's 4-byte activation groups broadcast and its scales converted
+// once for the 8 rows. Q4_0 / Q5_0: the 4-byte nibble run i gives lanes i (low nibbles) and
+// i + 4 (high), made q - 8 or q - 16, Q5_0's fifth bits spread from each row's qh (4 bits per
+// lane, one multiply places them in its 4 bytes).
+template <DType T>
 [[gnu::optimize("fp-contract=off")]] void DotQ8_0Packed8(const uint8_t* group, int64_t n_blocks,
                                                          ActsView x, float* out) {
-  // Prefetch distance: 16 packed blocks, 4.3 KB (the Q4_K kernel's best was 4-6 KB).
-  constexpr int64_t kAhead = 16 * kQ8_0PackedBlockBytes;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 lane[8];
-  for (int j = 0; j < 8; ++j) lane[j] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* blk = group + b * kQ8_0PackedBlockBytes;
-    for (int64_t line = 0; line < kQ8_0PackedBlockBytes; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
-    }
-    const __m256 scale = _mm256_mul_ps(
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 256))),
-        _mm256_set1_ps(x.d[b]));
-    const int8_t* qx = x.q + 32 * b;
-    for (int j = 0; j < 8; ++j) {
-      const __m256i wq = Load32(blk + 32 * j);
-      int32_t x4;
-      std::memcpy(&x4, qx + 4 * j, 4);
-      const __m256i xq = _mm256_set1_epi32(x4);
-      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-      lane[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), lane[j]);
-    }
-  }
-  // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), as HorizontalSum adds a row's lanes.
-  const __m256 sum = _mm256_add_ps(
-      _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6])),
-      _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7])));
-  _mm256_storeu_ps(out, sum);
-}
-
-// Q4_0 / Q5_0 rows packed in groups of 8 (cpu::PackRows): DotQ8_0Packed8 with each 4-byte
-// nibble run giving two of the eight lanes (its low nibbles elements 4i..4i+3, its high ones
-// 16 + 4i..), the codes made q - 8 or q - 16 with Q5_0's fifth bits spread from each row's qh
-// (4 bits per lane, one multiply places them in the 4 bytes). The same lanes, integers and
-// float steps as the row kernel: the same bits.
-template <DType T>
-[[gnu::optimize("fp-contract=off")]] void DotLegacyPacked8(const uint8_t* group, int64_t n_blocks,
-                                                           ActsView x, float* out) {
   constexpr bool kFive = T == DType::kQ5_0;
-  constexpr int64_t kBytes = kFive ? kQ5_0PackedBlockBytes : kQ4_0PackedBlockBytes;
+  constexpr int64_t kBytes = T == DType::kQ8_0   ? kQ8_0PackedBlockBytes
+                             : T == DType::kQ4_0 ? kQ4_0PackedBlockBytes
+                                                 : kQ5_0PackedBlockBytes;
+  constexpr int64_t kScaleAt = kBytes - 16;  // the 8 rows' f16 d close every packed block
+  // Prefetch distance: 16 packed blocks (4.3 KB for Q8_0; the Q4_K kernel's best was 4-6 KB).
   constexpr int64_t kAhead = 16 * kBytes;
   const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
   const __m256i offset = _mm256_set1_epi8(kFive ? 16 : 8);
@@ -486,29 +456,32 @@ template <DType T>
       _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
     }
     const __m256 scale = _mm256_mul_ps(
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (kFive ? 160 : 128)))),
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kScaleAt))),
         _mm256_set1_ps(x.d[b]));
     const __m256i qh = kFive ? Load32(blk + 128) : _mm256_setzero_si256();
     const int8_t* qx = x.q + 32 * b;
-    for (int i = 0; i < 4; ++i) {
-      const __m256i raw = Load32(blk + 32 * i);
-      for (int half = 0; half < 2; ++half) {
-        const int j = i + 4 * half;  // elements 4j..4j+3
-        __m256i q = _mm256_and_si256(half ? _mm256_srli_epi16(raw, 4) : raw, low);
+    for (int j = 0; j < 8; ++j) {
+      __m256i wq;
+      if constexpr (T == DType::kQ8_0) {
+        wq = Load32(blk + 32 * j);
+      } else {
+        const __m256i raw = Load32(blk + 32 * (j & 3));
+        __m256i q = _mm256_and_si256(j < 4 ? raw : _mm256_srli_epi16(raw, 4), low);
         if constexpr (kFive) {
           const __m256i bits = _mm256_and_si256(_mm256_srli_epi32(qh, 4 * j), nibble4);
           const __m256i spread_bits = _mm256_and_si256(_mm256_mullo_epi32(bits, spread), byte_bit);
           q = _mm256_or_si256(q, _mm256_slli_epi32(spread_bits, 4));
         }
-        const __m256i wq = _mm256_sub_epi8(q, offset);
-        int32_t x4;
-        std::memcpy(&x4, qx + 4 * j, 4);
-        const __m256i xq = _mm256_set1_epi32(x4);
-        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-        lane[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), lane[j]);
+        wq = _mm256_sub_epi8(q, offset);
       }
+      int32_t x4;
+      std::memcpy(&x4, qx + 4 * j, 4);
+      const __m256i xq = _mm256_set1_epi32(x4);
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+      lane[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), lane[j]);
     }
   }
+  // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), as HorizontalSum adds a row's lanes.
   const __m256 sum = _mm256_add_ps(
       _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6])),
       _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7])));
@@ -673,27 +646,16 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
       return;
     }
   }
-  if constexpr (T == DType::kQ8_0) {
+  if constexpr (T == DType::kQ8_0 || T == DType::kQ4_0 || T == DType::kQ5_0) {
     if (packed != nullptr) {
       const int64_t n_blocks = k_in / 32;
+      const int64_t bytes = T == DType::kQ8_0   ? kQ8_0PackedBlockBytes
+                            : T == DType::kQ4_0 ? kQ4_0PackedBlockBytes
+                                                : kQ5_0PackedBlockBytes;
       const uint8_t* groups = static_cast<const uint8_t*>(packed);
       for (int64_t t = 0; t < m_rows; ++t) {
         for (int64_t n = n_begin; n < n_end; n += 8) {
-          DotQ8_0Packed8(groups + n / 8 * n_blocks * kQ8_0PackedBlockBytes, n_blocks, acts[t],
-                         y + t * n_out + n);
-        }
-      }
-      return;
-    }
-  }
-  if constexpr (T == DType::kQ4_0 || T == DType::kQ5_0) {
-    if (packed != nullptr) {
-      const int64_t n_blocks = k_in / 32;
-      const int64_t bytes = T == DType::kQ5_0 ? kQ5_0PackedBlockBytes : kQ4_0PackedBlockBytes;
-      const uint8_t* groups = static_cast<const uint8_t*>(packed);
-      for (int64_t t = 0; t < m_rows; ++t) {
-        for (int64_t n = n_begin; n < n_end; n += 8) {
-          DotLegacyPacked8<T>(groups + n / 8 * n_blocks * bytes, n_blocks, acts[t], y + t * n_out + n);
+          DotQ8_0Packed8<T>(groups + n / 8 * n_blocks * bytes, n_blocks, acts[t], y + t * n_out + n);
         }
       }
       return;
