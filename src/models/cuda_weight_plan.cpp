@@ -141,15 +141,16 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
           uint32_t qh = 0;
           if (!four) std::memcpy(&qh, b + l.qh_at, 4);
           uint8_t vals[32];
+          const uint8_t* nib = b + l.nibbles_at;
           for (int j = 0; j < 32; ++j) {
-            const uint8_t* nib = b + l.nibbles_at;
             vals[j] = static_cast<uint8_t>((j < 16 ? nib[j] & 0xF : nib[j - 16] >> 4) |
                                            ((qh >> j) & 1u) << 4);
           }
           const int64_t e0 = r * k + blk * 32;
           if (four) {
             for (int e = 0; e < 32; e += 2) {
-              p.codes[static_cast<size_t>((e0 + e) / 2)] = static_cast<uint8_t>(vals[e] | (vals[e + 1] << 4));
+              p.codes[static_cast<size_t>((e0 + e) / 2)] =
+                  static_cast<uint8_t>(vals[e] | (vals[e + 1] << 4));
             }
           } else {
             std::memcpy(p.codes.data() + e0, vals, 32);

@@ -142,7 +142,7 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
     bool even = true;
     for (int64_t g = 0; g < groups; ++g) even &= fill[static_cast<size_t>(g) + 1] == gs;
     if (even) {
-      for (int64_t g = 0; g < groups; ++g) fill[static_cast<size_t>(g) + 1] += fill[static_cast<size_t>(g)];
+      for (size_t g = 0; g < static_cast<size_t>(groups); ++g) fill[g + 1] += fill[g];
       perm.resize(static_cast<size_t>(cols));
       for (int64_t i = 0; i < cols; ++i) {
         perm[static_cast<size_t>(fill[static_cast<size_t>(g_idx[static_cast<size_t>(i)])]++)] =
@@ -168,7 +168,9 @@ Status WeightBinder::GetInt4(const std::string& base, const std::vector<int64_t>
   }
   std::vector<uint8_t> codes(static_cast<size_t>(rows * cols / 2));
   std::vector<float> scales(static_cast<size_t>(rows * groups)), biases(scales.size());
-  auto input = [&](int64_t j) -> int64_t { return perm.empty() ? j : perm[static_cast<size_t>(j)]; };
+  auto input = [&](int64_t j) -> int64_t {
+    return perm.empty() ? j : perm[static_cast<size_t>(j)];
+  };
   for (int64_t o = 0; o < rows; ++o) {
     for (int64_t j = 0; j < cols; j += 2) {
       codes[static_cast<size_t>(o * cols / 2 + j / 2)] =

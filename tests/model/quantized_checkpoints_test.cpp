@@ -102,7 +102,8 @@ class QuantizedCheckpoints : public ::testing::Test {
         {"awq_qwen3", "make_int4.py", fx + "qwen3", "--format awq --group-size 32"},
         {"gptq_qwen3_moe", "make_int4.py", fx + "qwen3_moe", "--format gptq --group-size 32"},
         {"gptq_act_order", "make_int4.py", tiny, "--format gptq --act-order-g-idx"},
-        {"gptq_uneven_g_idx", "make_int4.py", tiny, "--format gptq --act-order-g-idx --uneven-g-idx"},
+        {"gptq_uneven_g_idx", "make_int4.py", tiny,
+         "--format gptq --act-order-g-idx --uneven-g-idx"},
         {"gptq_act_order_mixed", "make_int4.py", tiny,
          "--format gptq --act-order-g-idx --perm-per-tensor"},
         {"gptq_act_order_moe", "make_int4.py", fx + "qwen3_moe",
@@ -235,7 +236,8 @@ TEST_F(QuantizedCheckpoints, MlxCheckpointsEqualTheDequantizedWeightsBitForBit) 
 // long (no act-order checkpoint writes one, but the format allows it) is dequantized to f32 at
 // load: bit for bit too, at f32's size.
 TEST_F(QuantizedCheckpoints, AwqAndGptqCheckpointsEqualTheDequantizedWeightsBitForBit) {
-  ExpectEqualsDequantized({"awq_tiny", "gptq_tiny", "awq_qwen3", "gptq_qwen3_moe", "gptq_uneven_g_idx"});
+  ExpectEqualsDequantized(
+      {"awq_tiny", "gptq_tiny", "awq_qwen3", "gptq_qwen3_moe", "gptq_uneven_g_idx"});
   EXPECT_LE(ErrorAgainstBf16(Get("awq_tiny").gguf, "int4 (AWQ/GPTQ), group 128"), 0.3);
 }
 
@@ -262,7 +264,8 @@ TEST_F(QuantizedCheckpoints, GptqActOrderStaysInt4) {
     SCOPED_TRACE(name);
     const std::string& q = Get(name).gguf;
     const std::string& ref = Get(name).reference;
-    EXPECT_TRUE(SameBits(AllLogits(q, CpuKernels::kReference), AllLogits(ref, CpuKernels::kReference)));
+    EXPECT_TRUE(
+        SameBits(AllLogits(q, CpuKernels::kReference), AllLogits(ref, CpuKernels::kReference)));
     if (!cpu::CpuHasAvx2Fma()) continue;  // the reference kernels were checked
     const auto got = AllLogits(q, CpuKernels::kAuto);
     const auto want = AllLogits(ref, CpuKernels::kAuto);
@@ -273,7 +276,8 @@ TEST_F(QuantizedCheckpoints, GptqActOrderStaysInt4) {
       worst = std::max(worst, testing::MaxAbsDiff(got[t], want[t]) / testing::Range(want[t]));
       EXPECT_EQ(testing::Argmax(got[t]), testing::Argmax(want[t])) << "position " << t;
     }
-    std::printf("[ info     ] %-22s (avx2) max |logit - dequantized| / range = %.3g\n", name, worst);
+    std::printf("[ info     ] %-22s (avx2) max |logit - dequantized| / range = %.3g\n", name,
+                worst);
     EXPECT_LE(worst, 1e-5);
   }
 }

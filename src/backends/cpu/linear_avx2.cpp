@@ -161,7 +161,8 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
     const __m256 d = _mm256_set1_ps(HalfToFloat(b));
     const __m256 m = _mm256_set1_ps(l.has_min ? HalfToFloat(b + 2) : 0.0f);
     const __m256i low = _mm256_set1_epi32(0xF), one = _mm256_set1_epi32(1);
-    const __m256i offset = _mm256_set1_epi32(l.offset), lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i offset = _mm256_set1_epi32(l.offset);
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     uint32_t qh = 0;
     if constexpr (l.qh_at >= 0) std::memcpy(&qh, b + l.qh_at, 4);
     for (int j = 0; j < 4; ++j) {
@@ -655,7 +656,8 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
       const uint8_t* groups = static_cast<const uint8_t*>(packed);
       for (int64_t t = 0; t < m_rows; ++t) {
         for (int64_t n = n_begin; n < n_end; n += 8) {
-          DotQ8_0Packed8<T>(groups + n / 8 * n_blocks * bytes, n_blocks, acts[t], y + t * n_out + n);
+          DotQ8_0Packed8<T>(groups + n / 8 * n_blocks * bytes, n_blocks, acts[t],
+                            y + t * n_out + n);
         }
       }
       return;
@@ -1068,8 +1070,8 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
       // An earlier job with the same x and activation format shares its blocks.
       size_t same = j;
       for (size_t i = 0; i < j; ++i) {
-        if (plan[i].int_dot && jobs[i].x == jobs[j].x && !TakesQ8_0Activations(jobs[i].w->dtype) == k_quant &&
-            jobs[i].w->shape[1] == k_in) {
+        if (plan[i].int_dot && jobs[i].x == jobs[j].x &&
+            !TakesQ8_0Activations(jobs[i].w->dtype) == k_quant && jobs[i].w->shape[1] == k_in) {
           same = i;
         }
       }

@@ -536,8 +536,8 @@ __global__ void GatherColumnsKernel(const uint16_t* __restrict__ x, int64_t m, i
 
 // GPTQ act-order rows (kAffine4 with an input order): one block per row. Its values (bitwise
 // DequantizeKernel's) go to their inputs' columns in shared memory (2 k bytes), then the row
-// leaves in 16-byte stores. (Scattering 2-byte stores to global memory instead took a 2k-token prefill of
-// an 8B model from 59.6 to 131.7 ms on the H200.)
+// leaves in 16-byte stores. (Scattering 2-byte stores to global memory instead took a 2k-token
+// prefill of an 8B model from 59.6 to 131.7 ms on the H200.)
 constexpr int kPermutedDequantMaxK = 98304;  // 192 KB of bf16 (dynamic shared memory)
 
 __global__ void __launch_bounds__(256)
