@@ -434,7 +434,7 @@ template <int R, bool kFifthBit>
 // so the same bits, with the block's 4-byte activation groups broadcast and its scales converted
 // once for the 8 rows. Q4_0 / Q5_0: the 4-byte nibble run i gives lanes i (low nibbles) and
 // i + 4 (high), made q - 8 or q - 16, Q5_0's fifth bits spread from each row's qh (4 bits per
-// lane, one multiply places them in its 4 bytes).
+// lane into its 4 bytes by a byte shuffle and compare).
 template <DType T>
 [[gnu::optimize("fp-contract=off")]] void DotQ8_0Packed8(const uint8_t* group, int64_t n_blocks,
                                                          ActsView x, float* out) {
@@ -447,8 +447,11 @@ template <DType T>
   constexpr int64_t kAhead = 16 * kBytes;
   const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
   const __m256i offset = _mm256_set1_epi8(kFive ? 16 : 8);
-  const __m256i nibble4 = _mm256_set1_epi32(0xF), spread = _mm256_set1_epi32(0x00204081);
-  const __m256i byte_bit = _mm256_set1_epi32(0x01010101);
+  // Q5_0: the low byte of each lane (a row's qh shifted to the lane group's 4 bits) copied to its
+  // 4 bytes, byte k then tested for bit k.
+  const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0,
+                                         0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+  const __m256i bit_k = _mm256_set1_epi32(0x08040201), fifth = _mm256_set1_epi8(0x10);
   __m256 lane[8];
   for (int j = 0; j < 8; ++j) lane[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; ++b) {
@@ -469,9 +472,9 @@ template <DType T>
         const __m256i raw = Load32(blk + 32 * (j & 3));
         __m256i q = _mm256_and_si256(j < 4 ? raw : _mm256_srli_epi16(raw, 4), low);
         if constexpr (kFive) {
-          const __m256i bits = _mm256_and_si256(_mm256_srli_epi32(qh, 4 * j), nibble4);
-          const __m256i spread_bits = _mm256_and_si256(_mm256_mullo_epi32(bits, spread), byte_bit);
-          q = _mm256_or_si256(q, _mm256_slli_epi32(spread_bits, 4));
+          const __m256i bits = _mm256_and_si256(
+              _mm256_shuffle_epi8(_mm256_srli_epi32(qh, 4 * j), bcast), bit_k);
+          q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bits, bit_k), fifth));
         }
         wq = _mm256_sub_epi8(q, offset);
       }
