@@ -449,8 +449,8 @@ template <DType T>
   const __m256i offset = _mm256_set1_epi8(kFive ? 16 : 8);
   // Q5_0: the low byte of each lane (a row's qh shifted to the lane group's 4 bits) copied to its
   // 4 bytes, byte k then tested for bit k.
-  const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0,
-                                         0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+  const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,  //
+                                         0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
   const __m256i bit_k = _mm256_set1_epi32(0x08040201), fifth = _mm256_set1_epi8(0x10);
   __m256 lane[8];
   for (int j = 0; j < 8; ++j) lane[j] = _mm256_setzero_ps();
