@@ -45,12 +45,12 @@ inline bool IsBlockQuantized(DType t) {
 // The block formats the CPU's integer kernels take with int8 activations (llama.cpp's
 // semantics, quant_blocks.h); Q4_1 and Q5_1 are dequantized in the f32 kernels whatever the
 // activations.
-inline bool HasIntDot(DType t) {
+constexpr bool HasIntDot(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ||
          t == DType::kQ4_0 || t == DType::kQ5_0;
 }
 // Int8 activations in 32-element blocks with an f16 scale (Q8_0's); the K formats take 256.
-inline bool TakesQ8_0Activations(DType t) {
+constexpr bool TakesQ8_0Activations(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ5_0;
 }
 // Formats whose scales live beside the weights (TensorView::block_scale): FP8 blocks, MLX groups.

@@ -72,17 +72,24 @@ void DequantizeQ6_KBlock(const uint8_t* block, float* out) {
   }
 }
 
-void DequantizeLegacyBlock(DType t, const uint8_t* block, float* out) {
+void LegacyCodes(DType t, const uint8_t* block, uint8_t q[32]) {
   const LegacyBlock l = LegacyLayout(t);
-  const float d = LoadF16(block);
-  const float m = l.has_min ? LoadF16(block + 2) : 0.0f;
   uint32_t qh = 0;
   if (l.qh_at >= 0) std::memcpy(&qh, block + l.qh_at, 4);
   const uint8_t* nib = block + l.nibbles_at;
   for (int j = 0; j < 32; ++j) {
-    const int nibble = j < 16 ? nib[j] & 0xF : nib[j - 16] >> 4;
-    const int q = nibble | static_cast<int>((qh >> j) & 1u) << 4;
-    out[j] = l.has_min ? static_cast<float>(q) * d + m : static_cast<float>(q - l.offset) * d;
+    q[j] = static_cast<uint8_t>((j < 16 ? nib[j] & 0xF : nib[j - 16] >> 4) | ((qh >> j) & 1u) << 4);
+  }
+}
+
+void DequantizeLegacyBlock(DType t, const uint8_t* block, float* out) {
+  const LegacyBlock l = LegacyLayout(t);
+  const float d = LoadF16(block);
+  const float m = l.has_min ? LoadF16(block + 2) : 0.0f;
+  uint8_t q[32];
+  LegacyCodes(t, block, q);
+  for (int j = 0; j < 32; ++j) {
+    out[j] = l.has_min ? static_cast<float>(q[j]) * d + m : static_cast<float>(q[j] - l.offset) * d;
   }
 }
 
@@ -217,13 +224,9 @@ float DotLegacySymmetric(DType t, const uint8_t* w_row, ActsQ8_0View x, int64_t 
   const LegacyBlock l = LegacyLayout(t);
   return DotQ8_0Lanes(x, k, [&](int64_t b, int* qw) {
     const uint8_t* blk = w_row + b * l.bytes;
-    uint32_t qh = 0;
-    if (l.qh_at >= 0) std::memcpy(&qh, blk + l.qh_at, 4);
-    const uint8_t* nib = blk + l.nibbles_at;
-    for (int i = 0; i < 32; ++i) {
-      const int nibble = i < 16 ? nib[i] & 0xF : nib[i - 16] >> 4;
-      qw[i] = (nibble | static_cast<int>((qh >> i) & 1u) << 4) - l.offset;
-    }
+    uint8_t q[32];
+    LegacyCodes(t, blk, q);
+    for (int i = 0; i < 32; ++i) qw[i] = q[i] - l.offset;
     return LoadF16(blk);
   });
 }

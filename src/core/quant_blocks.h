@@ -78,6 +78,8 @@ void DequantizeQ4_KBlock(const uint8_t* block, float* out);
 void DequantizeQ5_KBlock(const uint8_t* block, float* out);
 void DequantizeQ6_KBlock(const uint8_t* block, float* out);
 void DequantizeLegacyBlock(DType t, const uint8_t* block, float* out);  // Q4_0 .. Q5_1: 32
+// q[0..32) = the unsigned codes of a Q4_0 .. Q5_1 block (the nibble, with Q5_*'s fifth bit).
+void LegacyCodes(DType t, const uint8_t* block, uint8_t q[32]);
 
 // out[0..n) = elements [0, n) of a row of type t starting at `row` (n a multiple of the block
 // size for block types; any F32/F16/BF16 row too).

@@ -138,14 +138,8 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
         for (int64_t blk = 0; blk < k / 32; ++blk) {
           const uint8_t* b = row + blk * l.bytes;
           const float d = quant::LoadF16(b);
-          uint32_t qh = 0;
-          if (!four) std::memcpy(&qh, b + l.qh_at, 4);
           uint8_t vals[32];
-          const uint8_t* nib = b + l.nibbles_at;
-          for (int j = 0; j < 32; ++j) {
-            vals[j] = static_cast<uint8_t>((j < 16 ? nib[j] & 0xF : nib[j - 16] >> 4) |
-                                           ((qh >> j) & 1u) << 4);
-          }
+          quant::LegacyCodes(t.dtype, b, vals);
           const int64_t e0 = r * k + blk * 32;
           if (four) {
             for (int e = 0; e < 32; e += 2) {

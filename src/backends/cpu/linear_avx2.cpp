@@ -79,8 +79,7 @@ constexpr bool kBlock = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ
                         T == DType::kMlxQ8 || kLegacy<T>;
 // The integer kernels with int8 activations (HasIntDot).
 template <DType T>
-constexpr bool kIntDot = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ5_K ||
-                         T == DType::kQ6_K || T == DType::kQ4_0 || T == DType::kQ5_0;
+constexpr bool kIntDot = HasIntDot(T);
 
 // The FP8 / MLX weight the calling thread is reading (its side scales), set by LinearGroup's
 // chunk runner before the kernels run on it.
@@ -439,9 +438,7 @@ template <DType T>
 [[gnu::optimize("fp-contract=off")]] void DotQ8_0Packed8(const uint8_t* group, int64_t n_blocks,
                                                          ActsView x, float* out) {
   constexpr bool kFive = T == DType::kQ5_0;
-  constexpr int64_t kBytes = T == DType::kQ8_0   ? kQ8_0PackedBlockBytes
-                             : T == DType::kQ4_0 ? kQ4_0PackedBlockBytes
-                                                 : kQ5_0PackedBlockBytes;
+  constexpr int64_t kBytes = PackedBlockBytes(T);
   constexpr int64_t kScaleAt = kBytes - 16;  // the 8 rows' f16 d close every packed block
   // Prefetch distance: 16 packed blocks (4.3 KB for Q8_0; the Q4_K kernel's best was 4-6 KB).
   constexpr int64_t kAhead = 16 * kBytes;
@@ -650,12 +647,10 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
       return;
     }
   }
-  if constexpr (T == DType::kQ8_0 || T == DType::kQ4_0 || T == DType::kQ5_0) {
+  if constexpr (TakesQ8_0Activations(T)) {
     if (packed != nullptr) {
       const int64_t n_blocks = k_in / 32;
-      const int64_t bytes = T == DType::kQ8_0   ? kQ8_0PackedBlockBytes
-                            : T == DType::kQ4_0 ? kQ4_0PackedBlockBytes
-                                                : kQ5_0PackedBlockBytes;
+      constexpr int64_t bytes = PackedBlockBytes(T);
       const uint8_t* groups = static_cast<const uint8_t*>(packed);
       for (int64_t t = 0; t < m_rows; ++t) {
         for (int64_t n = n_begin; n < n_end; n += 8) {
@@ -669,7 +664,7 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
   auto rows = [&]<int R>(int64_t n, int64_t t) {
     float out[R];
     const uint8_t* row = base + n * row_bytes;
-    if constexpr (T == DType::kQ8_0 || T == DType::kQ4_0 || T == DType::kQ5_0) {
+    if constexpr (TakesQ8_0Activations(T)) {
       DotQ8_0Blocks<R, T>(row, row_bytes, acts[t], k_in, out);
     } else if constexpr (T == DType::kQ4_K) DotQ45_K<R, false>(row, row_bytes, acts[t], k_in, out);
     else if constexpr (T == DType::kQ5_K) DotQ45_K<R, true>(row, row_bytes, acts[t], k_in, out);
@@ -678,7 +673,7 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
   };
   for (int64_t t = 0; t < m_rows; ++t) {
     int64_t n = n_begin;
-    if constexpr (T == DType::kQ8_0 || T == DType::kQ4_0 || T == DType::kQ5_0) {
+    if constexpr (TakesQ8_0Activations(T)) {
       for (; n + 4 <= n_end; n += 4) rows.template operator()<4>(n, t);
     }
     for (; n < n_end; ++n) rows.template operator()<1>(n, t);

@@ -100,6 +100,13 @@ inline constexpr int64_t kDirectMaxRows = 16;
 inline constexpr int64_t kQ4_KPackedBlockBytes = 8 * 144 + 32;
 inline constexpr int64_t kQ8_0PackedBlockBytes = 8 * 34;
 inline constexpr int64_t kQ4_0PackedBlockBytes = 8 * 18, kQ5_0PackedBlockBytes = 8 * 22;
+// The packed block size of a packable dtype (kQ4_K, kQ8_0, kQ4_0, kQ5_0).
+constexpr int64_t PackedBlockBytes(DType t) {
+  return t == DType::kQ4_K   ? kQ4_KPackedBlockBytes
+         : t == DType::kQ4_0 ? kQ4_0PackedBlockBytes
+         : t == DType::kQ5_0 ? kQ5_0PackedBlockBytes
+                             : kQ8_0PackedBlockBytes;
+}
 // Whether w (2-D, kQ4_K, kQ8_0, kQ4_0 or kQ5_0, rows % 8 == 0) can be packed, and its packed
 // size in bytes.
 bool CanPackRows(const TensorView& w);

@@ -62,15 +62,6 @@ int64_t BlockElements(const TensorView& w) {
   return w.dtype == DType::kQ4_K ? kQKBlock : kQ8_0Block;
 }
 
-int64_t PackedBlockBytes(const TensorView& w) {
-  switch (w.dtype) {
-    case DType::kQ4_K: return kQ4_KPackedBlockBytes;
-    case DType::kQ4_0: return kQ4_0PackedBlockBytes;
-    case DType::kQ5_0: return kQ5_0PackedBlockBytes;
-    default: return kQ8_0PackedBlockBytes;
-  }
-}
-
 }  // namespace
 
 bool CanPackRows(const TensorView& w) {
@@ -81,13 +72,13 @@ bool CanPackRows(const TensorView& w) {
 
 int64_t PackedRowsBytes(const TensorView& w) {
   KCHECK(CanPackRows(w));
-  return w.shape[0] / 8 * (w.shape[1] / BlockElements(w)) * PackedBlockBytes(w);
+  return w.shape[0] / 8 * (w.shape[1] / BlockElements(w)) * PackedBlockBytes(w.dtype);
 }
 
 void PackRows(const TensorView& w, uint8_t* out) {
   KCHECK(CanPackRows(w));
   const int64_t n_blocks = w.shape[1] / BlockElements(w);
-  const int64_t block_bytes = PackedBlockBytes(w);
+  const int64_t block_bytes = PackedBlockBytes(w.dtype);
   const int64_t row_bytes = w.row_bytes();
   const uint8_t* data = static_cast<const uint8_t*>(w.data);
   for (int64_t group = 0; group < w.shape[0] / 8; ++group) {
