@@ -243,15 +243,18 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
-  // Quantized GEMV: each shape in FP8 block-128 and 4-bit affine (groups 64 and 128), m = 1
-  // and 8.
+  // Quantized GEMV: each shape in FP8 block-128 and 4-bit affine (groups 64 and 128, with the
+  // scale-bias pairs unscaled and scaled: quant_linear.h, scaled_codes), m = 1 and 8.
   struct QuantCase {
     WeightFormat format;
     int group;
+    bool scaled;
   };
-  const QuantCase quant_cases[] = {{WeightFormat::kFp8Block, 128},
-                                   {WeightFormat::kAffine4, 64},
-                                   {WeightFormat::kAffine4, 128}};
+  const QuantCase quant_cases[] = {{WeightFormat::kFp8Block, 128, false},
+                                   {WeightFormat::kAffine4, 64, false},
+                                   {WeightFormat::kAffine4, 64, true},
+                                   {WeightFormat::kAffine4, 128, false},
+                                   {WeightFormat::kAffine4, 128, true}};
   if (!bf16_only) {
     for (const QuantCase& qc : quant_cases) {
       const WeightFormat format = qc.format;
@@ -270,8 +273,11 @@ int Main(int argc, char** argv) {
           // e4m3: exponent <= 14 (no NaN codes); 4-bit: any byte.
           FillRandomBytes(codes.back(), 300 + c, fp8 ? 0xF7 : 0xFF);
           scales.push_back(MustAllocate(scale_floats * 4, "scales"));
-          // FP8: 0.01 per block; 4-bit: the bf16 pair (s, b) = (0.01, -0.08) in each word.
-          FillConstantF32(scales.back(), fp8 ? 0.01f : std::bit_cast<float>(0xBDA43C24u));
+          // FP8: 0.01 per block; 4-bit: the bf16 pair (s, b) = (0.01, -0.08) in each word, scaled
+          // (0.01 * 2^133, -0.08).
+          FillConstantF32(scales.back(), fp8         ? 0.01f
+                                         : qc.scaled ? std::bit_cast<float>(0xBDA47EA4u)
+                                                     : std::bit_cast<float>(0xBDA43C24u));
           WeightSegment w;
           w.format = format;
           w.rows = n;
@@ -283,6 +289,7 @@ int Main(int argc, char** argv) {
           } else {
             w.scale = nullptr;
             w.scale_bias = scales.back().as<uint32_t>();
+            w.scaled_codes = qc.scaled;
             w.group = qc.group;
           }
           segs.push_back(w);
@@ -297,10 +304,12 @@ int Main(int argc, char** argv) {
           const double bytes = static_cast<double>(w_bytes) + static_cast<double>(m) * k * 2 +
                                static_cast<double>(m) * n * 4;
           const double gb_s = bytes / sec / 1e9;
-          std::printf("{\"quant\": \"%s\", \"group\": %d, \"shape\": \"%s\", \"n\": %ld, "
+          std::printf("{\"quant\": \"%s\", \"group\": %d, \"scaled_codes\": %s, "
+                      "\"shape\": \"%s\", \"n\": %ld, "
                       "\"k\": %ld, \"m\": %ld, \"weight_bytes\": %zu, \"us\": %.2f, "
                       "\"gb_s\": %.1f, \"frac_bw\": %.3f}\n",
-                      WeightFormatName(format), qc.group, shape.name, static_cast<long>(n),
+                      WeightFormatName(format), qc.group, qc.scaled ? "true" : "false",
+                      shape.name, static_cast<long>(n),
                       static_cast<long>(k), static_cast<long>(m), w_bytes, sec * 1e6, gb_s,
                       gb_s / copy_gb_s);
           std::fflush(stdout);

@@ -5,6 +5,8 @@
 #include "models/cuda_weight_plan.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -330,10 +332,20 @@ void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int
     bias.insert(bias.end(), p.bias.begin(), p.bias.end());
   }
   if (four) {
-    // bf16 pairs (s, b): the kernels' bf16 fma q * s + b.
+    // bf16 pairs (s, b): the kernels' bf16 fma q * s + b; (s * 2^133, b) where every |s| < 2^-5
+    // (quant_linear.h, scaled_codes: then s * 2^133 is a finite bf16, exactly).
+    std::vector<uint16_t> s16(scale.size());
+    bool small = scaled_affine4_codes_;
+    for (size_t i = 0; i < scale.size(); ++i) {
+      s16[i] = F32ToBf16(scale[i]);
+      small = small && std::fabs(Bf16ToF32(s16[i])) < 0x1p-5f;
+    }
+    s.scaled_codes = small;
     std::vector<uint8_t> pairs(scale.size() * 4);
     for (size_t i = 0; i < scale.size(); ++i) {
-      const uint32_t v = F32ToBf16(scale[i]) | static_cast<uint32_t>(F32ToBf16(bias[i])) << 16;
+      const float scaled = static_cast<float>(std::ldexp(double{Bf16ToF32(s16[i])}, 133));
+      const uint16_t sv = small ? F32ToBf16(scaled) : s16[i];
+      const uint32_t v = sv | static_cast<uint32_t>(F32ToBf16(bias[i])) << 16;
       std::memcpy(pairs.data() + 4 * i, &v, 4);
     }
     s.scale_bias = Own(std::move(pairs));
@@ -405,6 +417,16 @@ CudaWeightPlan::Linear CudaWeightPlan::PlaceLinear(const std::vector<const Tenso
   return out;
 }
 
+// KESTREL_AFFINE4_SCALED_CODES=0 keeps every 4-bit segment's pairs unscaled (to compare the
+// two forms of the kernels, whose weights are the same bits).
+bool CudaWeightPlan::ScaledAffine4CodesByDefault() {
+  static const bool on = [] {
+    const char* env = std::getenv("KESTREL_AFFINE4_SCALED_CODES");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
+
 cuda::Weight CudaWeightPlan::Bind(const Linear& w, const uint8_t* base) {
   cuda::Weight d;
   auto at = [&](size_t off) -> const void* { return off == kNone ? nullptr : base + off; };
@@ -416,6 +438,7 @@ cuda::Weight CudaWeightPlan::Bind(const Linear& w, const uint8_t* base) {
     o.scale = static_cast<const float*>(at(s.scale));
     o.bias = static_cast<const float*>(at(s.bias));
     o.scale_bias = static_cast<const uint32_t*>(at(s.scale_bias));
+    o.scaled_codes = s.scaled_codes;
     o.group = s.group;
     o.scale_ld = s.scale_ld;
   }

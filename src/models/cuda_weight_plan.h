@@ -45,6 +45,7 @@ class CudaWeightPlan {
     size_t data = kNone, scale = kNone, bias = kNone, scale_bias = kNone;
     size_t input_perm = kNone;  // GPTQ act-order: the layer's int32 column order (every segment)
     int32_t group = 0, scale_ld = 0;
+    bool scaled_codes = false;  // kAffine4: scale_bias pairs (s * 2^133, b) (quant_linear.h)
   };
   using Linear = std::vector<Segment>;
 
@@ -72,6 +73,9 @@ class CudaWeightPlan {
   const std::vector<Piece>& pieces() const { return pieces_; }
   // The device formats used, e.g. "fp8-block128" or "int4-affine+int8-affine" ("bf16" if none).
   std::string formats() const;
+  // Whether 4-bit segments whose scales allow it are placed with scaled_codes (quant_linear.h;
+  // the same weights either way). On unless KESTREL_AFFINE4_SCALED_CODES=0; tests set both.
+  void set_scaled_affine4_codes(bool on) { scaled_affine4_codes_ = on; }
 
  private:
   size_t Reserve(size_t bytes);
@@ -83,6 +87,9 @@ class CudaWeightPlan {
   std::deque<std::vector<uint8_t>> owned_;
   std::vector<std::pair<size_t, size_t>> affine4_codes_;  // (offset, bytes) of 4-bit code runs
   uint32_t formats_used_ = 0;  // bit per cuda::WeightFormat
+  bool scaled_affine4_codes_ = ScaledAffine4CodesByDefault();
+
+  static bool ScaledAffine4CodesByDefault();
 };
 
 }  // namespace kestrel

@@ -43,7 +43,8 @@ struct HostWeight {
 
 uint16_t F16Bits(float f) { return F32ToF16(f); }
 
-HostWeight MakeWeight(DType dtype, int64_t rows, int64_t k, int group, uint64_t seed) {
+HostWeight MakeWeight(DType dtype, int64_t rows, int64_t k, int group, uint64_t seed,
+                      float mlx_scale_mult = 1.0f) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> pos(0.002f, 0.02f), sym(-0.05f, 0.05f);
@@ -108,7 +109,7 @@ HostWeight MakeWeight(DType dtype, int64_t rows, int64_t k, int group, uint64_t 
     case DType::kMlxQ4:
     case DType::kMlxQ8:
       for (int64_t i = 0; i < rows * (k / group); ++i) {
-        w.scale.push_back(pos(rng) / 4);
+        w.scale.push_back(pos(rng) / 4 * mlx_scale_mult);
         w.bias.push_back(sym(rng));
       }
       w.view.block_scale = w.scale.data();
@@ -188,6 +189,10 @@ struct Case {
   int segments;
   // Per part: 0, or the seed of a GPTQ act-order column order (kMlxQ4 parts, input_perm).
   std::vector<uint64_t> perm_seeds = {};
+  // MLX scales times this (1: 0.0005-0.005; 16 puts some at or above 2^-5, where the 4-bit pairs
+  // stay unscaled), and whether the 4-bit segments must be scaled_codes (1), not (0), or either.
+  float mlx_scale_mult = 1.0f;
+  int expect_scaled = -1;
 };
 
 void RunCase(const Case& c) {
@@ -200,7 +205,7 @@ void RunCase(const Case& c) {
   uint64_t seed = 7;
   for (size_t i = 0; i < c.parts.size(); ++i) {
     const auto& [dtype, rows] = c.parts[i];
-    host.push_back(MakeWeight(dtype, rows, c.k, c.group, seed++));
+    host.push_back(MakeWeight(dtype, rows, c.k, c.group, seed++, c.mlx_scale_mult));
     if (i < c.perm_seeds.size() && c.perm_seeds[i] != 0) {
       HostWeight& h = host.back();
       h.perm.resize(static_cast<size_t>(c.k));
@@ -218,6 +223,11 @@ void RunCase(const Case& c) {
   const CudaWeightPlan::Linear lin = plan.PlaceLinear(views);
   EXPECT_EQ(plan.formats(), c.formats);
   EXPECT_EQ(static_cast<int>(lin.size()), c.segments);
+  for (const CudaWeightPlan::Segment& seg : lin) {
+    if (seg.format == cuda::WeightFormat::kAffine4 && c.expect_scaled >= 0) {
+      EXPECT_EQ(seg.scaled_codes, c.expect_scaled == 1);
+    }
+  }
   Uploaded dev = Upload(plan, lin);
 
   // A 256 KiB tile buffer: the dequantizing path takes several 128-row tiles per segment.
@@ -269,7 +279,11 @@ TEST(CudaQuantLinear, Fp8BlockScales) {
 TEST(CudaQuantLinear, MlxAffine) {
   KESTREL_REQUIRE_CUDA();
   for (int g : {32, 64, 128}) {
-    RunCase({"mlx4 g" + std::to_string(g), {{DType::kMlxQ4, 200}}, g, 512, "int4-affine", 1});
+    RunCase({"mlx4 g" + std::to_string(g), {{DType::kMlxQ4, 200}}, g, 512, "int4-affine", 1, {},
+             1.0f, 1});
+    // Scales up to 0.08: the pairs stay (s, b) and the kernels take the unscaled form.
+    RunCase({"mlx4 large scales g" + std::to_string(g), {{DType::kMlxQ4, 200}}, g, 512,
+             "int4-affine", 1, {}, 16.0f, 0});
     RunCase({"mlx8 g" + std::to_string(g), {{DType::kMlxQ8, 200}}, g, 512, "int8-affine", 1});
   }
   RunCase({"mlx8 g16", {{DType::kMlxQ8, 70}}, 16, 256, "int8-affine", 1});
@@ -284,10 +298,64 @@ TEST(CudaQuantLinear, GptqActOrder) {
   RunCase({"act-order q|k|v g128", {{DType::kMlxQ4, 256}, {DType::kMlxQ4, 64}, {DType::kMlxQ4, 64}},
            128, 512, "int4-affine", 1, {5, 5, 5}});
   RunCase({"act-order g32", {{DType::kMlxQ4, 200}}, 32, 768, "int4-affine", 1, {9}});
+  RunCase({"act-order g32, large scales", {{DType::kMlxQ4, 200}}, 32, 768, "int4-affine", 1, {9},
+           16.0f, 0});
   RunCase({"act-order, two orders", {{DType::kMlxQ4, 128}, {DType::kMlxQ4, 64}}, 64, 512, "bf16",
            1, {5, 6}});
   RunCase({"act-order beside a plain part", {{DType::kMlxQ4, 128}, {DType::kMlxQ4, 64}}, 64, 512,
            "bf16", 1, {5, 0}});
+}
+
+// 4-bit pairs placed scaled (s * 2^133: the codes read as bf16 subnormals) and unscaled are the
+// same weights: every path (the GEMV at 1-8 rows, the tiles past 8, act-order gathers and
+// scatters) gives the same bits. Fails if bf16 arithmetic flushed the subnormal codes or a
+// kernel read a scaled pair as an unscaled one.
+TEST(CudaQuantLinear, ScaledCodesGiveTheSameBits) {
+  KESTREL_REQUIRE_CUDA();
+  const int64_t k = 768;
+  struct Part {
+    DType dtype;
+    int64_t rows;
+    int group;
+    uint64_t perm_seed;
+  };
+  for (const Part& part : {Part{DType::kMlxQ4, 300, 64, 0}, Part{DType::kMlxQ4, 200, 128, 0},
+                           Part{DType::kQ4_0, 150, 0, 0}, Part{DType::kMlxQ4, 200, 32, 9}}) {
+    SCOPED_TRACE(std::string(DTypeName(part.dtype)) + " g" + std::to_string(part.group) +
+                 (part.perm_seed != 0 ? " act-order" : ""));
+    HostWeight h = MakeWeight(part.dtype, part.rows, k, part.group, 3);
+    if (part.perm_seed != 0) {
+      h.perm.resize(static_cast<size_t>(k));
+      std::iota(h.perm.begin(), h.perm.end(), 0);
+      std::shuffle(h.perm.begin(), h.perm.end(), std::mt19937_64(part.perm_seed));
+      h.view.input_perm = h.perm.data();
+    }
+    auto engine = cuda::LinearEngine::Create(32 << 20, 256 << 10);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    const int64_t max_m = 37, n = part.rows;
+    cuda::DeviceBuffer x = kt::Upload(kt::RandomBf16(static_cast<size_t>(max_m * k), 5));
+    std::vector<std::vector<float>> outs[2];
+    for (int scaled = 0; scaled < 2; ++scaled) {
+      CudaWeightPlan plan;
+      plan.set_scaled_affine4_codes(scaled == 1);
+      const CudaWeightPlan::Linear lin = plan.PlaceLinear({&h.view});
+      ASSERT_EQ(lin.size(), 1u);
+      ASSERT_EQ(lin[0].format, cuda::WeightFormat::kAffine4);
+      ASSERT_EQ(lin[0].scaled_codes, scaled == 1);
+      Uploaded dev = Upload(plan, lin);
+      for (int64_t m : {1, 3, 8, 9, 37}) {
+        cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
+        (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y.as<float>(), nullptr);
+        outs[scaled].push_back(kt::Download<float>(y, static_cast<size_t>(m * n)));
+      }
+    }
+    ASSERT_EQ(outs[0].size(), outs[1].size());
+    for (size_t i = 0; i < outs[0].size(); ++i) {
+      SCOPED_TRACE("call " + std::to_string(i));
+      for (float v : outs[0][i]) ASSERT_TRUE(std::isfinite(v));
+      EXPECT_EQ(0, std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * 4));
+    }
+  }
 }
 
 TEST(CudaQuantLinear, GgufBlocks) {
@@ -346,7 +414,8 @@ TEST(CudaWeightPlanOnTheHost, GgufBlocksBecomeTheCpuWeights) {
         max_ref = std::max(max_ref, std::fabs(want));
         if (four) {
           const int q = (codes[r * k / 2 + j / 2] >> (4 * (j % 2))) & 0xF;
-          const double s = Bf16ToF32(static_cast<uint16_t>(pairs[g] & 0xFFFFu));
+          const double s = std::ldexp(Bf16ToF32(static_cast<uint16_t>(pairs[g] & 0xFFFFu)),
+                                      seg.scaled_codes ? -133 : 0);
           const double b = Bf16ToF32(static_cast<uint16_t>(pairs[g] >> 16));
           const double v = q * s + b;
           if (std::fabs(v - want) > 0x1p-8 * (q * std::fabs(s) + std::fabs(b))) ++beyond_bf16;

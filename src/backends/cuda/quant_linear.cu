@@ -138,7 +138,9 @@ __device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int 
     const int64_t at = AffineGroup(w, row, e, k);
     if constexpr (F == WeightFormat::kAffine4) {
       const uint32_t sb = __ldg(w.scale_bias + at);
-      *s = 16.0f * Bf16BitsToF32(sb & 0xFFFFu);
+      // A scaled pair's s * 2^133 back to s by exact power-of-two steps (f32 holds s * 2^133).
+      const float sv = Bf16BitsToF32(sb & 0xFFFFu);
+      *s = w.scaled_codes ? sv * 0x1p-70f * 0x1p-59f : 16.0f * sv;
       *b = Bf16BitsToF32(sb >> 16) - *s;
     } else {
       *s = __ldg(w.scale + at);
@@ -147,17 +149,46 @@ __device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int 
   }
 }
 
-// A kAffine4 word's pair j (elements 2j, 2j + 1) as bf16x2 q * s + b, s and b the group's bf16
-// pair broadcast (sx2 = (s, s), bx2 = (b, b)): one mask makes (128 + q) exactly, minus 128 is q,
-// one fma rounds once. The GEMV's fragments and DequantizeRows' tiles both come from here.
-__device__ __forceinline__ uint32_t Affine4Pair(uint32_t word, int j, __nv_bfloat162 sx2,
-                                                __nv_bfloat162 bx2) {
-  constexpr uint32_t k128 = 0x43004300u;  // bf16x2 (128, 128)
-  const uint32_t q = ((word >> (4 * j)) & 0x000F000Fu) | k128;
-  const __nv_bfloat162 v = __hfma2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q),
-                                           *reinterpret_cast<const __nv_bfloat162*>(&k128)),
-                                   sx2, bx2);
-  return *reinterpret_cast<const uint32_t*>(&v);
+// A kAffine4 word's four pairs j (elements 2j, 2j + 1; nibbles j and j + 4) as bf16x2 q * s + b,
+// s and b the group's bf16 pair broadcast (sx2 = (s, s), bx2 = (b, b)), each rounded once.
+//   Unscaled: one mask per pair makes the bf16 (128 + q) exactly, minus 128 is q, one fma.
+//   Scaled (WeightSegment::scaled_codes; sx2 holds s * 2^133): a bf16 whose bits are an integer
+//   N < 256 (exponent field 0 or 1) is N * 2^-133, so the nibble masked in place at bits 0-3 is
+//   q * 2^-133 and at bits 4-7 q * 2^-129; one fma with s * 2^133 or s * 2^129 is then exactly
+//   q * s + b before its rounding (bf16 arithmetic keeps subnormals). The same bits, with one
+//   shift per word instead of three and no subtraction.
+// sx2_16 is Affine4Scale16<kScaled>(sx2), made once per group by the caller (the compiler does
+// not merge repeated bf16 multiplies). The GEMV's fragments and DequantizeRows' tiles both come
+// from here.
+template <bool kScaled>
+__device__ __forceinline__ __nv_bfloat162 Affine4Scale16(__nv_bfloat162 sx2) {
+  if constexpr (kScaled) {
+    const uint32_t sixteenth = 0x3D803D80u;  // bf16x2 (2^-4, 2^-4): exact
+    return __hmul2(sx2, *reinterpret_cast<const __nv_bfloat162*>(&sixteenth));
+  } else {
+    return sx2;
+  }
+}
+template <bool kScaled>
+__device__ __forceinline__ void Affine4Pairs(uint32_t word, __nv_bfloat162 sx2,
+                                             __nv_bfloat162 sx2_16, __nv_bfloat162 bx2,
+                                             uint32_t (&out)[4]) {
+  auto bf = [](uint32_t v) { return *reinterpret_cast<const __nv_bfloat162*>(&v); };
+  auto bits = [](__nv_bfloat162 v) { return *reinterpret_cast<const uint32_t*>(&v); };
+  if constexpr (kScaled) {
+    const uint32_t w8 = word >> 8;
+    out[0] = bits(__hfma2(bf(word & 0x000F000Fu), sx2, bx2));
+    out[1] = bits(__hfma2(bf(word & 0x00F000F0u), sx2_16, bx2));
+    out[2] = bits(__hfma2(bf(w8 & 0x000F000Fu), sx2, bx2));
+    out[3] = bits(__hfma2(bf(w8 & 0x00F000F0u), sx2_16, bx2));
+  } else {
+    constexpr uint32_t k128 = 0x43004300u;  // bf16x2 (128, 128)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t q = ((word >> (4 * j)) & 0x000F000Fu) | k128;
+      out[j] = bits(__hfma2(__hsub2(bf(q), bf(k128)), sx2, bx2));
+    }
+  }
 }
 
 // (s, s) and (b, b) of a kAffine4 scale_bias entry.
@@ -311,7 +342,7 @@ __global__ void __launch_bounds__(kThreads)
 // fragments in registers. Per 16-byte vector a thread holds kE consecutive k of rows g and g+8;
 // the 4 threads of a fragment row group hold 4 consecutive vectors (one step of 4 kE k).
 //   - kAffine4: word p of the vector (k 8p .. 8p+7) gives the pairs (k 2j, k 2j+1), j < 4, by
-//     one mask each (Affine4Pair: the codes' order was arranged at load for it), then one bf16x2
+//     one mask each (Affine4Pairs: the codes' order was arranged at load for it), then one bf16x2
 //     fma with the group's bf16 scale and bias (one 4-byte load per row and step): the weight in
 //     bf16, bitwise the one DequantizeRows writes for larger m.
 //   - kFp8Block: bytes 0,2 and 1,3 of word p (k 4p .. 4p+3) as bf16x2 by sign and payload moves
@@ -336,7 +367,14 @@ __global__ void __launch_bounds__(kThreads)
 // warps (40 registers, no spills; 7 spill): FP8 gate|up 32.6 -> 30.8 us, LM head 155.2 -> 153.3,
 // q|k|v 12.85 -> 13.15; int4 (group 64) LM head 132.7 -> 128.7, the rest within 1 %; decode
 // batch 1 FP8 3.150 -> 3.113 ms, int4 2.880 -> 2.871 (H200, 2026-12-04, two rounds each).
-template <WeightFormat F, int W>
+// Then the 4-bit loop (2026-12-04, twelfth session; SASS per 128-k step 324 -> 166 -> 153): codes
+// loaded without predicates and 32-bit indices (decode batch 1, random Qwen3-8B, MLX group 64
+// 2.87 -> 2.64-2.65 ms, GPTQ 2.85 -> 2.62-2.64), then scaled codes (kScaled, Affine4Pairs)
+// 2.49-2.51 and 2.44-2.47 ms (bf16 4.63-4.70: 1.87-1.91x). The same 32-bit indices in the FP8 loop took
+// its step from 3.11 to 3.46 ms, so that loop keeps its 64-bit ones. Bounded to 5 blocks (48
+// registers, no rematerialized row indices) the scaled kernel's LM head gained (112 -> 105 us)
+// and gate|up lost (22.6 -> 24.7), the step 2 % slower: 6 kept.
+template <WeightFormat F, int W, bool kScaled>
 __global__ void __launch_bounds__(W * 32, W == 8 ? 6 : 2)
     QuantMmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
                        int m, int k, const WeightSegment w, int n,
@@ -372,16 +410,25 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 6 : 2)
     uint32_t sbl, sbh;
     float sc;
   };
+  const int last_vec = static_cast<int>(row_vecs) - 1;
   auto load = [&](int step, Stage* st) {
-    const int64_t v = static_cast<int64_t>(step) * 4 + t;
-    const bool in_k = step < n_steps && v < row_vecs;
-    st->lo = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
-    st->hi = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
     if constexpr (F == WeightFormat::kAffine4) {
-      const int c = (static_cast<int>(v) * kE) >> gshift;
+      // No predicates on the codes: past k (a short last step, or the load after a warp's last
+      // step) the row's last vector is read again and its pair is zero (weights 0 * q + 0);
+      // rows past n read row 0, whose sums are never stored.
+      const int v = step * 4 + t;
+      const bool in_k = v <= last_vec;
+      const int vc = in_k ? v : last_vec;
+      st->lo = LoadStreaming(w_lo + vc);
+      st->hi = LoadStreaming(w_hi + vc);
+      const int c = (vc * kE) >> gshift;
       st->sbl = in_k ? __ldg(sb_lo + c) : 0u;
       st->sbh = in_k ? __ldg(sb_hi + c) : 0u;
     } else {
+      const int64_t v = static_cast<int64_t>(step) * 4 + t;
+      const bool in_k = step < n_steps && v < row_vecs;
+      st->lo = (in_k && lo_ok) ? LoadStreaming(w_lo + v) : zero;
+      st->hi = (in_k && hi_ok) ? LoadStreaming(w_hi + v) : zero;
       // One scale per 128-k block and 128-row block (rows g and g+8 share it, as do the 4 kE k
       // of the step).
       float unused;
@@ -397,25 +444,28 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 6 : 2)
 #pragma unroll 1
   for (int step = warp; step < n_steps; step += W) {
     const uint4 c_lo = cur.lo, c_hi = cur.hi;
-    const int64_t v = static_cast<int64_t>(step) * 4 + t;  // this thread's vector
-    const int64_t vx = v < row_vecs ? v : row_vecs - 1;    // its x (weights past k are zero)
     if constexpr (F == WeightFormat::kAffine4) {
+      const int vx = min(step * 4 + t, last_vec);  // this thread's x (weights past k are zero)
       const __nv_bfloat162 s_lo = Bf16x2Lo(cur.sbl), b_lo = Bf16x2Hi(cur.sbl);
       const __nv_bfloat162 s_hi = Bf16x2Lo(cur.sbh), b_hi = Bf16x2Hi(cur.sbh);
+      const __nv_bfloat162 s16_lo = Affine4Scale16<kScaled>(s_lo);
+      const __nv_bfloat162 s16_hi = Affine4Scale16<kScaled>(s_hi);
+      const uint4* xp = xg + vx * 4;
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
         const uint32_t wl = Word(c_lo, p), wh = Word(c_hi, p);
-        const uint4 xv = __ldg(xg + vx * 4 + p);  // x of k 8p .. 8p+7: pairs (k 2j, k 2j+1)
+        const uint4 xv = __ldg(xp + p);  // x of k 8p .. 8p+7: pairs (k 2j, k 2j+1)
         uint32_t a_lo[4], a_hi[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          a_lo[j] = Affine4Pair(wl, j, s_lo, b_lo);
-          a_hi[j] = Affine4Pair(wh, j, s_hi, b_hi);
-        }
+        Affine4Pairs<kScaled>(wl, s_lo, s16_lo, b_lo, a_lo);
+        Affine4Pairs<kScaled>(wh, s_hi, s16_hi, b_hi, a_hi);
         MmaBf16(acc, a_lo[0], a_hi[0], a_lo[1], a_hi[1], xv.x, xv.y);
         MmaBf16(acc, a_lo[2], a_hi[2], a_lo[3], a_hi[3], xv.z, xv.w);
       }
     } else {
+      // (int64 indices here: the int form above, built for both formats, took the FP8 kernel
+      // from 3.11 to 3.46 ms per decode step on the H200.)
+      const int64_t v = static_cast<int64_t>(step) * 4 + t;  // this thread's vector
+      const int64_t vx = v < row_vecs ? v : row_vecs - 1;    // its x (weights past k are zero)
       const float sc = cur.sc;
       float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this step's block, before its scale
       auto pair = [](uint32_t word, uint32_t sel) {
@@ -460,13 +510,12 @@ void LaunchMmaGemv(const __nv_bfloat16* x, int m, int k, const WeightSegment& w,
   // Larger grids keep 8 warps and 5 blocks per SM. H200, m = 1, 8 -> 16 warps: FP8 down
   // (4096 x 12288) 24.2 -> 17.9 us, o_proj 11.6 -> 9.6; 4-bit (group 64) 19.7 -> 18.2 and
   // 10.7 -> 9.9; but gate|up 28.9 -> 33.3 and lm_head 141.8 -> 172.9 (4-bit).
-  if (blocks <= 2u * static_cast<unsigned>(CurrentDeviceSmCount())) {
-    LaunchPdl(&QuantMmaGemvKernel<F, 16>, dim3(blocks), dim3(16 * 32), 0, stream, x, m, k, w, n,
-              y, ldy);
-  } else {
-    LaunchPdl(&QuantMmaGemvKernel<F, 8>, dim3(blocks), dim3(kThreads), 0, stream, x, m, k, w, n,
-              y, ldy);
-  }
+  const bool wide = blocks <= 2u * static_cast<unsigned>(CurrentDeviceSmCount());
+  const bool scaled = F == WeightFormat::kAffine4 && w.scaled_codes;
+  auto kernel = scaled ? &QuantMmaGemvKernel<F, 8, true> : &QuantMmaGemvKernel<F, 8, false>;
+  if (wide) kernel = scaled ? &QuantMmaGemvKernel<F, 16, true> : &QuantMmaGemvKernel<F, 16, false>;
+  LaunchPdl(kernel, dim3(blocks), dim3(wide ? 16 * 32 : kThreads), 0, stream, x, m, k, w, n, y,
+            ldy);
 }
 
 constexpr int kR = 2, kKS = 4, kU = 2;
@@ -540,6 +589,7 @@ __global__ void GatherColumnsKernel(const uint16_t* __restrict__ x, int64_t m, i
 // prefill of an 8B model from 59.6 to 131.7 ms on the H200.)
 constexpr int kPermutedDequantMaxK = 98304;  // 192 KB of bf16 (dynamic shared memory)
 
+template <bool kScaled>
 __global__ void __launch_bounds__(256)
     DequantizePermutedKernel(const WeightSegment w, int64_t row0, int k,
                              __nv_bfloat16* __restrict__ out, const int32_t* __restrict__ perm) {
@@ -554,6 +604,7 @@ __global__ void __launch_bounds__(256)
                                       static_cast<int64_t>(row) * row_vecs + v);
     const uint32_t sb = __ldg(w.scale_bias + AffineGroup(w, row, v * kE, k));
     const __nv_bfloat162 s2 = Bf16x2Lo(sb), b2 = Bf16x2Hi(sb);
+    const __nv_bfloat162 s2_16 = Affine4Scale16<kScaled>(s2);
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const uint32_t word = Word(codes, p);
@@ -561,9 +612,11 @@ __global__ void __launch_bounds__(256)
       const int4 c0 = __ldg(reinterpret_cast<const int4*>(perm + e0));
       const int4 c1 = __ldg(reinterpret_cast<const int4*>(perm + e0 + 4));
       const int cols[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+      uint32_t pairs[4];
+      Affine4Pairs<kScaled>(word, s2, s2_16, b2, pairs);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t pair = Affine4Pair(word, j, s2, b2);  // elements 2j, 2j + 1
+        const uint32_t pair = pairs[j];  // elements 2j, 2j + 1
         row_vals[cols[2 * j]] = static_cast<uint16_t>(pair);
         row_vals[cols[2 * j + 1]] = static_cast<uint16_t>(pair >> 16);
       }
@@ -577,7 +630,7 @@ __global__ void __launch_bounds__(256)
 }
 
 // One thread per 16-byte vector of codes: kE bf16 outputs.
-template <WeightFormat F>
+template <WeightFormat F, bool kScaled = false>
 __global__ void DequantizeKernel(const WeightSegment w, int64_t row0, int64_t rows, int k,
                                  __nv_bfloat16* __restrict__ out) {
   using C = Codes<F>;
@@ -592,15 +645,17 @@ __global__ void DequantizeKernel(const WeightSegment w, int64_t row0, int64_t ro
   const uint4 codes =
       LoadStreaming(reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row) * row_vecs + v);
   if constexpr (F == WeightFormat::kAffine4) {
-    // The GEMV's bf16 weights (Affine4Pair), pair j of word p at k 8p + 2j.
+    // The GEMV's bf16 weights (Affine4Pairs), pair j of word p at k 8p + 2j.
     const uint32_t sb = __ldg(w.scale_bias + AffineGroup(w, row, v * kE, k));
     const __nv_bfloat162 s2 = Bf16x2Lo(sb), b2 = Bf16x2Hi(sb);
+    const __nv_bfloat162 s2_16 = Affine4Scale16<kScaled>(s2);
     uint4* dst = reinterpret_cast<uint4*>(out + r * k + static_cast<int64_t>(v) * kE);
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const uint32_t word = Word(codes, p);
-      dst[p] = make_uint4(Affine4Pair(word, 0, s2, b2), Affine4Pair(word, 1, s2, b2),
-                          Affine4Pair(word, 2, s2, b2), Affine4Pair(word, 3, s2, b2));
+      uint32_t pairs[4];
+      Affine4Pairs<kScaled>(word, s2, s2_16, b2, pairs);
+      dst[p] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
     }
     return;
   }
@@ -769,14 +824,16 @@ void DequantizeRows(const WeightSegment& w, int64_t row0, int64_t rows, int64_t 
                    reinterpret_cast<uintptr_t>(input_perm) % 16 == 0,
                "act-order weights: 4-bit codes, k up to 98304");
     static const bool attribute_set = [] {
-      KCUDA_CHECK(cudaFuncSetAttribute(&DequantizePermutedKernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kPermutedDequantMaxK * 2));
+      for (auto kernel : {&DequantizePermutedKernel<false>, &DequantizePermutedKernel<true>}) {
+        KCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kPermutedDequantMaxK * 2));
+      }
       return true;
     }();
     (void)attribute_set;
-    LaunchPdl(&DequantizePermutedKernel, dim3(static_cast<unsigned>(rows)), dim3(256),
-              static_cast<size_t>(k) * 2, stream, w, row0, static_cast<int>(k), out, input_perm);
+    LaunchPdl(w.scaled_codes ? &DequantizePermutedKernel<true> : &DequantizePermutedKernel<false>,
+              dim3(static_cast<unsigned>(rows)), dim3(256), static_cast<size_t>(k) * 2, stream, w,
+              row0, static_cast<int>(k), out, input_perm);
     KCUDA_CHECK_LAUNCH();
     return;
   }
@@ -789,8 +846,9 @@ void DequantizeRows(const WeightSegment& w, int64_t row0, int64_t rows, int64_t 
                 row0, rows, ki, out);
       break;
     case WeightFormat::kAffine4:
-      LaunchPdl(&DequantizeKernel<WeightFormat::kAffine4>, dim3(blocks), dim3(256), 0, stream, w,
-                row0, rows, ki, out);
+      LaunchPdl(w.scaled_codes ? &DequantizeKernel<WeightFormat::kAffine4, true>
+                               : &DequantizeKernel<WeightFormat::kAffine4, false>,
+                dim3(blocks), dim3(256), 0, stream, w, row0, rows, ki, out);
       break;
     case WeightFormat::kAffine8:
       LaunchPdl(&DequantizeKernel<WeightFormat::kAffine8>, dim3(blocks), dim3(256), 0, stream, w,

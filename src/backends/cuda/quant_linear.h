@@ -10,6 +10,10 @@
 //              (8w + 2j, 8w + 2j + 1) one mask turns into bf16x2 (ArrangeAffine4Codes makes this
 //              order from a checkpoint's, element j at nibble j % 8); scale_bias [n, k/group]
 //              bf16 pairs (s low, b high): W(i, j) = bf16(q * s + b), one rounding (a bf16 fma).
+//              With scaled_codes (the loader sets it where every |s| < 2^-5) the pairs hold
+//              (s * 2^133, b) instead: a masked nibble is then the bf16 subnormal q * 2^-133, and
+//              one fma of it with s * 2^133 gives the same bf16(q * s + b) without the
+//              subtraction a normal bf16 (128 + q) needs.
 //   kAffine8   data 8-bit codes [n, k];
 //              scale and bias f32 [n, k/group]:  W(i, j) = (1 + q/2^bits) * scale + bias.
 //              The loader turns a checkpoint's q*s + b (MLX, GGUF Q8_0 / Q5_K / Q6_K) into this
@@ -53,6 +57,7 @@ struct WeightSegment {
   int32_t group = 0;            // affine: elements per scale (16..128, a power of two; >= 32 for
                                 // kAffine4); kFp8Block: 128
   int32_t scale_ld = 0;         // kFp8Block: floats per row of scale (>= ceil(k/128))
+  bool scaled_codes = false;    // kAffine4: scale_bias holds (s * 2^133, b), above
 };
 
 // A linear layer's weight: row segments in order (rows of y = concatenation). A plain bf16
