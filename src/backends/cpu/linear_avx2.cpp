@@ -489,6 +489,82 @@ template <DType T>
   _mm256_storeu_ps(out, sum);
 }
 
+// DotQ8_0Packed8 for NT token rows at once (prefill): out[t][r] for the 8 rows of `group` and
+// the activation rows x[0..NT). The blocks go by in chunks of kChunk (4.3 KB of Q8_0, in L1), each
+// chunk once per lane j: lane j's codes are unpacked (and made |w|) once for the NT token rows,
+// whose accumulators stay in registers. Every row and token row gets the single-row kernel's
+// integers, scale products and fused multiply-adds in the same order, and the same final sum:
+// the same bits whatever the tiling (so a prefix computed in a batch equals one computed alone).
+template <DType T, int NT>
+[[gnu::optimize("fp-contract=off")]] void DotQ8_0PackedTokens(const uint8_t* group,
+                                                              int64_t n_blocks, const ActsView* x,
+                                                              float (*out)[8]) {
+  constexpr bool kFive = T == DType::kQ5_0;
+  constexpr int64_t kBytes = PackedBlockBytes(T);
+  constexpr int64_t kScaleAt = kBytes - 16;
+  constexpr int64_t kChunk = 16;
+  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+  const __m256i offset = _mm256_set1_epi8(kFive ? 16 : 8);
+  const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,  //
+                                         0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+  const __m256i bit_k = _mm256_set1_epi32(0x08040201), fifth = _mm256_set1_epi8(0x10);
+  __m256 lane[NT][8];
+  for (int t = 0; t < NT; ++t) {
+    for (int j = 0; j < 8; ++j) lane[t][j] = _mm256_setzero_ps();
+  }
+  alignas(32) float scale[kChunk][NT][8];  // the single-row kernel's per-block scale products
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunk) {
+    const int64_t nb = std::min(kChunk, n_blocks - b0);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = group + (b0 + b) * kBytes;
+      for (int64_t line = 0; line < kBytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(blk + kChunk * kBytes + line), _MM_HINT_T0);
+      }
+      const __m256 d =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kScaleAt)));
+      for (int t = 0; t < NT; ++t) {
+        _mm256_store_ps(scale[b][t], _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b0 + b])));
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      __m256 acc[NT];
+      for (int t = 0; t < NT; ++t) acc[t] = lane[t][j];
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = group + (b0 + b) * kBytes;
+        __m256i wq;
+        if constexpr (T == DType::kQ8_0) {
+          wq = Load32(blk + 32 * j);
+        } else {
+          const __m256i raw = Load32(blk + 32 * (j & 3));
+          __m256i q = _mm256_and_si256(j < 4 ? raw : _mm256_srli_epi16(raw, 4), low);
+          if constexpr (kFive) {
+            const __m256i bits = _mm256_and_si256(
+                _mm256_shuffle_epi8(_mm256_srli_epi32(Load32(blk + 128), 4 * j), bcast), bit_k);
+            q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bits, bit_k), fifth));
+          }
+          wq = _mm256_sub_epi8(q, offset);
+        }
+        const __m256i aw = _mm256_sign_epi8(wq, wq);
+        for (int t = 0; t < NT; ++t) {
+          int32_t x4;
+          std::memcpy(&x4, x[t].q + 32 * (b0 + b) + 4 * j, 4);
+          const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), wq));
+          acc[t] = _mm256_fmadd_ps(_mm256_load_ps(scale[b][t]),
+                                   _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[t]);
+        }
+      }
+      for (int t = 0; t < NT; ++t) lane[t][j] = acc[t];
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    const __m256(&l)[8] = lane[t];
+    const __m256 sum = _mm256_add_ps(
+        _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+        _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
+    _mm256_storeu_ps(out[t], sum);
+  }
+}
+
 // Q4_K rows packed in groups of 8 (cpu::PackRows): out[t][r] for the 8 rows of `group`
 // (n_blocks packed blocks) and the T token rows x[0..T). The lanes of every vector are the 8
 // rows. A group's products are added in int16 (at most 8 x 2 x 15 x 127 per lane) and scaled
@@ -652,7 +728,21 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
       const int64_t n_blocks = k_in / 32;
       constexpr int64_t bytes = PackedBlockBytes(T);
       const uint8_t* groups = static_cast<const uint8_t*>(packed);
-      for (int64_t t = 0; t < m_rows; ++t) {
+      // Tiles of kTile token rows (prefill), every group of the range for one tile, then the
+      // rest one row at a time (decode's kernel; the same bits either way).
+      constexpr int kTile = 4;
+      int64_t t = 0;
+      for (; t + kTile <= m_rows; t += kTile) {
+        for (int64_t n = n_begin; n < n_end; n += 8) {
+          float out[kTile][8];
+          DotQ8_0PackedTokens<T, kTile>(groups + n / 8 * n_blocks * bytes, n_blocks, acts + t,
+                                        out);
+          for (int i = 0; i < kTile; ++i) {
+            for (int r = 0; r < 8; ++r) y[(t + i) * n_out + n + r] = out[i][r];
+          }
+        }
+      }
+      for (; t < m_rows; ++t) {
         for (int64_t n = n_begin; n < n_end; n += 8) {
           DotQ8_0Packed8<T>(groups + n / 8 * n_blocks * bytes, n_blocks, acts[t],
                             y + t * n_out + n);
