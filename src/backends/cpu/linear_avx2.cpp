@@ -426,14 +426,50 @@ template <int R, bool kFifthBit>
   }
 }
 
+// Lane j of a packed Q8_0 / Q4_0 / Q5_0 block of 8 rows (cpu::PackRows) as int8 codes (q, q - 8
+// or q - 16): Q4_0 / Q5_0's 4-byte nibble run i gives lanes i (low nibbles) and i + 4 (high),
+// Q5_0's fifth bits spread from each row's qh (4 bits per lane into its 4 bytes by a byte shuffle
+// and compare).
+template <DType T>
+struct PackedLanes {
+  static constexpr bool kFive = T == DType::kQ5_0;
+  const __m256i low = _mm256_set1_epi8(0x0F), offset = _mm256_set1_epi8(kFive ? 16 : 8);
+  // Q5_0: the low byte of each lane (a row's qh shifted to the lane group's 4 bits) copied to its
+  // 4 bytes, byte k then tested for bit k.
+  const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,  //
+                                         0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+  const __m256i bit_k = _mm256_set1_epi32(0x08040201), fifth = _mm256_set1_epi8(0x10);
+
+  // qh: Load32(blk + 128) for Q5_0 (unused otherwise).
+  __m256i Lane(const uint8_t* blk, __m256i qh, int j) const {
+    if constexpr (T == DType::kQ8_0) {
+      return Load32(blk + 32 * j);
+    } else {
+      const __m256i raw = Load32(blk + 32 * (j & 3));
+      __m256i q = _mm256_and_si256(j < 4 ? raw : _mm256_srli_epi16(raw, 4), low);
+      if constexpr (kFive) {
+        const __m256i bits = _mm256_and_si256(
+            _mm256_shuffle_epi8(_mm256_srli_epi32(qh, 4 * j), bcast), bit_k);
+        q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bits, bit_k), fifth));
+      }
+      return _mm256_sub_epi8(q, offset);
+    }
+  }
+};
+
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)): a row's eight lanes added as HorizontalSum
+// adds them.
+inline __m256 SumLanes(const __m256 (&l)[8]) {
+  return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+                       _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
+}
+
 // Q8_0, Q4_0 and Q5_0 rows packed in groups of 8 (cpu::PackRows): out[r] for the 8 rows of
 // `group` (n_blocks packed blocks) and the activation row x. Vector j holds lane j of the row
 // kernel's eight (DotQ8_0Blocks: elements 4j..4j+3 of each block) for the 8 rows: the same
 // integers, the same fused multiply-adds in the same order and the same final lane sum per row,
 // so the same bits, with the block's 4-byte activation groups broadcast and its scales converted
-// once for the 8 rows. Q4_0 / Q5_0: the 4-byte nibble run i gives lanes i (low nibbles) and
-// i + 4 (high), made q - 8 or q - 16, Q5_0's fifth bits spread from each row's qh (4 bits per
-// lane into its 4 bytes by a byte shuffle and compare).
+// once for the 8 rows (lanes unpacked by PackedLanes).
 template <DType T>
 [[gnu::optimize("fp-contract=off")]] void DotQ8_0Packed8(const uint8_t* group, int64_t n_blocks,
                                                          ActsView x, float* out) {
@@ -442,13 +478,8 @@ template <DType T>
   constexpr int64_t kScaleAt = kBytes - 16;  // the 8 rows' f16 d close every packed block
   // Prefetch distance: 16 packed blocks (4.3 KB for Q8_0; the Q4_K kernel's best was 4-6 KB).
   constexpr int64_t kAhead = 16 * kBytes;
-  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
-  const __m256i offset = _mm256_set1_epi8(kFive ? 16 : 8);
-  // Q5_0: the low byte of each lane (a row's qh shifted to the lane group's 4 bits) copied to its
-  // 4 bytes, byte k then tested for bit k.
-  const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,  //
-                                         0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
-  const __m256i bit_k = _mm256_set1_epi32(0x08040201), fifth = _mm256_set1_epi8(0x10);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const PackedLanes<T> lanes;
   __m256 lane[8];
   for (int j = 0; j < 8; ++j) lane[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; ++b) {
@@ -462,19 +493,7 @@ template <DType T>
     const __m256i qh = kFive ? Load32(blk + 128) : _mm256_setzero_si256();
     const int8_t* qx = x.q + 32 * b;
     for (int j = 0; j < 8; ++j) {
-      __m256i wq;
-      if constexpr (T == DType::kQ8_0) {
-        wq = Load32(blk + 32 * j);
-      } else {
-        const __m256i raw = Load32(blk + 32 * (j & 3));
-        __m256i q = _mm256_and_si256(j < 4 ? raw : _mm256_srli_epi16(raw, 4), low);
-        if constexpr (kFive) {
-          const __m256i bits = _mm256_and_si256(
-              _mm256_shuffle_epi8(_mm256_srli_epi32(qh, 4 * j), bcast), bit_k);
-          q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bits, bit_k), fifth));
-        }
-        wq = _mm256_sub_epi8(q, offset);
-      }
+      const __m256i wq = lanes.Lane(blk, qh, j);
       int32_t x4;
       std::memcpy(&x4, qx + 4 * j, 4);
       const __m256i xq = _mm256_set1_epi32(x4);
@@ -482,11 +501,7 @@ template <DType T>
       lane[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), lane[j]);
     }
   }
-  // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), as HorizontalSum adds a row's lanes.
-  const __m256 sum = _mm256_add_ps(
-      _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6])),
-      _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7])));
-  _mm256_storeu_ps(out, sum);
+  _mm256_storeu_ps(out, SumLanes(lane));
 }
 
 // DotQ8_0Packed8 for NT token rows at once (prefill): out[t][r] for the 8 rows of `group` and
@@ -503,11 +518,8 @@ template <DType T, int NT>
   constexpr int64_t kBytes = PackedBlockBytes(T);
   constexpr int64_t kScaleAt = kBytes - 16;
   constexpr int64_t kChunk = 16;
-  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
-  const __m256i offset = _mm256_set1_epi8(kFive ? 16 : 8);
-  const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,  //
-                                         0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
-  const __m256i bit_k = _mm256_set1_epi32(0x08040201), fifth = _mm256_set1_epi8(0x10);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const PackedLanes<T> lanes;
   __m256 lane[NT][8];
   for (int t = 0; t < NT; ++t) {
     for (int j = 0; j < 8; ++j) lane[t][j] = _mm256_setzero_ps();
@@ -531,19 +543,8 @@ template <DType T, int NT>
       for (int t = 0; t < NT; ++t) acc[t] = lane[t][j];
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = group + (b0 + b) * kBytes;
-        __m256i wq;
-        if constexpr (T == DType::kQ8_0) {
-          wq = Load32(blk + 32 * j);
-        } else {
-          const __m256i raw = Load32(blk + 32 * (j & 3));
-          __m256i q = _mm256_and_si256(j < 4 ? raw : _mm256_srli_epi16(raw, 4), low);
-          if constexpr (kFive) {
-            const __m256i bits = _mm256_and_si256(
-                _mm256_shuffle_epi8(_mm256_srli_epi32(Load32(blk + 128), 4 * j), bcast), bit_k);
-            q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bits, bit_k), fifth));
-          }
-          wq = _mm256_sub_epi8(q, offset);
-        }
+        const __m256i qh = kFive ? Load32(blk + 128) : _mm256_setzero_si256();
+        const __m256i wq = lanes.Lane(blk, qh, j);
         const __m256i aw = _mm256_sign_epi8(wq, wq);
         for (int t = 0; t < NT; ++t) {
           int32_t x4;
@@ -556,13 +557,7 @@ template <DType T, int NT>
       for (int t = 0; t < NT; ++t) lane[t][j] = acc[t];
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    const __m256(&l)[8] = lane[t];
-    const __m256 sum = _mm256_add_ps(
-        _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
-        _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
-    _mm256_storeu_ps(out[t], sum);
-  }
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out[t], SumLanes(lane[t]));
 }
 
 // Q4_K rows packed in groups of 8 (cpu::PackRows): out[t][r] for the 8 rows of `group`
