@@ -511,9 +511,12 @@ void LaunchMmaGemv(const __nv_bfloat16* x, int m, int k, const WeightSegment& w,
   // (4096 x 12288) 24.2 -> 17.9 us, o_proj 11.6 -> 9.6; 4-bit (group 64) 19.7 -> 18.2 and
   // 10.7 -> 9.9; but gate|up 28.9 -> 33.3 and lm_head 141.8 -> 172.9 (4-bit).
   const bool wide = blocks <= 2u * static_cast<unsigned>(CurrentDeviceSmCount());
-  const bool scaled = F == WeightFormat::kAffine4 && w.scaled_codes;
-  auto kernel = scaled ? &QuantMmaGemvKernel<F, 8, true> : &QuantMmaGemvKernel<F, 8, false>;
-  if (wide) kernel = scaled ? &QuantMmaGemvKernel<F, 16, true> : &QuantMmaGemvKernel<F, 16, false>;
+  auto kernel = wide ? &QuantMmaGemvKernel<F, 16, false> : &QuantMmaGemvKernel<F, 8, false>;
+  if constexpr (F == WeightFormat::kAffine4) {  // only 4-bit codes have a scaled form
+    if (w.scaled_codes) {
+      kernel = wide ? &QuantMmaGemvKernel<F, 16, true> : &QuantMmaGemvKernel<F, 8, true>;
+    }
+  }
   LaunchPdl(kernel, dim3(blocks), dim3(wide ? 16 * 32 : kThreads), 0, stream, x, m, k, w, n, y,
             ldy);
 }
