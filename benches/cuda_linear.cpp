@@ -37,11 +37,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/device_buffer.h"
+#include "backends/cuda/fp8_gemm.h"
 #include "backends/cuda/linear.h"
 #include "backends/cuda/quant_linear.h"
 #include "core/check.h"
@@ -316,10 +318,10 @@ int Main(int argc, char** argv) {
         }
       }
     }
-    // Prefill-sized products (m = 2048) of the per-layer shapes: bf16 weights through cuBLASLt
-    // against FP8 block-128 weights through the W8A8 path (--fp8-activations: the activations
-    // quantized per token and 128 columns, then cuBLASLt's block-scaled FP8 GEMM), each timed as
-    // LinearEngine::Run does it, f32 output.
+    // Prefill-sized products (m = 2048, then 512) of the per-layer shapes: bf16 weights through
+    // cuBLASLt against FP8 block-128 weights through the W8A8 path (--fp8-activations: the
+    // activations quantized per token and 128 columns, then cuBLASLt's block-scaled FP8 GEMM or
+    // Kestrel's wgmma kernel), each timed as LinearEngine::Run does it, f32 output.
     {
       auto fp8_engine_or = LinearEngine::Create(32 << 20, size_t{512} << 20);
       if (!fp8_engine_or.ok()) {
@@ -328,13 +330,13 @@ int Main(int argc, char** argv) {
       }
       LinearEngine& fp8_engine = *fp8_engine_or.value();
       fp8_engine.set_fp8_activations(true);
-      const int64_t m = 2048;
-      for (int si = 0; si < 4; ++si) {
-        const int64_t n = shapes[si].n, k = shapes[si].k;
+      for (int si = 0; si < 8; ++si) {
+        const int64_t m = si < 4 ? 2048 : 512;
+        const int64_t n = shapes[si % 4].n, k = shapes[si % 4].k;
         DeviceBuffer wb = MustAllocate(static_cast<size_t>(n * k * 2), "bf16 weights");
-        FillRandomBf16(wb, 500 + si);
+        FillRandomBf16(wb, 500 + si % 4);
         DeviceBuffer codes = MustAllocate(static_cast<size_t>(n * k), "fp8 codes");
-        FillRandomBytes(codes, 600 + si, 0xF7);
+        FillRandomBytes(codes, 600 + si % 4, 0xF7);
         const size_t scale_floats = static_cast<size_t>((n + 127) / 128 * (k / 128));
         DeviceBuffer scales = MustAllocate(scale_floats * 4, "fp8 scales");
         FillConstantF32(scales, 0.01f);
@@ -353,16 +355,34 @@ int Main(int argc, char** argv) {
           engine.RunCublasLt(x.as<__nv_bfloat16>(), m, k, wb.as<__nv_bfloat16>(), n, y.as<float>(),
                              stream);
         });
-        const double fp8_s = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
+        // Both FP8 GEMMs: cuBLASLt's block-scaled one and Kestrel's wgmma kernel (H200 only)
+        // in each cluster shape, the default (1 x 1) last.
+        const double flop = 2.0 * m * n * k;
+        fp8_engine.set_fp8_gemm(LinearEngine::Fp8Gemm::kCublasLt);
+        const double lt_s = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
           fp8_engine.Run(x.as<__nv_bfloat16>(), m, k, w8, n, y.as<float>(), stream);
         });
-        const double flop = 2.0 * m * n * k;
-        std::printf("{\"prefill_gemm\": \"%s\", \"m\": %ld, \"n\": %ld, \"k\": %ld, "
-                    "\"bf16_us\": %.1f, \"bf16_tflops\": %.1f, \"fp8_w8a8_us\": %.1f, "
-                    "\"fp8_w8a8_tflops\": %.1f, \"fp8_speedup\": %.3f}\n",
-                    shapes[si].name, static_cast<long>(m), static_cast<long>(n),
-                    static_cast<long>(k), bf16_s * 1e6, flop / bf16_s / 1e12, fp8_s * 1e6,
-                    flop / fp8_s / 1e12, bf16_s / fp8_s);
+        std::printf(
+            "{\"prefill_gemm\": \"%s\", \"m\": %ld, \"n\": %ld, \"k\": %ld, "
+            "\"bf16_us\": %.1f, \"bf16_tflops\": %.1f, \"fp8_cublaslt_us\": %.1f, "
+            "\"fp8_cublaslt_tflops\": %.1f, \"fp8_cublaslt_speedup\": %.3f",
+            shapes[si % 4].name, static_cast<long>(m), static_cast<long>(n), static_cast<long>(k),
+            bf16_s * 1e6, flop / bf16_s / 1e12, lt_s * 1e6, flop / lt_s / 1e12, bf16_s / lt_s);
+        fp8_engine.set_fp8_gemm(LinearEngine::Fp8Gemm::kWgmma);
+        if (fp8_engine.fp8_gemm() == LinearEngine::Fp8Gemm::kWgmma) {
+          for (const auto& [cm, cn] :
+               {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}, std::pair{1, 1}}) {
+            SetFp8BlockGemmCluster(cm, cn);
+            const double sec = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
+              fp8_engine.Run(x.as<__nv_bfloat16>(), m, k, w8, n, y.as<float>(), stream);
+            });
+            std::printf(
+                ", \"fp8_wgmma_%dx%d_us\": %.1f, \"fp8_wgmma_%dx%d_tflops\": %.1f, "
+                "\"fp8_wgmma_%dx%d_speedup\": %.3f",
+                cm, cn, sec * 1e6, cm, cn, flop / sec / 1e12, cm, cn, bf16_s / sec);
+          }
+        }
+        std::printf("}\n");
         std::fflush(stdout);
       }
     }

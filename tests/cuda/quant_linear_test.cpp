@@ -18,8 +18,10 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "backends/cuda/fp8_gemm.h"
 #include "backends/cuda/linear.h"
 #include "backends/cuda/quant_linear.h"
 #include "core/check.h"
@@ -456,55 +458,96 @@ uint8_t ToE4M3(float v) {
 }
 
 // W8A8: activations quantized per (row, 128 columns) exactly as the host emulation does, then the
-// FP8 tensor cores with both block scales; against the emulation (same products, f32 sums) and,
-// for information, against the exact float32 reference.
+// FP8 tensor cores with both block scales, through Kestrel's wgmma kernel (where the device has
+// it) and cuBLASLt's; against the emulation (same products, f32 sums) and, for information,
+// against the exact float32 reference. Shapes with partial tiles in m and n, several chunks of
+// rows (a small buffer), more tiles than SMs (the persistent loop), every cluster shape.
+struct Fp8GemmCase {
+  int64_t n, k;
+  std::vector<int64_t> ms;
+  size_t buffer_bytes;
+};
+
 TEST(CudaQuantLinear, Fp8ActivationsOnTheTensorCores) {
   KESTREL_REQUIRE_CUDA();
-  const int64_t n = 384, k = 512;
-  HostWeight w = MakeWeight(DType::kF8E4M3, n, k, 0, 5);
-  CudaWeightPlan plan;
-  const CudaWeightPlan::Linear lin = plan.PlaceLinear({&w.view});
-  Uploaded dev = Upload(plan, lin);
-  auto engine = cuda::LinearEngine::Create(32 << 20, 1 << 20);  // 1 MiB: several row chunks
-  ASSERT_TRUE(engine.ok());
-  (*engine)->set_fp8_activations(true);
-  for (int64_t m : {37, 300}) {
-    SCOPED_TRACE("m=" + std::to_string(m));
-    std::vector<uint16_t> xb = kt::RandomBf16(static_cast<size_t>(m * k), 3);
-    const std::vector<float> xf = kt::Bf16ToF32(xb);
-    // The host emulation of QuantizeActivationsFp8.
-    std::vector<float> xe(xf.size());
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t g = 0; g < k / 128; ++g) {
-        float amax = 0;
-        for (int64_t c = 0; c < 128; ++c) amax = std::max(amax, std::fabs(xf[i * k + g * 128 + c]));
-        const float scale = amax > 0 ? amax / 448.0f : 1.0f;
-        for (int64_t c = 0; c < 128; ++c) {
-          const int64_t at = i * k + g * 128 + c;
-          xe[at] = F8E4M3ToF32(ToE4M3(xf[at] / scale)) * scale;
+  const Fp8GemmCase cases[] = {{384, 512, {37, 300}, size_t{128} << 10},
+                               {200, 384, {9, 129}, size_t{1} << 20},
+                               {1024, 256, {2100}, size_t{8} << 20}};
+  std::vector<cuda::LinearEngine::Fp8Gemm> kernels = {cuda::LinearEngine::Fp8Gemm::kCublasLt};
+  if (cuda::Fp8BlockGemmAvailable()) {
+    kernels.push_back(cuda::LinearEngine::Fp8Gemm::kWgmma);
+  } else {
+    std::printf("[ info     ] no sm_90a FP8 GEMM here: cuBLASLt only\n");
+  }
+  for (const Fp8GemmCase& c : cases) {
+    const int64_t n = c.n, k = c.k;
+    HostWeight w = MakeWeight(DType::kF8E4M3, n, k, 0, 5);
+    CudaWeightPlan plan;
+    const CudaWeightPlan::Linear lin = plan.PlaceLinear({&w.view});
+    Uploaded dev = Upload(plan, lin);
+    auto engine = cuda::LinearEngine::Create(32 << 20, c.buffer_bytes);
+    ASSERT_TRUE(engine.ok());
+    (*engine)->set_fp8_activations(true);
+    for (int64_t m : c.ms) {
+      std::vector<uint16_t> xb = kt::RandomBf16(static_cast<size_t>(m * k), 3);
+      const std::vector<float> xf = kt::Bf16ToF32(xb);
+      // The host emulation of QuantizeActivationsFp8.
+      std::vector<float> xe(xf.size());
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t g = 0; g < k / 128; ++g) {
+          float amax = 0;
+          for (int64_t e = 0; e < 128; ++e) {
+            amax = std::max(amax, std::fabs(xf[i * k + g * 128 + e]));
+          }
+          const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+          for (int64_t e = 0; e < 128; ++e) {
+            const int64_t at = i * k + g * 128 + e;
+            xe[at] = F8E4M3ToF32(ToE4M3(xf[at] / scale)) * scale;
+          }
         }
       }
+      const std::vector<double> emulated = Reference({&w.view}, xe, m, k);
+      const std::vector<double> exact = Reference({&w.view}, xf, m, k);
+      cuda::DeviceBuffer x = kt::Upload(xb);
+      for (const cuda::LinearEngine::Fp8Gemm kernel : kernels) {
+        const bool own = kernel == cuda::LinearEngine::Fp8Gemm::kWgmma;
+        SCOPED_TRACE(std::string(own ? "wgmma" : "cublaslt") + " n=" + std::to_string(n) +
+                     " k=" + std::to_string(k) + " m=" + std::to_string(m));
+        (*engine)->set_fp8_gemm(kernel);
+        ASSERT_EQ(kernel, (*engine)->fp8_gemm());
+        cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
+        ASSERT_TRUE((*engine)->RunFp8(x.as<__nv_bfloat16>(), m, k, dev.weight.seg[0], n,
+                                      y.as<float>(), n, nullptr))
+            << "no block-scaled FP8 GEMM for this shape";
+        const std::vector<float> out = kt::Download<float>(y, static_cast<size_t>(m * n));
+        // The same products; what is left is the order of the f32 sums and, when cuBLASLt
+        // writes bf16 (some shapes), that rounding.
+        EXPECT_LT(RelError(out, emulated), own ? 1e-3 : 4e-3);
+        const double err = RelError(out, exact);
+        std::printf(
+            "[ info     ] W8A8 %s n=%lld k=%lld m=%lld: relative error against the "
+            "emulation %.2e, the exact product %.4f\n",
+            own ? "wgmma" : "cublaslt", static_cast<long long>(n), static_cast<long long>(k),
+            static_cast<long long>(m), RelError(out, emulated), err);
+        EXPECT_LT(err, 0.1);
+        // Through Run (the path a model takes) the same bits, and run to run the same bits.
+        cuda::DeviceBuffer y2 = kt::Poisoned<float>(static_cast<size_t>(m * n));
+        (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y2.as<float>(), nullptr);
+        const std::vector<float> out2 = kt::Download<float>(y2, static_cast<size_t>(m * n));
+        EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 4));
+        if (!own) continue;
+        // Every cluster shape (the blocks sharing their tiles by multicast): the same bits.
+        for (const auto& [cm, cn] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+          SCOPED_TRACE("cluster " + std::to_string(cm) + "x" + std::to_string(cn));
+          cuda::SetFp8BlockGemmCluster(cm, cn);
+          cuda::DeviceBuffer y3 = kt::Poisoned<float>(static_cast<size_t>(m * n));
+          (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y3.as<float>(), nullptr);
+          const std::vector<float> out3 = kt::Download<float>(y3, static_cast<size_t>(m * n));
+          EXPECT_EQ(0, std::memcmp(out.data(), out3.data(), out.size() * 4));
+        }
+        cuda::SetFp8BlockGemmCluster(1, 1);
+      }
     }
-    const std::vector<double> emulated = Reference({&w.view}, xe, m, k);
-    const std::vector<double> exact = Reference({&w.view}, xf, m, k);
-    cuda::DeviceBuffer x = kt::Upload(xb);
-    cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
-    ASSERT_TRUE((*engine)->RunFp8(x.as<__nv_bfloat16>(), m, k, dev.weight.seg[0], n, y.as<float>(), n,
-                                  nullptr))
-        << "cuBLASLt offers no block-scaled FP8 algorithm";
-    const std::vector<float> out = kt::Download<float>(y, static_cast<size_t>(m * n));
-    // The same products; what is left is the order of the f32 sums and, when cuBLASLt writes
-    // bf16 (some shapes), that rounding.
-    EXPECT_LT(RelError(out, emulated), 4e-3);
-    const double err = RelError(out, exact);
-    std::printf("[ info     ] W8A8 m=%lld: relative error against the exact product %.4f\n",
-                static_cast<long long>(m), err);
-    EXPECT_LT(err, 0.1);
-    // Through Run (the path a model takes) the same bits.
-    cuda::DeviceBuffer y2 = kt::Poisoned<float>(static_cast<size_t>(m * n));
-    (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y2.as<float>(), nullptr);
-    const std::vector<float> out2 = kt::Download<float>(y2, static_cast<size_t>(m * n));
-    EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 4));
   }
 }
 

@@ -21,12 +21,37 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_buffer.h"
+#include "backends/cuda/fp8_gemm.h"
 #include "backends/cuda/linear.h"
 #include "backends/cuda/quant_linear.h"
 #include "core/check.h"
 
 namespace kestrel::cuda {
+
+#if !KESTREL_CUDA_FP8_GEMM
+// Built without an sm_90a target: the W8A8 path has cuBLASLt's GEMM only.
+bool Fp8BlockGemmAvailable() {
+  return false;
+}
+bool Fp8BlockGemmTakesScales(const float*, int64_t) {
+  return false;
+}
+void SetFp8BlockGemmCluster(int, int) {}
+void Fp8BlockGemm(const uint8_t*, const float*, int64_t, int64_t, int64_t, const uint8_t*,
+                  const float*, int64_t, int64_t, float*, int64_t, cudaStream_t) {
+  KCHECK_MSG(false, "this build has no sm_90a target for the FP8 GEMM");
+}
+#endif
+
 namespace {
+
+// KESTREL_FP8_GEMM: "wgmma" takes Kestrel's own kernel where it is available; otherwise
+// cuBLASLt's.
+LinearEngine::Fp8Gemm DefaultFp8Gemm() {
+  const char* env = std::getenv("KESTREL_FP8_GEMM");
+  return env != nullptr && std::string(env) == "wgmma" ? LinearEngine::Fp8Gemm::kWgmma
+                                                       : LinearEngine::Fp8Gemm::kCublasLt;
+}
 
 [[noreturn]] void CublasCheckFailed(const char* file, int line, const char* expr,
                                     cublasStatus_t status) {
@@ -77,6 +102,7 @@ struct LinearEngine::Impl {
   // W8A8 FP8 (set_fp8_activations): e4m3 x e4m3 -> f32 with 128x128 block scales on W and
   // 1x128 scales on x; an algorithm per shape, or none (then the bf16 tiles are used).
   bool fp8_activations = false;
+  LinearEngine::Fp8Gemm fp8_gemm = DefaultFp8Gemm();
   bool batch_invariant = false;  // set_batch_invariant
   cublasLtMatmulDesc_t fp8_desc = nullptr;
   struct Fp8Plan {
@@ -424,6 +450,15 @@ void LinearEngine::Run(const __nv_bfloat16* x, int64_t m, int64_t k, const Weigh
 
 void LinearEngine::set_fp8_activations(bool on) { impl_->fp8_activations = on; }
 
+void LinearEngine::set_fp8_gemm(Fp8Gemm which) {
+  impl_->fp8_gemm = which;
+}
+
+LinearEngine::Fp8Gemm LinearEngine::fp8_gemm() const {
+  if (impl_->fp8_gemm == Fp8Gemm::kWgmma && !Fp8BlockGemmAvailable()) return Fp8Gemm::kCublasLt;
+  return impl_->fp8_gemm;
+}
+
 void LinearEngine::set_batch_invariant(bool on) { impl_->batch_invariant = on; }
 
 bool LinearEngine::RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w,
@@ -431,6 +466,24 @@ bool LinearEngine::RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const We
   // Per chunk of rows, in the dequantization buffer: codes [rows, k], scales [k/128, rows], and
   // (when the algorithm writes bf16) the output [rows, n].
   auto align = [](size_t b) { return (b + 255) / 256 * 256; };
+  if (fp8_gemm() == Fp8Gemm::kWgmma && Fp8BlockGemmTakesScales(w.scale, w.scale_ld)) {
+    // Codes [rows, k] and scales [k/128, rows rounded up to 4] per chunk of rows; f32 straight
+    // into y.
+    const size_t per_row = static_cast<size_t>(k) + static_cast<size_t>(k / 128) * 4;
+    const size_t slack = 256 + static_cast<size_t>(k / 128) * 16;
+    const size_t bytes = impl_->dequant.size_bytes();
+    const int64_t fit = bytes > slack ? static_cast<int64_t>((bytes - slack) / per_row) : 0;
+    if (fit < 1) return false;
+    auto* base = impl_->dequant.as<uint8_t>();
+    for (int64_t m0 = 0; m0 < m; m0 += fit) {
+      const int64_t mc = std::min(fit, m - m0), ld_xs = (mc + 3) / 4 * 4;
+      auto* xs = reinterpret_cast<float*>(base + align(static_cast<size_t>(mc * k)));
+      QuantizeActivationsFp8(x + m0 * k, mc, ld_xs, k, base, xs, stream);
+      Fp8BlockGemm(base, xs, ld_xs, mc, k, static_cast<const uint8_t*>(w.data), w.scale, w.scale_ld,
+                   n, y + m0 * ldy, ldy, stream);
+    }
+    return true;
+  }
   const size_t per_row = static_cast<size_t>(k) + static_cast<size_t>(k / 128) * 4 +
                          static_cast<size_t>(n) * 2;
   const size_t bytes = impl_->dequant.size_bytes();

@@ -125,6 +125,14 @@ class LinearEngine {
   // tiles. Off by default: faster prefill, but the activations lose bits the float32 reference
   // keeps. A shape cuBLASLt has no algorithm for falls back to the tiles.
   void set_fp8_activations(bool on);
+  // Which FP8 GEMM the W8A8 path runs: cuBLASLt's block-scaled one (the default) or Kestrel's
+  // own (Fp8BlockGemm, fp8_gemm.h: wgmma with the block scales applied per 128-wide k block;
+  // H200 only, slower than cuBLASLt so far: docs/quantization.md). First value:
+  // KESTREL_FP8_GEMM ("cublaslt" or "wgmma").
+  enum class Fp8Gemm { kCublasLt, kWgmma };
+  void set_fp8_gemm(Fp8Gemm which);
+  // The setting, with kWgmma read as kCublasLt where the own kernel is not available.
+  Fp8Gemm fp8_gemm() const;
   // The W8A8 product of one FP8 segment; false (nothing written) when cuBLASLt has no algorithm.
   bool RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w, int64_t n,
               float* y, int64_t ldy, cudaStream_t stream);
