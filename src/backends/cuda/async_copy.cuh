@@ -57,19 +57,31 @@ __device__ __forceinline__ void MbarrierInitFence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #endif
 }
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global `gmem` to shared `smem`,
-// the barrier's current phase completing when they have landed (it is armed here for them).
-__device__ __forceinline__ void BulkCopyToShared(void* smem, const void* gmem, uint32_t bytes,
-                                                 uint64_t* bar) {
+// Arms the barrier's current phase for `bytes` more to land (one arrival).
+__device__ __forceinline__ void MbarrierExpectBytes(uint64_t* bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t b = SmemAddress(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddress(bar)),
+               "r"(bytes)
                : "memory");
+#endif
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global `gmem` to shared `smem`,
+// completing on the barrier, which the caller has armed for them (MbarrierExpectBytes, possibly
+// together with other copies').
+__device__ __forceinline__ void BulkCopyToSharedArmed(void* smem, const void* gmem, uint32_t bytes,
+                                                      uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-      ::"r"(SmemAddress(smem)), "l"(gmem), "r"(bytes), "r"(b)
+      ::"r"(SmemAddress(smem)), "l"(gmem), "r"(bytes), "r"(SmemAddress(bar))
       : "memory");
 #endif
+}
+// The same, the barrier's current phase armed here for these bytes alone.
+__device__ __forceinline__ void BulkCopyToShared(void* smem, const void* gmem, uint32_t bytes,
+                                                 uint64_t* bar) {
+  MbarrierExpectBytes(bar, bytes);
+  BulkCopyToSharedArmed(smem, gmem, bytes, bar);
 }
 // Waits until the barrier's phase with this parity (0 for its first, 1 for the next, ...) has
 // completed.

@@ -140,13 +140,6 @@ __device__ __forceinline__ void SetMaxRegistersInc() {
 #endif
 }
 
-// Arms `bar` for `bytes` more to land in its current phase (one arrival).
-__device__ __forceinline__ void MbarrierExpectBytes(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddress(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
 // The box of `map` at (c0 = column, c1 = row) into shared memory, completing on `bar`.
 __device__ __forceinline__ void TensorCopy2d(void* smem, const CUtensorMap* map, int c0, int c1,
                                              uint64_t* bar) {
@@ -154,16 +147,6 @@ __device__ __forceinline__ void TensorCopy2d(void* smem, const CUtensorMap* map,
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(SmemAddress(smem)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(SmemAddress(bar))
-      : "memory");
-}
-
-// 16 bytes (both addresses 16-byte aligned) into shared memory, completing on `bar` (armed by
-// the caller).
-__device__ __forceinline__ void BulkCopy16(void* smem, const void* gmem, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16, [%2];\n" ::
-          "r"(SmemAddress(smem)),
-      "l"(gmem), "r"(SmemAddress(bar))
       : "memory");
 }
 
@@ -275,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           MbarrierWait(&s.empty[stage], phase ^ 1);
           MbarrierExpectBytes(&s.full[stage], kStageBytes);
           TensorCopy2d(s.x_scale[stage], &map_xs, tile_x, kb, &s.full[stage]);
-          BulkCopy16(s.w_scale[stage], w_scales + (kb & ~3), &s.full[stage]);
+          BulkCopyToSharedArmed(s.w_scale[stage], w_scales + (kb & ~3), 16, &s.full[stage]);
           TensorCopy2dTo<CN>(s.a[stage] + cn * kXPart * kTile, &map_x, kb * kTile, row_x,
                              &s.full[stage], x_mask);
           TensorCopy2dTo<CM>(s.b[stage] + cm * kWPart * kTile, &map_w, kb * kTile, row_w,
