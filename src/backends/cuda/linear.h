@@ -133,7 +133,8 @@ class LinearEngine {
   void set_fp8_gemm(Fp8Gemm which);
   // The setting, with kWgmma read as kCublasLt where the own kernel is not available.
   Fp8Gemm fp8_gemm() const;
-  // The W8A8 product of one FP8 segment; false (nothing written) when cuBLASLt has no algorithm.
+  // The W8A8 product of one FP8 segment; false (nothing written) when cuBLASLt has no algorithm
+  // or the dequantization buffer holds no chunk of rows.
   bool RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w, int64_t n,
               float* y, int64_t ldy, cudaStream_t stream);
 
