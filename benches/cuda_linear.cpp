@@ -10,7 +10,8 @@
 // (unless --warm-l2).
 // Then the quantized GEMV (QuantGemv) at m = 1 and 8 for FP8 block-128 and 4-bit affine (groups
 // 64 and 128) codes on the same shapes: bytes = codes + scales (+ biases) + x + y.
-// Usage: bench_cuda_linear [--reps N] [--quant-only | --bf16-only] [--shapes MODEL]
+// Usage: bench_cuda_linear [--reps N] [--quant-only | --bf16-only | --fp8-prefill-only]
+//                          [--shapes MODEL]
 //                          [--m LIST] [--lt-candidates N] [--warm-l2]
 //   --shapes MODEL       the per-layer shapes of qwen3-8b (default), qwen3.5-27b or
 //                        qwen3.5-35b-a3b (its fused projections as CudaDecoder places them)
@@ -18,7 +19,10 @@
 //                        at most kSkinnyKernelMaxRows)
 //   --lt-candidates N    also time cuBLASLt's first N heuristic algorithms at each m > 1
 //                        ("path": "cublaslt_candidate", with the algorithm's configuration)
+//                        and its block-scaled FP8 ones for the prefill products
+//                        ("fp8_cublaslt_candidate")
 //   --bf16-only          skip the quantized GEMVs and the FP8 prefill products
+//   --fp8-prefill-only   only the FP8 prefill products
 //   --warm-l2            one copy of each weight instead of rotating copies: after the first
 //                        timed call a matrix that fits in L2 is read from there (the bound of
 //                        any scheme that prefetches the next product's weights into L2)
@@ -128,7 +132,7 @@ double MedianSeconds(int reps, cudaStream_t stream, DeviceBuffer& delay_src,
 
 int Main(int argc, char** argv) {
   const int reps = bench::ParseReps(argc, argv);
-  bool quant_only = false, bf16_only = false, warm_l2 = false;
+  bool quant_only = false, bf16_only = false, warm_l2 = false, fp8_prefill_only = false;
   std::string shape_set = "qwen3-8b";
   std::vector<int64_t> ms = {1, 2, 4, 8, 16};
   int lt_candidates = 0;
@@ -136,6 +140,8 @@ int Main(int argc, char** argv) {
     const bool has_value = i + 1 < argc;
     if (std::strcmp(argv[i], "--quant-only") == 0) {
       quant_only = true;
+    } else if (std::strcmp(argv[i], "--fp8-prefill-only") == 0) {
+      quant_only = fp8_prefill_only = true;
     } else if (std::strcmp(argv[i], "--bf16-only") == 0) {
       bf16_only = true;
     } else if (std::strcmp(argv[i], "--warm-l2") == 0) {
@@ -259,6 +265,7 @@ int Main(int argc, char** argv) {
                                    {WeightFormat::kAffine4, 128, true}};
   if (!bf16_only) {
     for (const QuantCase& qc : quant_cases) {
+      if (fp8_prefill_only) break;
       const WeightFormat format = qc.format;
       for (const Shape& shape : shapes) {
         const int64_t n = shape.n, k = shape.k;
@@ -384,6 +391,26 @@ int Main(int argc, char** argv) {
         }
         std::printf("}\n");
         std::fflush(stdout);
+        // cuBLASLt's other block-scaled candidates (--lt-candidates N: up to N in all).
+        fp8_engine.set_fp8_gemm(LinearEngine::Fp8Gemm::kCublasLt);
+        for (int c = 1; c < lt_candidates; ++c) {
+          fp8_engine.set_fp8_cublaslt_candidate(c);
+          if (!fp8_engine.RunFp8(x.as<__nv_bfloat16>(), m, k, w8.seg[0], n, y.as<float>(), n,
+                                 stream)) {
+            break;
+          }
+          const double sec = MedianSeconds(reps, stream, copy_src, copy_dst, [&](int) {
+            fp8_engine.RunFp8(x.as<__nv_bfloat16>(), m, k, w8.seg[0], n, y.as<float>(), n, stream);
+          });
+          std::printf(
+              "{\"prefill_gemm\": \"%s\", \"m\": %ld, \"fp8_cublaslt_candidate\": %d, "
+              "\"algo\": \"%s\", \"us\": %.1f, \"tflops\": %.1f, "
+              "\"speedup_vs_bf16\": %.3f}\n",
+              shapes[si % 4].name, static_cast<long>(m), c,
+              fp8_engine.Fp8CublasLtLastAlgo().c_str(), sec * 1e6, flop / sec / 1e12, bf16_s / sec);
+          std::fflush(stdout);
+        }
+        fp8_engine.set_fp8_cublaslt_candidate(0);
       }
     }
   }

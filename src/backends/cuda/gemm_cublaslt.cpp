@@ -112,6 +112,8 @@ struct LinearEngine::Impl {
     int64_t m_rows = 0;     // rows the GEMM runs (m, or m padded with zero rows)
   };
   std::map<Key, Fp8Plan> fp8_plans;
+  int fp8_candidate = 0;      // set_fp8_cublaslt_candidate
+  std::string fp8_last_algo;  // Fp8CublasLtLastAlgo
 
   ~Impl() {
     for (auto& [key, plan] : plans) DestroyLayouts(&plan);
@@ -245,8 +247,16 @@ struct LinearEngine::Impl {
       KCUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.plan.d, p.bf16_out ? CUDA_R_16BF : CUDA_R_32F, n,
                                                p.m_rows, p.bf16_out ? n : ldy));
       // The bf16 output goes to the (256-byte aligned) buffer, the f32 one straight into y.
-      const cublasStatus_t st =
-          Heuristic(fp8_desc, align_x, align_w, p.bf16_out ? 256u : align_y, &p.plan);
+      std::vector<cublasLtMatmulAlgo_t> all(static_cast<size_t>(fp8_candidate + 1));
+      cublasStatus_t st =
+          Heuristic(fp8_desc, align_x, align_w, p.bf16_out ? 256u : align_y, &p.plan, &all);
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        if (fp8_candidate < static_cast<int>(all.size())) {
+          p.plan.algo = all[static_cast<size_t>(fp8_candidate)];
+        } else {
+          st = CUBLAS_STATUS_NOT_SUPPORTED;
+        }
+      }
       p.ok = st == CUBLAS_STATUS_SUCCESS;
       if (!p.ok) {
         tried += std::string(tried.empty() ? "" : ", ") + (p.bf16_out ? "bf16" : "f32") +
@@ -254,7 +264,7 @@ struct LinearEngine::Impl {
         DestroyLayouts(&p.plan);
       }
     }
-    if (!p.ok) {
+    if (!p.ok && fp8_candidate == 0) {
       std::fprintf(stderr,
                    "kestrel: cuBLASLt has no block-scaled FP8 algorithm for m=%lld n=%lld k=%lld "
                    "(%s); that shape dequantizes to bf16\n",
@@ -461,6 +471,19 @@ LinearEngine::Fp8Gemm LinearEngine::fp8_gemm() const {
 
 void LinearEngine::set_batch_invariant(bool on) { impl_->batch_invariant = on; }
 
+void LinearEngine::set_fp8_cublaslt_candidate(int i) {
+  KCHECK(i >= 0 && i < kMaxCublasLtCandidates);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto& [key, p] : impl_->fp8_plans) Impl::DestroyLayouts(&p.plan);
+  impl_->fp8_plans.clear();
+  impl_->fp8_candidate = i;
+}
+
+std::string LinearEngine::Fp8CublasLtLastAlgo() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->fp8_last_algo;
+}
+
 bool LinearEngine::RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w,
                           int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   // Per chunk of rows, in the dequantization buffer: codes [rows, k], scales [k/128, rows], and
@@ -516,6 +539,7 @@ bool LinearEngine::RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const We
         impl_->fp8_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
     KCUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         impl_->fp8_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+    if (impl_->fp8_candidate != 0) impl_->fp8_last_algo = DescribeAlgo(p.plan.algo);
     const float alpha = 1.0f, beta = 0.0f;
     void* d = p.bf16_out ? static_cast<void*>(d16) : static_cast<void*>(yc);
     KCUBLAS_CHECK(cublasLtMatmul(impl_->handle, impl_->fp8_desc, &alpha, w.data, p.plan.a, xq,

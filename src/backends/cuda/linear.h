@@ -138,6 +138,12 @@ class LinearEngine {
   bool RunFp8(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment& w, int64_t n,
               float* y, int64_t ldy, cudaStream_t stream);
 
+  // Benchmarks: the W8A8 cuBLASLt path takes the heuristic's candidate i (0, the default: its
+  // first) for the shapes it meets from now on; a shape with fewer candidates makes RunFp8
+  // return false. Fp8CublasLtLastAlgo: the configuration of the last candidate run at i > 0.
+  void set_fp8_cublaslt_candidate(int i);
+  std::string Fp8CublasLtLastAlgo() const;
+
   // Batch-invariant mode (`--deterministic`): Run takes one kernel at every m, the tensor-core
   // skinny kernel ("tc16", whose row i is bitwise independent of the other rows) over chunks of
   // kSkinnyKernelMaxRows rows, so a token's output does not depend on how many rows share its
