@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes a GGUF file from a Hugging Face model directory, quantizing its matrices in the ggml
-block formats Kestrel reads (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1), and optionally the same model with every
+block formats Kestrel reads (Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+IQ4_XS), and optionally the same model with every
 weight replaced by its dequantized value, as an f32 safetensors directory: the reference the GGUF
 model's logits must equal (Kestrel or transformers run on it). Kestrel's tests call it (numpy
 only).
@@ -15,7 +16,8 @@ them: the names, the metadata keys, and the tensor transforms (see hybrid_tensor
 written as the extra block llama.cpp calls nextn.
 
   make_gguf.py --model DIR --out FILE.gguf --type q8_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m|q4_0|q4_1|
-                                                  q5_0|q5_1|f16|bf16|f32
+                                                  q5_0|q5_1|q2_k|q3_k|q3_k_m|iq4_nl|iq4_xs|
+                                                  f16|bf16|f32
                [--dequantized-out DIR] [--pre qwen2|llama-bpe|qwen35] [--tokenizer DIR]
   make_gguf.py --golden OUT.bin      random blocks of each type and their dequantized values
 """
@@ -32,12 +34,16 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint_io import bf16, load_model, write_f32_safetensors  # noqa: E402
 
-GGML = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12,
-        "q5_k": 13, "q6_k": 14, "bf16": 30}
+GGML = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q2_k": 10,
+        "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_nl": 20, "iq4_xs": 23, "bf16": 30}
 BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256,
-         "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32}
+         "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q2_k": 256, "q3_k": 256, "iq4_nl": 32,
+         "iq4_xs": 256}
 BLOCK_BYTES = {"q8_0": 34, "q4_k": 144, "q5_k": 176, "q6_k": 210, "q4_0": 18, "q4_1": 20, "q5_0": 22,
-               "q5_1": 24}
+               "q5_1": 24, "q2_k": 84, "q3_k": 110, "iq4_nl": 18, "iq4_xs": 136}
+# IQ4_NL / IQ4_XS: the value of each 4-bit code (ggml's kvalues_iq4nl).
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      dtype=np.int64)
 # The legacy 32-element formats: (bits, with a min m) -> layout as quant_blocks.h describes it.
 LEGACY = {"q4_0": (4, False), "q4_1": (4, True), "q5_0": (5, False), "q5_1": (5, True)}
 
@@ -275,8 +281,199 @@ def dequantize_q6_k(b, cols):
     return (scale[..., None] * q).astype(np.float32).reshape(rows, cols)
 
 
+def signed_extreme(g):
+    """The value of largest magnitude along the last axis, with its sign."""
+    idx = np.abs(g).argmax(axis=-1)
+    return np.take_along_axis(g, idx[..., None], axis=-1)[..., 0]
+
+
+def pack_low_bits(q):
+    """Q2_K / Q3_K: element e = 128 n + 32 j + 16 h + l of q [nb, 256] at bits 2j of byte
+    32 n + 16 h + l -> [nb, 64]."""
+    q = (q.astype(np.int64) & 3).reshape(-1, 2, 4, 2, 16)  # n, j, h, l
+    return (q << (2 * np.arange(4))[None, None, :, None, None]).sum(axis=2).reshape(-1, 64).astype(np.uint8)
+
+
+def unpack_low_bits(qs):  # [nb, 64] -> [nb, 256] (the inverse of pack_low_bits)
+    qs = qs.astype(np.int64).reshape(-1, 2, 1, 2, 16)
+    return ((qs >> (2 * np.arange(4))[None, None, :, None, None]) & 3).reshape(-1, 256)
+
+
+def quantize_q2_k(w):
+    """Q2_K (84-byte blocks: scales[16] = sc | m << 4, qs[64], f16 d, f16 dmin): per group of 16,
+    w ~ (d * sc) * q - dmin * m with q in 0..3 over the group's [min(0, lo), hi]."""
+    rows, cols = w.shape
+    nb = rows * cols // 256
+    g = w.reshape(nb, 16, 16).astype(np.float32)
+    lo = np.minimum(g.min(axis=2), 0)
+    scale = (g.max(axis=2) - lo) / 3.0
+    mins = -lo
+    d = f16(scale.max(axis=1) / 15.0)
+    dmin = f16(mins.max(axis=1) / 15.0)
+    df, dminf = d.astype(np.float32), dmin.astype(np.float32)
+    sc = np.clip(rint(scale / np.where(df == 0, 1, df)[:, None]), 0, 15).astype(np.int64)
+    m = np.clip(rint(mins / np.where(dminf == 0, 1, dminf)[:, None]), 0, 15).astype(np.int64)
+    dl = (df[:, None] * sc.astype(np.float32)).astype(np.float32)
+    ml = (dminf[:, None] * m.astype(np.float32)).astype(np.float32)
+    q = np.clip(rint((g + ml[..., None]) / np.where(dl == 0, 1, dl)[..., None]), 0, 3).astype(np.int64)
+    q[dl == 0] = 0
+    out = np.zeros((nb, 84), np.uint8)
+    out[:, 0:16] = (sc | (m << 4)).astype(np.uint8)
+    out[:, 16:80] = pack_low_bits(q.reshape(nb, 256))
+    out[:, 80:82] = d.view(np.uint8).reshape(nb, 2)
+    out[:, 82:84] = dmin.view(np.uint8).reshape(nb, 2)
+    return out.reshape(rows, -1)
+
+
+def dequantize_q2_k(b, cols):
+    rows = b.shape[0]
+    nb = rows * cols // 256
+    b = b.reshape(nb, 84)
+    d = b[:, 80:82].copy().view(np.float16).astype(np.float32)[:, 0]
+    dmin = b[:, 82:84].copy().view(np.float16).astype(np.float32)[:, 0]
+    sc = (b[:, 0:16] & 0xF).astype(np.float32)
+    m = (b[:, 0:16] >> 4).astype(np.float32)
+    dl = (d[:, None] * sc).astype(np.float32)  # [nb, 16]
+    ml = (dmin[:, None] * m).astype(np.float32)
+    q = unpack_low_bits(b[:, 16:80]).reshape(nb, 16, 16).astype(np.float32)
+    y = (dl[..., None] * q).astype(np.float32) - ml[..., None]  # dl * q exact, then one rounding
+    return y.astype(np.float32).reshape(rows, cols)
+
+
+def pack_q3k_scales(sc):  # sc [nb, 16] in 0..63 -> [nb, 12]
+    out = np.zeros((sc.shape[0], 12), np.int64)
+    for g in range(16):
+        if g < 8:
+            out[:, g] |= sc[:, g] & 0xF
+        else:
+            out[:, g - 8] |= (sc[:, g] & 0xF) << 4
+        out[:, 8 + g % 4] |= (sc[:, g] >> 4) << (2 * (g // 4))
+    return out.astype(np.uint8)
+
+
+def unpack_q3k_scales(s):  # [nb, 12] -> [nb, 16]
+    s = s.astype(np.int64)
+    sc = np.zeros((s.shape[0], 16), np.int64)
+    for g in range(16):
+        low = s[:, g] & 0xF if g < 8 else s[:, g - 8] >> 4
+        sc[:, g] = low | (((s[:, 8 + g % 4] >> (2 * (g // 4))) & 3) << 4)
+    return sc
+
+
+def quantize_q3_k(w):
+    """Q3_K (110-byte blocks: hmask[32], qs[64], 12 scale bytes, f16 d): per group of 16,
+    w ~ (d * (sc - 32)) * (q - 4) with q in 0..7, the group's extreme value mapped to -4."""
+    rows, cols = w.shape
+    nb = rows * cols // 256
+    g = w.reshape(nb, 16, 16).astype(np.float32)
+    scale = -signed_extreme(g) / 4.0
+    d = f16(np.abs(scale).max(axis=1) / 32.0)
+    df = d.astype(np.float32)
+    sc = np.clip(rint(scale / np.where(df == 0, 1, df)[:, None]), -32, 31).astype(np.int64)
+    dl = (df[:, None] * sc.astype(np.float32)).astype(np.float32)
+    q = np.clip(rint(g / np.where(dl == 0, 1, dl)[..., None]), -4, 3).astype(np.int64) + 4
+    q[dl == 0] = 4
+    q = q.reshape(nb, 256)
+    third = (q >> 2).reshape(nb, 2, 4, 2, 16)  # n, j, h, l: bit 4 n + j of hmask[16 h + l]
+    shifts = (4 * np.arange(2)[:, None] + np.arange(4)[None, :])[None, :, :, None, None]
+    out = np.zeros((nb, 110), np.uint8)
+    out[:, 0:32] = (third << shifts).sum(axis=(1, 2)).reshape(nb, 32).astype(np.uint8)
+    out[:, 32:96] = pack_low_bits(q)
+    out[:, 96:108] = pack_q3k_scales(sc + 32)
+    out[:, 108:110] = d.view(np.uint8).reshape(nb, 2)
+    return out.reshape(rows, -1)
+
+
+def dequantize_q3_k(b, cols):
+    rows = b.shape[0]
+    nb = rows * cols // 256
+    b = b.reshape(nb, 110)
+    d = b[:, 108:110].copy().view(np.float16).astype(np.float32)[:, 0]
+    sc = unpack_q3k_scales(b[:, 96:108]) - 32
+    hm = b[:, 0:32].astype(np.int64).reshape(nb, 1, 1, 2, 16)
+    shifts = (4 * np.arange(2)[:, None] + np.arange(4)[None, :])[None, :, :, None, None]
+    third = ((hm >> shifts) & 1).reshape(nb, 256)
+    q = unpack_low_bits(b[:, 32:96]) - 4 * (1 - third)  # ggml: minus 4 where the bit is clear
+    dl = (d[:, None] * sc.astype(np.float32)).astype(np.float32)
+    y = dl[..., None] * q.reshape(nb, 16, 16).astype(np.float32)  # exact
+    return y.astype(np.float32).reshape(rows, cols)
+
+
+def iq4_codes(g, dl):
+    """The code of each value of g [..., 32] / dl [...]: the nearest codebook entry."""
+    t = g / np.where(dl == 0, 1, dl)[..., None]
+    q = np.abs(t[..., None] - IQ4_VALUES.astype(np.float32)).argmin(axis=-1).astype(np.int64)
+    q[dl == 0] = 8  # value 1, times 0
+    return q
+
+
+def pack_iq4_nibbles(q):  # [..., 32] -> [..., 16]: element j low, j + 16 high
+    return (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+
+
+def unpack_iq4_values(qs):  # [..., 16] -> codebook values [..., 32]
+    qs = qs.astype(np.int64)
+    return IQ4_VALUES[np.concatenate([qs & 0xF, qs >> 4], axis=-1)]
+
+
+def quantize_iq4_nl(w):
+    """IQ4_NL (18-byte blocks of 32: f16 d, nibbles as Q4_0's): w ~ d * IQ4_VALUES[q], the
+    block's extreme value mapped to -127."""
+    rows, cols = w.shape
+    g = w.reshape(rows, cols // 32, 32).astype(np.float32)
+    d = f16(-signed_extreme(g) / 127.0)
+    q = iq4_codes(g, d.astype(np.float32))
+    out = np.zeros((rows, cols // 32, 18), np.uint8)
+    out[..., 0:2] = d.view(np.uint8).reshape(rows, cols // 32, 2)
+    out[..., 2:] = pack_iq4_nibbles(q)
+    return out.reshape(rows, -1)
+
+
+def dequantize_iq4_nl(b, cols):
+    rows = b.shape[0]
+    b = b.reshape(rows, cols // 32, 18)
+    d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
+    return (d * unpack_iq4_values(b[..., 2:]).astype(np.float32)).astype(np.float32).reshape(rows, cols)
+
+
+def quantize_iq4_xs(w):
+    """IQ4_XS (136-byte blocks of 256: f16 d, u16 scales_h, scales_l[4], qs[128]): per group of
+    32, w ~ (d * (ls - 32)) * IQ4_VALUES[q]."""
+    rows, cols = w.shape
+    nb = rows * cols // 256
+    g = w.reshape(nb, 8, 32).astype(np.float32)
+    scale = -signed_extreme(g) / 127.0
+    d = f16(np.abs(scale).max(axis=1) / 32.0)
+    df = d.astype(np.float32)
+    ls = np.clip(rint(scale / np.where(df == 0, 1, df)[:, None]), -32, 31).astype(np.int64) + 32
+    dl = (df[:, None] * (ls - 32).astype(np.float32)).astype(np.float32)
+    q = iq4_codes(g, dl)
+    out = np.zeros((nb, 136), np.uint8)
+    out[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+    scales_h = ((ls >> 4) << (2 * np.arange(8))[None, :]).sum(axis=1).astype(np.uint16)
+    out[:, 2:4] = scales_h.view(np.uint8).reshape(nb, 2)
+    out[:, 4:8] = ((ls[:, 0::2] & 0xF) | ((ls[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+    out[:, 8:] = pack_iq4_nibbles(q).reshape(nb, 128)
+    return out.reshape(rows, -1)
+
+
+def dequantize_iq4_xs(b, cols):
+    rows = b.shape[0]
+    nb = rows * cols // 256
+    b = b.reshape(nb, 136)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    scales_h = b[:, 2:4].copy().view(np.uint16).astype(np.int64)[:, 0]
+    ib = np.arange(8)
+    ls = ((b[:, 4 + ib // 2].astype(np.int64) >> (4 * (ib % 2))) & 0xF) | (((scales_h[:, None] >> (2 * ib)) & 3) << 4)
+    dl = (d[:, None] * (ls - 32).astype(np.float32)).astype(np.float32)  # [nb, 8]
+    v = unpack_iq4_values(b[:, 8:].reshape(nb, 8, 16)).astype(np.float32)
+    return (dl[..., None] * v).astype(np.float32).reshape(rows, cols)  # exact
+
+
 QUANT = {"q8_0": (quantize_q8_0, dequantize_q8_0), "q4_k": (quantize_q4_k, dequantize_q4_k),
-         "q5_k": (quantize_q5_k, dequantize_q5_k), "q6_k": (quantize_q6_k, dequantize_q6_k)}
+         "q5_k": (quantize_q5_k, dequantize_q5_k), "q6_k": (quantize_q6_k, dequantize_q6_k),
+         "q2_k": (quantize_q2_k, dequantize_q2_k), "q3_k": (quantize_q3_k, dequantize_q3_k),
+         "iq4_nl": (quantize_iq4_nl, dequantize_iq4_nl), "iq4_xs": (quantize_iq4_xs, dequantize_iq4_xs)}
 for _kind in LEGACY:
     QUANT[_kind] = (lambda w, k=_kind: quantize_legacy(w, k), lambda b, cols, k=_kind: dequantize_legacy(b, cols, k))
 
@@ -380,10 +577,15 @@ def choose_type(gguf_name, shape, scheme):
         return scheme
     if scheme in ("q4_k_m", "q5_k_m"):  # llama.cpp's mixes, simplified: V, down and the head in Q6_K
         kind = "q6_k" if any(s in gguf_name for s in ("attn_v", "ffn_down", "output.")) else scheme[:4]
+    elif scheme == "q3_k_m":  # simplified too: V and down in Q4_K, the head in Q6_K
+        kind = ("q6_k" if "output." in gguf_name else
+                "q4_k" if any(s in gguf_name for s in ("attn_v", "ffn_down")) else "q3_k")
     else:
         kind = scheme
     if shape[-1] % BLOCK[kind] != 0:
-        kind = "q8_0" if shape[-1] % 32 == 0 else "f16"
+        # As llama.cpp: IQ4_XS rows that are not whole 256-blocks take IQ4_NL.
+        kind = ("iq4_nl" if kind == "iq4_xs" and shape[-1] % 32 == 0 else
+                "q8_0" if shape[-1] % 32 == 0 else "f16")
     return kind
 
 
@@ -822,7 +1024,7 @@ def golden(path):
     [u32 ggml type][u32 rows][u32 cols][u32 n_bytes][bytes][rows*cols f32]."""
     rng = np.random.default_rng(1234)
     kinds = (("q8_0", 96), ("q4_k", 512), ("q6_k", 512), ("q5_k", 512), ("q4_0", 96), ("q4_1", 96),
-             ("q5_0", 96), ("q5_1", 96))
+             ("q5_0", 96), ("q5_1", 96), ("q2_k", 512), ("q3_k", 512), ("iq4_nl", 96), ("iq4_xs", 512))
     out = bytearray(struct.pack("<I", len(kinds)))
     for kind, cols in kinds:
         rows = 5
@@ -831,8 +1033,12 @@ def golden(path):
         raw = rng.integers(0, 256, nbytes, dtype=np.uint8)
         blocks = raw.reshape(-1, per_block)
         scales = f16(rng.uniform(-2, 2, (blocks.shape[0], 2))).view(np.uint8).reshape(-1, 4)
-        if kind == "q8_0" or kind in ("q4_0", "q5_0"):
+        if kind in ("q8_0", "q4_0", "q5_0", "iq4_nl", "iq4_xs"):
             blocks[:, 0:2] = scales[:, 0:2]
+        elif kind == "q2_k":
+            blocks[:, 80:84] = scales
+        elif kind == "q3_k":
+            blocks[:, 108:110] = scales[:, 0:2]
         elif kind in ("q4_1", "q5_1"):
             blocks[:, 0:4] = scales
         elif kind in ("q4_k", "q5_k"):
@@ -851,7 +1057,8 @@ def main():
     ap.add_argument("--model")
     ap.add_argument("--out")
     ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k", "q4_k_m",
-                                                       "q5_k_m", "q4_0", "q4_1", "q5_0", "q5_1"])
+                                                       "q5_k_m", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k",
+                                                       "q3_k_m", "iq4_nl", "iq4_xs"])
     ap.add_argument("--dequantized-out")
     ap.add_argument("--pre", default="qwen2", help="tokenizer.ggml.pre (qwen2, qwen35, llama-bpe)")
     ap.add_argument("--tokenizer", help="directory of tokenizer.json / tokenizer_config.json (default --model)")

@@ -8,7 +8,8 @@
 
 namespace kestrel {
 
-// kQ8_0, kQ4_K, kQ5_K, kQ6_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1: GGUF/ggml block-quantized matrices
+// kQ8_0, kQ4_K, kQ5_K, kQ6_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ2_K, kQ3_K, kIQ4_NL, kIQ4_XS:
+// GGUF/ggml block-quantized matrices
 // (core/quant_blocks.h), row-major, each row a whole number of blocks; a view's shape counts
 // elements, its bytes count blocks.
 // kF8E4M3: FP8 (e4m3fn) weights of block-quantized checkpoints; the view's block_scale holds
@@ -17,8 +18,28 @@ namespace kestrel {
 // of a word in bits [b*j, b*j + b)); the view's block_scale and group_bias hold each group's
 // f32 scale and bias: w = scale * q + bias. kU32: the packed words as the file stores them.
 enum class DType : uint8_t {
-  kF32, kF16, kBF16, kI32, kI64, kU8, kQ8_0, kQ4_K, kQ6_K, kF8E4M3, kU32, kMlxQ4, kMlxQ8, kQ5_K,
-  kQ4_0, kQ4_1, kQ5_0, kQ5_1
+  kF32,
+  kF16,
+  kBF16,
+  kI32,
+  kI64,
+  kU8,
+  kQ8_0,
+  kQ4_K,
+  kQ6_K,
+  kF8E4M3,
+  kU32,
+  kMlxQ4,
+  kMlxQ8,
+  kQ5_K,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ2_K,
+  kQ3_K,
+  kIQ4_NL,
+  kIQ4_XS
 };
 
 // Elements per block and bytes per block: (1, element size) for the plain types.
@@ -28,7 +49,12 @@ inline int64_t DTypeBlockElems(DType t) {
     case DType::kQ4_0:
     case DType::kQ4_1:
     case DType::kQ5_0:
-    case DType::kQ5_1: return 32;
+    case DType::kQ5_1:
+    case DType::kIQ4_NL:
+      return 32;
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_XS:
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K: return 256;
@@ -40,18 +66,21 @@ inline int64_t DTypeBlockElems(DType t) {
 // The GGUF block formats (self-contained blocks with their scales).
 inline bool IsBlockQuantized(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ||
-         t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1;
+         t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
+         t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kIQ4_NL || t == DType::kIQ4_XS;
 }
 // The block formats the CPU's integer kernels take with int8 activations (llama.cpp's
 // semantics, quant_blocks.h); Q4_1 and Q5_1 are dequantized in the f32 kernels whatever the
 // activations.
 constexpr bool HasIntDot(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ||
-         t == DType::kQ4_0 || t == DType::kQ5_0;
+         t == DType::kQ4_0 || t == DType::kQ5_0 || t == DType::kQ2_K || t == DType::kQ3_K ||
+         t == DType::kIQ4_NL || t == DType::kIQ4_XS;
 }
-// Int8 activations in 32-element blocks with an f16 scale (Q8_0's); the K formats take 256.
+// Int8 activations in 32-element blocks with an f16 scale (Q8_0's); the K formats (and IQ4_XS)
+// take 256.
 constexpr bool TakesQ8_0Activations(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ5_0;
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ5_0 || t == DType::kIQ4_NL;
 }
 // Formats whose scales live beside the weights (TensorView::block_scale): FP8 blocks, MLX groups.
 inline bool HasSideScales(DType t) {
@@ -76,6 +105,14 @@ inline size_t DTypeSize(DType t) {
     case DType::kQ4_1: return 20;
     case DType::kQ5_0: return 22;
     case DType::kQ5_1: return 24;
+    case DType::kQ2_K:
+      return 84;
+    case DType::kQ3_K:
+      return 110;
+    case DType::kIQ4_NL:
+      return 18;
+    case DType::kIQ4_XS:
+      return 136;
     case DType::kF8E4M3: return 1;
     case DType::kU32: return 4;
     case DType::kMlxQ4:
@@ -105,6 +142,14 @@ inline std::string_view DTypeName(DType t) {
     case DType::kQ4_1: return "Q4_1";
     case DType::kQ5_0: return "Q5_0";
     case DType::kQ5_1: return "Q5_1";
+    case DType::kQ2_K:
+      return "Q2_K";
+    case DType::kQ3_K:
+      return "Q3_K";
+    case DType::kIQ4_NL:
+      return "IQ4_NL";
+    case DType::kIQ4_XS:
+      return "IQ4_XS";
     case DType::kF8E4M3: return "F8_E4M3";
     case DType::kU32: return "U32";
     case DType::kMlxQ4: return "MLX_Q4";

@@ -172,6 +172,14 @@ std::optional<DType> DTypeOfGgmlType(uint32_t ggml_type) {
     case 12: return DType::kQ4_K;
     case 13: return DType::kQ5_K;
     case 14: return DType::kQ6_K;
+    case 10:
+      return DType::kQ2_K;
+    case 11:
+      return DType::kQ3_K;
+    case 20:
+      return DType::kIQ4_NL;
+    case 23:
+      return DType::kIQ4_XS;
     default: return std::nullopt;
   }
 }

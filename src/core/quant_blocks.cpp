@@ -93,6 +93,70 @@ void DequantizeLegacyBlock(DType t, const uint8_t* block, float* out) {
   }
 }
 
+namespace {
+
+// Element e = 128 n + 32 j + 16 h + l of a Q2_K / Q3_K block: its 2 low bits.
+template <int kQsAt>
+inline int LowBits(const uint8_t* block, int e) {
+  const int n = e >> 7, j = (e >> 5) & 3, h = (e >> 4) & 1, l = e & 15;
+  return (block[kQsAt + 32 * n + 16 * h + l] >> (2 * j)) & 3;
+}
+
+}  // namespace
+
+void Q2_KCodes(const uint8_t* block, uint8_t q[256]) {
+  for (int e = 0; e < 256; ++e) q[e] = static_cast<uint8_t>(LowBits<16>(block, e));
+}
+
+void Q3_KCodes(const uint8_t* block, uint8_t q[256]) {
+  for (int e = 0; e < 256; ++e) {
+    const int n = e >> 7, j = (e >> 5) & 3, hl = e & 31;
+    const int third = (block[hl] >> (4 * n + j)) & 1;
+    q[e] = static_cast<uint8_t>(LowBits<32>(block, e) | third << 2);
+  }
+}
+
+void DequantizeQ2_KBlock(const uint8_t* block, float* out) {
+  const float d = LoadF16(block + 80), dmin = LoadF16(block + 82);
+  uint8_t q[256];
+  Q2_KCodes(block, q);
+  for (int g = 0; g < 16; ++g) {
+    const float dl = d * static_cast<float>(block[g] & 0xF);
+    const float ml = dmin * static_cast<float>(block[g] >> 4);
+    for (int l = 0; l < 16; ++l) out[16 * g + l] = dl * static_cast<float>(q[16 * g + l]) - ml;
+  }
+}
+
+void DequantizeQ3_KBlock(const uint8_t* block, float* out) {
+  const float d = LoadF16(block + 108);
+  uint8_t q[256];
+  Q3_KCodes(block, q);
+  for (int g = 0; g < 16; ++g) {
+    const float dl = d * static_cast<float>(Q3KScale(block + 96, g) - 32);
+    for (int l = 0; l < 16; ++l) out[16 * g + l] = dl * static_cast<float>(q[16 * g + l] - 4);
+  }
+}
+
+void DequantizeIq4NlBlock(const uint8_t* block, float* out) {
+  const float d = LoadF16(block);
+  for (int j = 0; j < 16; ++j) {
+    out[j] = d * static_cast<float>(kIq4Values[block[2 + j] & 0xF]);
+    out[j + 16] = d * static_cast<float>(kIq4Values[block[2 + j] >> 4]);
+  }
+}
+
+void DequantizeIq4XsBlock(const uint8_t* block, float* out) {
+  const float d = LoadF16(block);
+  for (int ib = 0; ib < 8; ++ib) {
+    const float dl = d * static_cast<float>(Iq4XsScale(block, ib) - 32);
+    const uint8_t* qs = block + 8 + 16 * ib;
+    for (int j = 0; j < 16; ++j) {
+      out[32 * ib + j] = dl * static_cast<float>(kIq4Values[qs[j] & 0xF]);
+      out[32 * ib + j + 16] = dl * static_cast<float>(kIq4Values[qs[j] >> 4]);
+    }
+  }
+}
+
 void DequantizeRow(DType t, const void* row, int64_t n, float* out) {
   const auto* p = static_cast<const uint8_t*>(row);
   switch (t) {
@@ -129,6 +193,21 @@ void DequantizeRow(DType t, const void* row, int64_t n, float* out) {
     case DType::kQ6_K:
       KCHECK(n % kQKBlock == 0);
       for (int64_t b = 0; b < n / kQKBlock; ++b) DequantizeQ6_KBlock(p + b * kQ6_KBytes, out + b * kQKBlock);
+      return;
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_XS: {
+      KCHECK(n % kQKBlock == 0);
+      const int64_t bytes = DTypeSize(t);
+      auto* fn = t == DType::kQ2_K   ? DequantizeQ2_KBlock
+                 : t == DType::kQ3_K ? DequantizeQ3_KBlock
+                                     : DequantizeIq4XsBlock;
+      for (int64_t b = 0; b < n / kQKBlock; ++b) fn(p + b * bytes, out + b * kQKBlock);
+      return;
+    }
+    case DType::kIQ4_NL:
+      KCHECK(n % 32 == 0);
+      for (int64_t b = 0; b < n / 32; ++b) DequantizeIq4NlBlock(p + b * kIQ4_NLBytes, out + b * 32);
       return;
     default: KCHECK_MSG(false, "DequantizeRow: not a weight dtype");
   }
@@ -229,6 +308,81 @@ float DotLegacySymmetric(DType t, const uint8_t* w_row, ActsQ8_0View x, int64_t 
     for (int i = 0; i < 32; ++i) qw[i] = q[i] - l.offset;
     return LoadF16(blk);
   });
+}
+
+float DotIq4Nl(const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
+  return DotQ8_0Lanes(x, k, [&](int64_t b, int* qw) {
+    const uint8_t* blk = w_row + b * kIQ4_NLBytes;
+    for (int i = 0; i < 16; ++i) {
+      qw[i] = kIq4Values[blk[2 + i] & 0xF];
+      qw[i + 16] = kIq4Values[blk[2 + i] >> 4];
+    }
+    return LoadF16(blk);
+  });
+}
+
+float DotQ2_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+  float acc = 0.0f;
+  float acc_m = 0.0f;
+  uint8_t q[kQKBlock];
+  for (int64_t b = 0; b < k / kQKBlock; ++b) {
+    const uint8_t* blk = w_row + b * kQ2_KBytes;
+    const int8_t* qx = x.q + b * kQKBlock;
+    Q2_KCodes(blk, q);
+    int32_t isum = 0, summ = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t p = 0;
+      for (int l = 16 * g; l < 16 * g + 16; ++l) p += q[l] * int32_t{qx[l]};
+      isum += (blk[g] & 0xF) * p;
+      summ += (blk[g] >> 4) * int32_t{x.bsum[b * 16 + g]};
+    }
+    acc = std::fma(x.d[b] * LoadF16(blk + 80), static_cast<float>(isum), acc);
+    const float m = (x.d[b] * LoadF16(blk + 82)) * static_cast<float>(summ);
+    acc_m = acc_m + m;
+  }
+  return acc - acc_m;
+}
+
+float DotQ3_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+  float acc = 0.0f;
+  uint8_t q[kQKBlock];
+  for (int64_t b = 0; b < k / kQKBlock; ++b) {
+    const uint8_t* blk = w_row + b * kQ3_KBytes;
+    const int8_t* qx = x.q + b * kQKBlock;
+    Q3_KCodes(blk, q);
+    int32_t sumi = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t p = 0;
+      for (int l = 16 * g; l < 16 * g + 16; ++l) p += (q[l] - 4) * int32_t{qx[l]};
+      sumi += (Q3KScale(blk + 96, g) - 32) * p;
+    }
+    const float scale = x.d[b] * LoadF16(blk + 108);
+    const float term = scale * static_cast<float>(sumi);
+    acc = acc + term;
+  }
+  return acc;
+}
+
+float DotIq4Xs(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < k / kQKBlock; ++b) {
+    const uint8_t* blk = w_row + b * kIQ4_XSBytes;
+    const int8_t* qx = x.q + b * kQKBlock;
+    int32_t sumi = 0;
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* qs = blk + 8 + 16 * ib;
+      int32_t p = 0;
+      for (int j = 0; j < 16; ++j) {
+        p += kIq4Values[qs[j] & 0xF] * int32_t{qx[32 * ib + j]};
+        p += kIq4Values[qs[j] >> 4] * int32_t{qx[32 * ib + j + 16]};
+      }
+      sumi += (Iq4XsScale(blk, ib) - 32) * p;
+    }
+    const float scale = x.d[b] * LoadF16(blk);
+    const float term = scale * static_cast<float>(sumi);
+    acc = acc + term;
+  }
+  return acc;
 }
 
 namespace {

@@ -23,6 +23,22 @@
 //   Q5_0  22 bytes: f16 d, qh, nibbles;           w = (q - 16) * d
 //   Q5_1  24 bytes: f16 d, f16 m, qh, nibbles;    w = q * d + m
 // (q * d is exact in f32 for these, so a fused q * d + m rounds as the definition does.)
+// The low-bit K formats, 16 groups of 16 per 256-block (element e in group e / 16). Element
+// e = 128 n + 32 j + 16 h + l (n < 2, j < 4, h < 2, l < 16) has its 2 low bits at bits 2j of
+// qs[32 n + 16 h + l]:
+//   Q2_K  84 bytes: scales[16] (low nibble sc, high nibble m), qs[64], f16 d, f16 dmin;
+//                                    w = (d * sc) * q - (dmin * m),  q in 0..3
+//   Q3_K  110 bytes: hmask[32], qs[64], 12 bytes of 6-bit scales, f16 d; the third bit of e is
+//         bit 4n + j of hmask[16 h + l], and w = (d * (sc - 32)) * (q - 4) with q = low bits |
+//         third bit << 2 (ggml subtracts 4 where the bit is clear). Scale g: low nibble of byte g
+//         (g < 8) or high nibble of byte g - 8, bits 2 (g / 4) of byte 8 + g % 4 as bits 4-5.
+// The non-linear 4-bit formats, each nibble an index into kIq4Values:
+//   IQ4_NL  32 elements, 18 bytes: f16 d, nibbles as Q4_0's;  w = d * kIq4Values[q]
+//   IQ4_XS  256 elements, 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[128]; group ib < 8 of
+//           32 has ls = (scales_l[ib / 2] >> 4 (ib % 2)) & 15 | ((scales_h >> 2 ib) & 3) << 4,
+//           its nibbles at qs[16 ib] as Q4_0's;  w = (d * (ls - 32)) * kIq4Values[q]
+// Every product in Q3_K, IQ4_NL and IQ4_XS is exact in f32 (at most 11 + 6 + 7 bits), and in
+// Q2_K (d * sc) * q is, so its fused form rounds as the definition does.
 // In Q8_0, Q4_K and Q5_K every product is exact in f32 (an f16 times integers of at most 11 bits
 // together: 7 for Q8_0, 6 + 4 for Q4_K, 6 + 5 for Q5_K), so a fused multiply-add gives the same
 // value as the separate operations.
@@ -38,6 +54,9 @@ namespace kestrel::quant {
 
 inline constexpr int kQ8_0Block = 32, kQ8_0Bytes = 34;
 inline constexpr int kQKBlock = 256, kQ4_KBytes = 144, kQ5_KBytes = 176, kQ6_KBytes = 210;
+inline constexpr int kQ2_KBytes = 84, kQ3_KBytes = 110, kIQ4_NLBytes = 18, kIQ4_XSBytes = 136;
+inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
 
 // The legacy 32-element formats' layout: bytes of the block before the nibbles, whether it has
 // a min m (at byte 2) and a qh word (after d, or after d and m).
@@ -72,12 +91,30 @@ inline void Q4KScaleMin(const uint8_t* scales, int j, int* sc, int* m) {
   }
 }
 
+// Q3_K's 6-bit scale g (0..63; the factor is sc - 32) from its 12 packed bytes.
+inline int Q3KScale(const uint8_t* scales, int g) {
+  const int low = g < 8 ? scales[g] & 0xF : scales[g - 8] >> 4;
+  return low | ((scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4;
+}
+// IQ4_XS's 6-bit scale of group ib (0..7; the factor is ls - 32).
+inline int Iq4XsScale(const uint8_t* block, int ib) {
+  const int high = (block[2] | block[3] << 8) >> (2 * ib) & 3;
+  return ((block[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | high << 4;
+}
+// q[0..256) = the unsigned codes of a Q2_K (0..3) or Q3_K (0..7, the value q - 4) block.
+void Q2_KCodes(const uint8_t* block, uint8_t q[256]);
+void Q3_KCodes(const uint8_t* block, uint8_t q[256]);
+
 // out[0..256) = the elements of one block.
 void DequantizeQ8_0Block(const uint8_t* block, float* out);  // 32 elements
 void DequantizeQ4_KBlock(const uint8_t* block, float* out);
 void DequantizeQ5_KBlock(const uint8_t* block, float* out);
 void DequantizeQ6_KBlock(const uint8_t* block, float* out);
 void DequantizeLegacyBlock(DType t, const uint8_t* block, float* out);  // Q4_0 .. Q5_1: 32
+void DequantizeQ2_KBlock(const uint8_t* block, float* out);
+void DequantizeQ3_KBlock(const uint8_t* block, float* out);
+void DequantizeIq4NlBlock(const uint8_t* block, float* out);  // 32 elements
+void DequantizeIq4XsBlock(const uint8_t* block, float* out);
 // q[0..32) = the unsigned codes of a Q4_0 .. Q5_1 block (the nibble, with Q5_*'s fifth bit).
 void LegacyCodes(DType t, const uint8_t* block, uint8_t q[32]);
 
@@ -111,8 +148,13 @@ void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out);
 //          4j..4j+3 of group g)), lane[j]) with the 5-bit q; acc_m as Q4_K's; result = (the lane
 //          sum as for Q8_0) - acc_m
 //   Q6_K:  acc += (dx * d) * float(sum_j sc_j * (sum (q6 - 32) * q_x)_j)
-//   Q4_0, Q5_0:  Q8_0's activations and lanes, with q_w = q - 8 or q - 16 (the symmetric legacy
-//          formats are Q8_0 blocks with fewer bits); Q4_1 and Q5_1 have no integer form here.
+//   Q3_K:  acc += (dx * d) * float(sum_g (sc_g - 32) * (sum (q3 - 4) * q_x)_g), groups of 16
+//   IQ4_XS:  acc += (dx * d) * float(sum_g (ls_g - 32) * (sum kIq4Values[q] * q_x)_g), of 32
+//   Q2_K:  Q4_K's one lane over groups of 16: acc = fma(dx * d, float(sum_g sc_g * (sum of
+//          q_w q_x over group g)), acc); acc_m += (dx * dmin) * float(sum_g m_g * bsum_g);
+//          result = acc - acc_m
+//   Q4_0, Q5_0, IQ4_NL:  Q8_0's activations and lanes, with q_w = q - 8, q - 16 or
+//          kIq4Values[q] (Q8_0 blocks with fewer bits); Q4_1 and Q5_1 have no integer form here.
 // The AVX2 kernels compute the same integers and the same float operations, so both kernel sets
 // give the same bits.
 inline constexpr int kQ8_KGroup = 16;  // elements per bsum
@@ -135,5 +177,9 @@ float DotQ4_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
 float DotQ5_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
 float DotQ6_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
 float DotLegacySymmetric(DType t, const uint8_t* w_row, ActsQ8_0View x, int64_t k);  // Q4_0, Q5_0
+float DotIq4Nl(const uint8_t* w_row, ActsQ8_0View x, int64_t k);
+float DotQ2_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
+float DotQ3_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
+float DotIq4Xs(const uint8_t* w_row, ActsQ8_KView x, int64_t k);
 
 }  // namespace kestrel::quant

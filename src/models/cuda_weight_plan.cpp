@@ -61,6 +61,12 @@ Kind KindOf(const TensorView& t) {
     case DType::kQ4_K: return {WeightFormat::kAffine4, 32};
     case DType::kQ5_K: return {WeightFormat::kAffine8, 32};  // 5-bit codes in bytes
     case DType::kQ6_K: return {WeightFormat::kAffine8, 16};
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+      return {WeightFormat::kAffine8, 16};  // 2- / 3-bit codes in bytes
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
+      return {WeightFormat::kAffine8, 32};  // codebook values + 128
     default: return {};
   }
 }
@@ -223,6 +229,66 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
             const float s = d * static_cast<float>(sc[g]);
             PushAffine(s, -32.0f * s, &p);
           }
+        }
+      }
+      break;
+    }
+    case DType::kQ2_K:
+    case DType::kQ3_K: {
+      // Per 256-block, group g of 16: Q2_K (d * sc) * q - dmin * m, Q3_K (d * (sc - 32)) * q
+      // - 4 (d * (sc - 32)) (exact), a code per byte.
+      const bool q3 = t.dtype == DType::kQ3_K;
+      p.codes.resize(static_cast<size_t>(rows * k));
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = src + r * t.row_bytes();
+        for (int64_t blk = 0; blk < k / quant::kQKBlock; ++blk) {
+          const uint8_t* b = row + blk * (q3 ? quant::kQ3_KBytes : quant::kQ2_KBytes);
+          uint8_t* out = p.codes.data() + r * k + blk * quant::kQKBlock;
+          if (q3) {
+            quant::Q3_KCodes(b, out);
+            const float d = quant::LoadF16(b + 108);
+            for (int g = 0; g < 16; ++g) {
+              const float s = d * static_cast<float>(quant::Q3KScale(b + 96, g) - 32);
+              PushAffine(s, -4.0f * s, &p);
+            }
+          } else {
+            quant::Q2_KCodes(b, out);
+            const float d = quant::LoadF16(b + 80), dmin = quant::LoadF16(b + 82);
+            for (int g = 0; g < 16; ++g) {
+              PushAffine(d * static_cast<float>(b[g] & 0xF),
+                         -(dmin * static_cast<float>(b[g] >> 4)), &p);
+            }
+          }
+        }
+      }
+      break;
+    }
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS: {
+      // Per group of 32: s * kIq4Values[q] as code kIq4Values[q] + 128, bias -128 s (exact).
+      const bool nl = t.dtype == DType::kIQ4_NL;
+      p.codes.resize(static_cast<size_t>(rows * k));
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = src + r * t.row_bytes();
+        for (int64_t grp = 0; grp < k / 32; ++grp) {
+          const uint8_t* qs;
+          float s;
+          if (nl) {
+            const uint8_t* b = row + grp * quant::kIQ4_NLBytes;
+            s = quant::LoadF16(b);
+            qs = b + 2;
+          } else {
+            const uint8_t* b = row + grp / 8 * quant::kIQ4_XSBytes;
+            const int ib = static_cast<int>(grp % 8);
+            s = quant::LoadF16(b) * static_cast<float>(quant::Iq4XsScale(b, ib) - 32);
+            qs = b + 8 + 16 * ib;
+          }
+          uint8_t* out = p.codes.data() + r * k + grp * 32;
+          for (int j = 0; j < 16; ++j) {
+            out[j] = static_cast<uint8_t>(quant::kIq4Values[qs[j] & 0xF] + 128);
+            out[j + 16] = static_cast<uint8_t>(quant::kIq4Values[qs[j] >> 4] + 128);
+          }
+          PushAffine(s, -128.0f * s, &p);
         }
       }
       break;

@@ -785,8 +785,8 @@ Result<WeightStore> WeightStore::OpenGguf(const std::string& path) {
     std::optional<DType> dtype = DTypeOfGgmlType(t.ggml_type);
     if (!dtype) {
       return Unsupported(path + ": tensor '" + t.name + "' is " + GgmlTypeName(t.ggml_type) +
-                         "; Kestrel reads F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, "
-                         "Q5_0 and Q5_1 GGUF tensors");
+                         "; Kestrel reads F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                         "Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS GGUF tensors");
     }
     const TensorView v = view_of(t, *dtype);
     if (hybrid) {

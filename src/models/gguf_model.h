@@ -5,8 +5,8 @@
 //
 // Architectures: general.architecture "llama" (Llama, Mistral), "qwen2", "qwen3", "qwen3moe",
 // and the hybrids "qwen3next" (Qwen3-Next), "qwen35" and "qwen35moe" (Qwen3.5 dense and MoE).
-// Tensor types: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 (others are
-// refused, naming the tensor).
+// Tensor types: F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1,
+// IQ4_NL, IQ4_XS (others are refused, naming the tensor).
 // What llama.cpp's converter changed is undone at load: Llama's q/k rows are un-permuted back to
 // the rotate-half layout; the llama3 RoPE scaling arrives as per-frequency divisors
 // (rope_freqs, RopeConfig::freq_factors). For the hybrids: the 1 + w RMSNorm weights become w,

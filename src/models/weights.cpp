@@ -219,8 +219,9 @@ Status WeightBinder::Get(const std::string& name, std::vector<int64_t> shape, Te
   if (!plain && !fp8 && !(IsBlockQuantized(t->dtype) && t->n_dims == 2)) {
     return Unsupported(store_.file_of(name) + ": tensor '" + name + "' has dtype " +
                        std::string(DTypeName(t->dtype)) +
-                       " (supported: F32, F16, BF16; Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, "
-                       "Q5_1, and F8_E4M3 with block scales, for matrices)");
+                       " (supported: F32, F16, BF16; Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, "
+                       "Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, and F8_E4M3 with block scales, for "
+                       "matrices)");
   }
   *out = *t;
   if (fp8 && (t->shape[1] % 32 != 0 || fp8_block_cols_ % 32 != 0)) {

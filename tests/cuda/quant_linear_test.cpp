@@ -97,6 +97,30 @@ HostWeight MakeWeight(DType dtype, int64_t rows, int64_t k, int group, uint64_t 
         for (int64_t b = 0; b < k / 256; ++b) put_f16(&w.data[r * row_bytes + b * 210 + 208], pos(rng) / 64);
       }
       break;
+    case DType::kQ2_K:
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < k / 256; ++b) {
+          put_f16(&w.data[r * row_bytes + b * 84 + 80], pos(rng) / 8);
+          put_f16(&w.data[r * row_bytes + b * 84 + 82], pos(rng) / 8);
+        }
+      }
+      break;
+    case DType::kQ3_K:
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < k / 256; ++b)
+          put_f16(&w.data[r * row_bytes + b * 110 + 108], pos(rng) / 32);
+      }
+      break;
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS: {
+      const bool nl = dtype == DType::kIQ4_NL;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < k / (nl ? 32 : 256); ++b) {
+          put_f16(&w.data[r * row_bytes + b * (nl ? 18 : 136)], pos(rng) / (nl ? 64 : 1024));
+        }
+      }
+      break;
+    }
     case DType::kF8E4M3: {
       for (uint8_t& b : w.data) {
         if ((b & 0x7F) == 0x7F) b &= 0xFE;  // no NaN codes
@@ -370,6 +394,10 @@ TEST(CudaQuantLinear, GgufBlocks) {
   RunCase({"q4_1", {{DType::kQ4_1, 150}}, 0, 512, "int4-affine", 1});
   RunCase({"q5_0", {{DType::kQ5_0, 150}}, 0, 512, "int8-affine", 1});
   RunCase({"q5_1", {{DType::kQ5_1, 150}}, 0, 512, "int8-affine", 1});
+  RunCase({"q2_k", {{DType::kQ2_K, 150}}, 0, 512, "int8-affine", 1});
+  RunCase({"q3_k", {{DType::kQ3_K, 150}}, 0, 512, "int8-affine", 1});
+  RunCase({"iq4_nl", {{DType::kIQ4_NL, 150}}, 0, 512, "int8-affine", 1});
+  RunCase({"iq4_xs", {{DType::kIQ4_XS, 150}}, 0, 512, "int8-affine", 1});
   // A Q5_K_M-style q|k|v (v in Q6_K): 8-bit codes of groups 32 and 16, two segments.
   RunCase({"q5_k|q5_k|q6_k", {{DType::kQ5_K, 256}, {DType::kQ5_K, 64}, {DType::kQ6_K, 64}}, 0, 512,
            "int8-affine", 2});
@@ -382,8 +410,9 @@ TEST(CudaQuantLinear, GgufBlocks) {
 // or fifth bit is off by whole steps.
 TEST(CudaWeightPlanOnTheHost, GgufBlocksBecomeTheCpuWeights) {
   const int64_t rows = 24, k = 512;
-  for (DType dtype : {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ4_0,
-                      DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
+  for (DType dtype :
+       {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ4_0, DType::kQ4_1,
+        DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS}) {
     SCOPED_TRACE(DTypeName(dtype));
     const HostWeight w = MakeWeight(dtype, rows, k, 0, 31);
     CudaWeightPlan plan;

@@ -80,8 +80,8 @@ TEST(CudaQuantizedModel, EveryFormatAgreesWithItsDequantizedWeightsOnTheCpu) {
        "--format gptq --act-order-g-idx --perm-per-tensor", "bf16+int4-affine"},
       {"gptq_act_order_moe", "make_int4.py", fx + "qwen3_moe",
        "--format gptq --act-order-g-idx --group-size 32", "int4-affine"},
-      {"gptq_uneven_g_idx", "make_int4.py", tiny,
-       "--format gptq --act-order-g-idx --uneven-g-idx", "bf16"},
+      {"gptq_uneven_g_idx", "make_int4.py", tiny, "--format gptq --act-order-g-idx --uneven-g-idx",
+       "bf16"},
       {"tiny_q8_0", "make_gguf.py", tiny, "--type q8_0 --pre qwen2", "int8-affine"},
       {"tiny_q4_k", "make_gguf.py", tiny, "--type q4_k --pre qwen2", "int4-affine"},
       {"tiny_q6_k", "make_gguf.py", tiny, "--type q6_k --pre qwen2", "int8-affine"},
@@ -91,6 +91,10 @@ TEST(CudaQuantizedModel, EveryFormatAgreesWithItsDequantizedWeightsOnTheCpu) {
       {"tiny_q4_1", "make_gguf.py", tiny, "--type q4_1 --pre qwen2", "int4-affine"},
       {"tiny_q5_0", "make_gguf.py", tiny, "--type q5_0 --pre qwen2", "int8-affine"},
       {"tiny_q5_1", "make_gguf.py", tiny, "--type q5_1 --pre qwen2", "int8-affine"},
+      {"tiny_q2_k", "make_gguf.py", tiny, "--type q2_k --pre qwen2", "int8-affine"},
+      {"tiny_q3_k", "make_gguf.py", tiny, "--type q3_k --pre qwen2", "int8-affine"},
+      {"tiny_iq4_nl", "make_gguf.py", tiny, "--type iq4_nl --pre qwen2", "int8-affine"},
+      {"tiny_iq4_xs", "make_gguf.py", tiny, "--type iq4_xs --pre qwen2", "int8-affine"},
   };
   const std::string py = Python();
   for (const Writer& w : writers) {

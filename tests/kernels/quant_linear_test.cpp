@@ -1,4 +1,5 @@
-// Block-quantized weights (GGUF Q8_0, Q4_K, Q5_K, Q6_K): the dequantization against the format's
+// Block-quantized weights (GGUF Q8_0, Q2_K .. Q6_K, Q4_0 .. Q5_1, IQ4_NL, IQ4_XS): the
+// dequantization against the format's
 // definition as an independent numpy implementation computes it (tools/make_gguf.py --golden),
 // bit for bit, through every path that reads them (the scalar dequantizer, the AVX2 streaming
 // kernel, the AVX2 packed kernel); and Linear over quantized weights equal, bit for bit, to
@@ -29,8 +30,13 @@ using cpu::OpContext;
 using testing::RandomFloats;
 using testing::SameBits;
 
-constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
-                                 DType::kQ4_0, DType::kQ5_0};
+// The formats with integer kernels (int8 activations), then every block format.
+constexpr DType kQuantTypes[] = {DType::kQ8_0,   DType::kQ4_K,  DType::kQ5_K, DType::kQ6_K,
+                                 DType::kQ4_0,   DType::kQ5_0,  DType::kQ2_K, DType::kQ3_K,
+                                 DType::kIQ4_NL, DType::kIQ4_XS};
+constexpr DType kAllQuantTypes[] = {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,   DType::kQ6_K,
+                                    DType::kQ4_0, DType::kQ5_0, DType::kQ4_1,   DType::kQ5_1,
+                                    DType::kQ2_K, DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS};
 
 // Quantized weights as raw blocks at `byte_offset` past a 64-byte boundary.
 struct QuantWeights {
@@ -58,9 +64,21 @@ QuantWeights MakeQuantWeights(std::mt19937& rng, DType dtype, int64_t rows, int6
       const uint16_t h = F32ToF16(scale(rng));
       std::memcpy(p + at, &h, 2);
     };
-    if (dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ5_0) put(0);
-    if (dtype == DType::kQ4_K || dtype == DType::kQ5_K) { put(0); put(2); }
+    if (dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ5_0 ||
+        dtype == DType::kIQ4_NL || dtype == DType::kIQ4_XS) {
+      put(0);
+    }
+    if (dtype == DType::kQ4_K || dtype == DType::kQ5_K || dtype == DType::kQ4_1 ||
+        dtype == DType::kQ5_1) {
+      put(0);
+      put(2);
+    }
     if (dtype == DType::kQ6_K) put(208);
+    if (dtype == DType::kQ2_K) {
+      put(80);
+      put(82);
+    }
+    if (dtype == DType::kQ3_K) put(108);
   }
   w.view.data = base;
   w.view.dtype = dtype;
@@ -175,7 +193,7 @@ TEST(QuantLinear, PackedRowsGiveTheSameBits) {
 TEST(QuantLinear, EqualsLinearOverTheDequantizedWeights) {
   std::mt19937 rng(7);
   ThreadPool pool1(1), pool2(2), pool3(3);
-  for (DType dt : kQuantTypes) {
+  for (DType dt : kAllQuantTypes) {
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 512}, {16, 768}, {9, 256}}) {
       if (cols % DTypeBlockElems(dt) != 0) continue;
       QuantWeights w = MakeQuantWeights(rng, dt, rows, cols, 3);
@@ -201,7 +219,7 @@ TEST(QuantLinear, EqualsLinearOverTheDequantizedWeights) {
 
 TEST(QuantLinear, EmbeddingGatherDequantizesRows) {
   std::mt19937 rng(3);
-  for (DType dt : kQuantTypes) {
+  for (DType dt : kAllQuantTypes) {
     QuantWeights w = MakeQuantWeights(rng, dt, 11, 512, 0);
     const std::vector<int32_t> ids = {4, 0, 10, 4};
     std::vector<float> out(ids.size() * 512);
@@ -253,7 +271,8 @@ std::vector<GoldenType> ReadGolden() {
 
 TEST(QuantLinear, DequantizationMatchesTheNumpyDefinitionBitForBit) {
   const std::vector<GoldenType> golden = ReadGolden();
-  ASSERT_EQ(golden.size(), 8u);  // Q8_0, Q4_K, Q6_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1
+  // Q8_0, Q4_K, Q6_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS
+  ASSERT_EQ(golden.size(), 12u);
   ThreadPool pool(2);
   for (const GoldenType& g : golden) {
     const std::string name(DTypeName(g.dtype));

@@ -64,6 +64,15 @@ class QuantizedCheckpoints : public ::testing::Test {
         {"tiny_q5_0", tiny, "q5_0", "", "qwen2"},
         {"tiny_q5_1", tiny, "q5_1", "", "qwen2"},
         {"qwen3_moe_q4_0", fx + "qwen3_moe", "q4_0", "", "qwen2"},
+        // The low-bit K formats and the non-linear 4-bit ones; the 64-wide fixtures' rows are
+        // not whole 256-blocks, so IQ4_XS files of them hold IQ4_NL (as llama.cpp writes them).
+        {"tiny_q2_k", tiny, "q2_k", "", "qwen2"},
+        {"tiny_q3_k", tiny, "q3_k", "", "qwen2"},
+        {"tiny_q3_k_m", tiny, "q3_k_m", "", "qwen2"},
+        {"tiny_iq4_nl", tiny, "iq4_nl", "", "qwen2"},
+        {"tiny_iq4_xs", tiny, "iq4_xs", "", "qwen2"},
+        {"qwen3_moe_iq4_xs", fx + "qwen3_moe", "iq4_xs", "", "qwen2"},
+        {"qwen3_5_iq4_xs", fx + "qwen3_5", "iq4_xs", "", "qwen35"},
         {"tiny_f16", tiny, "f16", "", "qwen2"},
         {"tiny_bf16", tiny, "bf16", "", "qwen2"},
         {"llama3_q8_0", fx + "llama3", "q8_0", kSource + "/tests/data/npm/llama3", "llama-bpe"},
@@ -206,11 +215,14 @@ double ErrorAgainstBf16(const std::string& path, const std::string& label, bool 
 }
 
 const char* const kBitExactModels[] = {
-    "tiny_q8_0",        "tiny_q4_k",       "tiny_q5_k",      "tiny_q6_k",       "tiny_q4_k_m",
-    "tiny_q5_k_m",      "tiny_f16",        "tiny_bf16",      "mistral_q8_0",    "qwen2_q8_0",
-    "qwen3_q8_0",       "qwen3_moe_q8_0",  "qwen3_5_q8_0",   "qwen3_5_f16",     "qwen3_5_bf16",
-    "qwen3_5_moe_q8_0", "qwen3_5_moe_bf16", "qwen3_next_q8_0", "qwen3_next_bf16",
-    "tiny_q4_0",        "tiny_q4_1",       "tiny_q5_0",      "tiny_q5_1",       "qwen3_moe_q4_0"};
+    "tiny_q8_0",        "tiny_q4_k",        "tiny_q5_k",       "tiny_q6_k",
+    "tiny_q4_k_m",      "tiny_q5_k_m",      "tiny_f16",        "tiny_bf16",
+    "mistral_q8_0",     "qwen2_q8_0",       "qwen3_q8_0",      "qwen3_moe_q8_0",
+    "qwen3_5_q8_0",     "qwen3_5_f16",      "qwen3_5_bf16",    "qwen3_5_moe_q8_0",
+    "qwen3_5_moe_bf16", "qwen3_next_q8_0",  "qwen3_next_bf16", "tiny_q4_0",
+    "tiny_q4_1",        "tiny_q5_0",        "tiny_q5_1",       "qwen3_moe_q4_0",
+    "tiny_q2_k",        "tiny_q3_k",        "tiny_q3_k_m",     "tiny_iq4_nl",
+    "tiny_iq4_xs",      "qwen3_moe_iq4_xs", "qwen3_5_iq4_xs"};
 
 // FP8 block-quantized safetensors checkpoints (e4m3 weights, f32 scale per 128 x 128 block, the
 // layout of Qwen's *-FP8 releases): the CPU dequantizes in the kernels, so the model is the
@@ -320,9 +332,30 @@ TEST_F(QuantizedCheckpoints, LegacyBlockFormatsEqualTheDequantizedWeightsBitForB
   }
 }
 
+// Q2_K, Q3_K (alone and in a Q3_K_M-style mix with Q4_K and Q6_K), IQ4_NL and IQ4_XS: with f32
+// activations the model is its dequantized copy bit for bit in both kernel sets (the dense tiny
+// model and the Qwen3-MoE fixture's experts in IQ4_NL; the Qwen3.5 hybrid with the other hybrid
+// files below); with int8 activations they take their integer kernels
+// (Int8ActivationsStayCloseToTheDequantizedWeights). Their error against bf16 on the trained
+// tiny model with f32 activations (measured: Q2_K 0.528, Q3_K 0.342, Q3_K_M 0.185, IQ4_NL
+// 0.166, IQ4_XS 0.158; bounded at about 1.5x).
+TEST_F(QuantizedCheckpoints, LowBitKAndIq4FormatsEqualTheDequantizedWeightsBitForBit) {
+  ExpectEqualsDequantized(
+      {"tiny_q2_k", "tiny_q3_k", "tiny_q3_k_m", "tiny_iq4_nl", "tiny_iq4_xs", "qwen3_moe_iq4_xs"},
+      /*int8_activations=*/false);
+  const std::map<std::string, double> bound = {{"tiny_q2_k", 0.8},
+                                               {"tiny_q3_k", 0.5},
+                                               {"tiny_q3_k_m", 0.28},
+                                               {"tiny_iq4_nl", 0.25},
+                                               {"tiny_iq4_xs", 0.24}};
+  for (const auto& [name, limit] : bound) {
+    EXPECT_LE(ErrorAgainstBf16(Get(name).gguf, name, /*int8_activations=*/false), limit);
+  }
+}
+
 const char* const kHybridModels[] = {"qwen3_5_q8_0",     "qwen3_5_f16",      "qwen3_5_bf16",
                                      "qwen3_5_moe_q8_0", "qwen3_5_moe_bf16", "qwen3_next_q8_0",
-                                     "qwen3_next_bf16"};
+                                     "qwen3_next_bf16",  "qwen3_5_iq4_xs"};
 
 // Qwen3.5, Qwen3.5-MoE and Qwen3-Next files as llama.cpp's converter writes them: with f32
 // activations every position's logits equal the dequantized model's bit for bit, in both kernel
@@ -422,9 +455,10 @@ TEST_F(QuantizedCheckpoints, HybridGgufTensorsAreTheCheckpointsOwn) {
 // tests/kernels/quant_linear_test.cpp): the logits stay within the activations' quantization
 // error of the dequantized model's, with the same argmax wherever the dequantized model's top two
 // are further apart than that error. Measured worst (max |delta| / range): 0.018 Q8_0, 0.055
-// Q4_K, 0.053 Q5_K, 0.055 Q6_K, 0.045 Q4_K_M, 0.041 Q5_K_M on the trained tiny model; 0.01 on
-// the random fixtures. The hybrid fixtures drift further along the prompt (0.01 - 0.02 at the
-// first position; worst 0.076 Qwen3.5, 0.068 Qwen3-Next, 0.18 Qwen3.5-MoE): the recurrent state
+// Q4_K, 0.053 Q5_K, 0.055 Q6_K, 0.045 Q4_K_M, 0.041 Q5_K_M, 0.037 Q2_K, 0.052 Q3_K, 0.040
+// Q3_K_M, 0.023 IQ4_NL, 0.050 IQ4_XS on the trained tiny model; 0.01 on the random fixtures.
+// The hybrid fixtures drift further along the prompt (0.01 - 0.02 at the first position; worst
+// 0.076 Qwen3.5, 0.068 Qwen3-Next, 0.18 Qwen3.5-MoE, 0.11 Qwen3.5 in IQ4_NL): the recurrent state
 // carries each token's rounding into the next ones, and a near-tied router picks another expert.
 // They are held to 0.25.
 TEST_F(QuantizedCheckpoints, Int8ActivationsStayCloseToTheDequantizedWeights) {

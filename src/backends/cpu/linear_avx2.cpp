@@ -73,10 +73,16 @@ template <DType T>
 constexpr bool kLegacy = T == DType::kQ4_0 || T == DType::kQ4_1 || T == DType::kQ5_0 ||
                          T == DType::kQ5_1;
 // Rows read 32 elements at a time through Dequant32.
+// Q2_K / Q3_K (16-element groups with 2-bit codes, Q3_K's third bit in hmask) and the
+// non-linear IQ4_NL / IQ4_XS.
+template <DType T>
+constexpr bool kLowBitK = T == DType::kQ2_K || T == DType::kQ3_K;
+template <DType T>
+constexpr bool kIq4 = T == DType::kIQ4_NL || T == DType::kIQ4_XS;
 template <DType T>
 constexpr bool kBlock = T == DType::kQ8_0 || T == DType::kQ4_K || T == DType::kQ5_K ||
                         T == DType::kQ6_K || T == DType::kF8E4M3 || T == DType::kMlxQ4 ||
-                        T == DType::kMlxQ8 || kLegacy<T>;
+                        T == DType::kMlxQ8 || kLegacy<T> || kLowBitK<T> || kIq4<T>;
 // The integer kernels with int8 activations (HasIntDot).
 template <DType T>
 constexpr bool kIntDot = HasIntDot(T);
@@ -96,6 +102,14 @@ constexpr int64_t RowBytes(int64_t k_in) {
   else if constexpr (T == DType::kF8E4M3 || T == DType::kMlxQ8) return k_in;
   else if constexpr (T == DType::kMlxQ4) return k_in / 2;
   else if constexpr (kLegacy<T>) return k_in / 32 * quant::LegacyLayout(T).bytes;
+  else if constexpr (T == DType::kQ2_K)
+    return k_in / 256 * quant::kQ2_KBytes;
+  else if constexpr (T == DType::kQ3_K)
+    return k_in / 256 * quant::kQ3_KBytes;
+  else if constexpr (T == DType::kIQ4_NL)
+    return k_in / 32 * quant::kIQ4_NLBytes;
+  else if constexpr (T == DType::kIQ4_XS)
+    return k_in / 256 * quant::kIQ4_XSBytes;
   else return k_in / 256 * 210;
 }
 
@@ -177,6 +191,55 @@ inline void Dequant32(const uint8_t* row, int64_t k, __m256 out[4]) {
       } else {
         out[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(v, offset)), d);
       }
+    }
+  } else if constexpr (kLowBitK<T>) {
+    // Elements k .. k + 31 are (n, j) = ((k % 256) / 128, (k % 128) / 32) of the block: halves
+    // h = 0, 1 (groups g0, g0 + 1), low bits at bits 2j of qs[32 n + 16 h + l].
+    constexpr bool kQ3 = T == DType::kQ3_K;
+    const uint8_t* b = row + k / 256 * (kQ3 ? quant::kQ3_KBytes : quant::kQ2_KBytes);
+    const int e0 = static_cast<int>(k % 256), n = e0 >> 7, j = (e0 >> 5) & 3, g0 = e0 >> 4;
+    const uint8_t* qs = b + (kQ3 ? 32 : 16) + 32 * n;
+    const __m128i low_shift = _mm_cvtsi32_si128(2 * j), high_shift = _mm_cvtsi32_si128(4 * n + j);
+    const __m256i two = _mm256_set1_epi32(3), one = _mm256_set1_epi32(1);
+    const float d = HalfToFloat(b + (kQ3 ? 108 : 80));
+    for (int jj = 0; jj < 4; ++jj) {
+      const int h = jj >> 1, l0 = (jj & 1) * 8, g = g0 + h;
+      __m256i v = _mm256_and_si256(_mm256_srl_epi32(Bytes8ToI32(qs + 16 * h + l0), low_shift), two);
+      if constexpr (kQ3) {
+        const __m256i third =
+            _mm256_and_si256(_mm256_srl_epi32(Bytes8ToI32(b + 16 * h + l0), high_shift), one);
+        v = _mm256_sub_epi32(_mm256_or_si256(v, _mm256_slli_epi32(third, 2)), _mm256_set1_epi32(4));
+        const __m256 dl = _mm256_set1_ps(d * static_cast<float>(quant::Q3KScale(b + 96, g) - 32));
+        out[jj] = _mm256_mul_ps(dl, _mm256_cvtepi32_ps(v));  // exact
+      } else {
+        const __m256 dl = _mm256_set1_ps(d * static_cast<float>(b[g] & 0xF));
+        const __m256 ml = _mm256_set1_ps(HalfToFloat(b + 82) * static_cast<float>(b[g] >> 4));
+        out[jj] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(v), dl, ml);  // dl * q exact: one rounding
+      }
+    }
+  } else if constexpr (kIq4<T>) {
+    // The 16 nibbles of a 32-group (elements l and l + 16 in byte l) through the codebook.
+    const uint8_t* b;
+    float scale;
+    if constexpr (T == DType::kIQ4_NL) {
+      b = row + k / 32 * quant::kIQ4_NLBytes;
+      scale = HalfToFloat(b);
+      b += 2;
+    } else {
+      const uint8_t* blk = row + k / 256 * quant::kIQ4_XSBytes;
+      const int ib = static_cast<int>(k % 256) >> 5;
+      scale = HalfToFloat(blk) * static_cast<float>(quant::Iq4XsScale(blk, ib) - 32);
+      b = blk + 8 + 16 * ib;
+    }
+    const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4Values));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i v[2] = {_mm_shuffle_epi8(table, _mm_and_si128(raw, mask)),
+                          _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(raw, 4), mask))};
+    const __m256 s = _mm256_set1_ps(scale);
+    for (int jj = 0; jj < 4; ++jj) {
+      const __m128i part = (jj & 1) ? _mm_srli_si128(v[jj >> 1], 8) : v[jj >> 1];
+      out[jj] = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)));  // exact
     }
   } else if constexpr (T == DType::kF8E4M3) {
     // e4m3 -> f16 bits (exponent rebias by 2^8 done in f32, exactly), times the block's scale.
@@ -316,9 +379,13 @@ inline int64_t PrefetchAhead(int r, int64_t row_bytes) {
 template <int R, DType T>
 [[gnu::optimize("fp-contract=off")]] void DotQ8_0Blocks(const uint8_t* w, int64_t row_bytes,
                                                        ActsView x, int64_t k, float* out) {
-  constexpr bool kQ8 = T == DType::kQ8_0;
-  constexpr quant::LegacyBlock l =
-      kQ8 ? quant::LegacyBlock{quant::kQ8_0Bytes, 2, -1, false, 0} : quant::LegacyLayout(T);
+  constexpr bool kQ8 = T == DType::kQ8_0, kNl = T == DType::kIQ4_NL;
+  // IQ4_NL: Q4_0's layout, each nibble through the codebook instead of minus 8.
+  constexpr quant::LegacyBlock l = kQ8   ? quant::LegacyBlock{quant::kQ8_0Bytes, 2, -1, false, 0}
+                                   : kNl ? quant::LegacyLayout(DType::kQ4_0)
+                                         : quant::LegacyLayout(T);
+  const __m256i codebook = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4Values)));
   const int64_t ahead = PrefetchAhead(R, row_bytes);
   const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
   const __m256i offset = _mm256_set1_epi8(static_cast<char>(l.offset));
@@ -346,8 +413,9 @@ template <int R, DType T>
               _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), spread), bit);
           q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bytes, bit), fifth));
         }
-        wq = _mm256_sub_epi8(q, offset);
+        wq = kNl ? _mm256_shuffle_epi8(codebook, q) : _mm256_sub_epi8(q, offset);
       }
+      // |wq| <= 127: the pair sums of maddubs stay within int16.
       const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
       const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk) * x.d[b]), sums, acc[r]);
@@ -687,6 +755,134 @@ template <int R>
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
+// Q3_K: per 32 bytes of qs (n) and bit pair j, the 3-bit codes q of elements 128 n + 32 j + i
+// (low bits | hmask bit 4 n + j << 2), unsigned against the activations; the - 4 of every code
+// comes back as 4 sum_g (sc_g - 32) bsum_g, as Q6_K's - 32 does.
+template <int R>
+[[gnu::optimize("fp-contract=off")]] void DotQ3_K(const uint8_t* w_base, int64_t row_bytes,
+                                                  ActsView x, int64_t k, float* out) {
+  constexpr int kBytes = quant::kQ3_KBytes;
+  const int64_t ahead = PrefetchAhead(R, row_bytes);
+  const __m256i two = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+  float acc[R] = {};
+  for (int64_t b = 0; b < k / 256; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* w = w_base + r * row_bytes;
+      for (int line = 0; line < kBytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + b * kBytes + line), _MM_HINT_T0);
+      }
+      const uint8_t* blk = w + b * kBytes;
+      const int8_t* qx = x.q + 256 * b;
+      int16_t sc[16];
+      for (int g = 0; g < 16; ++g) sc[g] = static_cast<int16_t>(quant::Q3KScale(blk + 96, g) - 32);
+      const __m256i hm = Load32(blk);
+      __m256i isum = _mm256_setzero_si256();
+      for (int n = 0; n < 2; ++n) {
+        const __m256i qs = Load32(blk + 32 + 32 * n);
+        for (int j = 0; j < 4; ++j) {
+          const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), two);
+          const __m256i third = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * n + j), one);
+          const __m256i q = _mm256_or_si256(low, _mm256_slli_epi16(third, 2));
+          const __m256i p = _mm256_maddubs_epi16(q, Load32(qx + 128 * n + 32 * j));
+          const int g = 8 * n + 2 * j;
+          const __m256i scales =
+              _mm256_setr_m128i(_mm_set1_epi16(sc[g]), _mm_set1_epi16(sc[g + 1]));
+          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales));
+        }
+      }
+      const __m256i sc16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
+      const int bias = HsumI32(_mm256_madd_epi16(
+          sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsum + 16 * b))));
+      const int sumi = HsumI32(isum) - 4 * bias;
+      const float scale = x.d[b] * HalfToFloat(blk + 108);
+      const float term = scale * static_cast<float>(sumi);
+      acc[r] = acc[r] + term;
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+// Q2_K: Q4_K's float steps over 16 groups of 16 (codes 0..3 at bits 2j of qs[32 n + i]).
+template <int R>
+[[gnu::optimize("fp-contract=off")]] void DotQ2_K(const uint8_t* w_base, int64_t row_bytes,
+                                                  ActsView x, int64_t k, float* out) {
+  constexpr int kBytes = quant::kQ2_KBytes;
+  const int64_t ahead = PrefetchAhead(R, row_bytes);
+  const __m256i two = _mm256_set1_epi8(3);
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* w = w_base + r * row_bytes;
+    float acc = 0.0f, acc_m = 0.0f;
+    for (int64_t b = 0; b < k / 256; ++b) {
+      for (int line = 0; line < kBytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + b * kBytes + line), _MM_HINT_T0);
+      }
+      const uint8_t* blk = w + b * kBytes;
+      const int8_t* qx = x.q + 256 * b;
+      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+      alignas(32) int16_t sc[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sc),
+                         _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0F))));
+      __m256i isum = _mm256_setzero_si256();
+      for (int n = 0; n < 2; ++n) {
+        const __m256i qs = Load32(blk + 16 + 32 * n);
+        for (int j = 0; j < 4; ++j) {
+          const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), two);
+          const __m256i p = _mm256_maddubs_epi16(q, Load32(qx + 128 * n + 32 * j));
+          const int g = 8 * n + 2 * j;
+          const __m256i scales =
+              _mm256_setr_m128i(_mm_set1_epi16(sc[g]), _mm_set1_epi16(sc[g + 1]));
+          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales));
+        }
+      }
+      const __m256i mins =
+          _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+      const int summ = HsumI32(_mm256_madd_epi16(
+          mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsum + 16 * b))));
+      acc = std::fma(x.d[b] * HalfToFloat(blk + 80), static_cast<float>(HsumI32(isum)), acc);
+      const float m = (x.d[b] * HalfToFloat(blk + 82)) * static_cast<float>(summ);
+      acc_m = acc_m + m;
+    }
+    out[r] = acc - acc_m;
+  }
+}
+
+// IQ4_XS: per group of 32, the codebook values (signed) against the activations by the sign
+// trick, times the group's ls - 32.
+template <int R>
+[[gnu::optimize("fp-contract=off")]] void DotIq4Xs(const uint8_t* w_base, int64_t row_bytes,
+                                                   ActsView x, int64_t k, float* out) {
+  constexpr int kBytes = quant::kIQ4_XSBytes;
+  const int64_t ahead = PrefetchAhead(R, row_bytes);
+  const __m256i codebook = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4Values)));
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  float acc[R] = {};
+  for (int64_t b = 0; b < k / 256; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* w = w_base + r * row_bytes;
+      for (int line = 0; line < kBytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + b * kBytes + line), _MM_HINT_T0);
+      }
+      const uint8_t* blk = w + b * kBytes;
+      const int8_t* qx = x.q + 256 * b;
+      __m256i isum = _mm256_setzero_si256();
+      for (int ib = 0; ib < 8; ++ib) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * ib));
+        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+        const __m256i wq = _mm256_shuffle_epi8(codebook, q);
+        const __m256i xq = Load32(qx + 32 * ib);
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+        const __m256i ls = _mm256_set1_epi16(static_cast<int16_t>(quant::Iq4XsScale(blk, ib) - 32));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ls));
+      }
+      const float scale = x.d[b] * HalfToFloat(blk);
+      const float term = scale * static_cast<float>(HsumI32(isum));
+      acc[r] = acc[r] + term;
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
 // y[t, n] for rows [n_begin, n_end) and every token row t, 4 rows at a time; the weight rows of
 // the range stay in L1/L2 across token rows. packed: Q4_K, Q8_0, Q4_0 or Q5_0 rows interleaved by 8
 // (TensorView::cpu_packed; n_begin and n_end are then multiples of 8), or null.
@@ -718,7 +914,7 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
       return;
     }
   }
-  if constexpr (TakesQ8_0Activations(T)) {
+  if constexpr (TakesQ8_0Activations(T) && T != DType::kIQ4_NL) {  // packable (CanPackRows)
     if (packed != nullptr) {
       const int64_t n_blocks = k_in / 32;
       constexpr int64_t bytes = PackedBlockBytes(T);
@@ -753,6 +949,12 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
       DotQ8_0Blocks<R, T>(row, row_bytes, acts[t], k_in, out);
     } else if constexpr (T == DType::kQ4_K) DotQ45_K<R, false>(row, row_bytes, acts[t], k_in, out);
     else if constexpr (T == DType::kQ5_K) DotQ45_K<R, true>(row, row_bytes, acts[t], k_in, out);
+    else if constexpr (T == DType::kQ2_K)
+      DotQ2_K<R>(row, row_bytes, acts[t], k_in, out);
+    else if constexpr (T == DType::kQ3_K)
+      DotQ3_K<R>(row, row_bytes, acts[t], k_in, out);
+    else if constexpr (T == DType::kIQ4_XS)
+      DotIq4Xs<R>(row, row_bytes, acts[t], k_in, out);
     else DotQ6_K<R>(row, row_bytes, acts[t], k_in, out);
     for (int r = 0; r < R; ++r) y[t * n_out + n + r] = out[r];
   };
@@ -1094,6 +1296,18 @@ inline void WithDType(DType t, Fn&& fn) {
     case DType::kQ4_1: fn.template operator()<DType::kQ4_1>(); return;
     case DType::kQ5_0: fn.template operator()<DType::kQ5_0>(); return;
     case DType::kQ5_1: fn.template operator()<DType::kQ5_1>(); return;
+    case DType::kQ2_K:
+      fn.template operator()<DType::kQ2_K>();
+      return;
+    case DType::kQ3_K:
+      fn.template operator()<DType::kQ3_K>();
+      return;
+    case DType::kIQ4_NL:
+      fn.template operator()<DType::kIQ4_NL>();
+      return;
+    case DType::kIQ4_XS:
+      fn.template operator()<DType::kIQ4_XS>();
+      return;
     case DType::kF8E4M3: fn.template operator()<DType::kF8E4M3>(); return;
     case DType::kMlxQ4: fn.template operator()<DType::kMlxQ4>(); return;
     case DType::kMlxQ8: fn.template operator()<DType::kMlxQ8>(); return;

@@ -29,13 +29,38 @@ void Linear(const float* x, int64_t m_rows, const TensorView& w, const TensorVie
       }
       for (int64_t n = 0; n < n_out; ++n) {
         const uint8_t* row = static_cast<const uint8_t*>(w.data) + n * w.row_bytes();
-        y[m * n_out + n] =
-            w.dtype == DType::kQ8_0 ? quant::DotQ8_0(row, {q.data(), d.data()}, k_in)
-            : w.dtype == DType::kQ4_0 || w.dtype == DType::kQ5_0
-                ? quant::DotLegacySymmetric(w.dtype, row, {q.data(), d.data()}, k_in)
-            : w.dtype == DType::kQ4_K ? quant::DotQ4_K(row, {q.data(), d.data(), bsum.data()}, k_in)
-            : w.dtype == DType::kQ5_K ? quant::DotQ5_K(row, {q.data(), d.data(), bsum.data()}, k_in)
-                                      : quant::DotQ6_K(row, {q.data(), d.data(), bsum.data()}, k_in);
+        const quant::ActsQ8_0View a0{q.data(), d.data()};
+        const quant::ActsQ8_KView ak{q.data(), d.data(), bsum.data()};
+        switch (w.dtype) {
+          case DType::kQ8_0:
+            y[m * n_out + n] = quant::DotQ8_0(row, a0, k_in);
+            break;
+          case DType::kQ4_0:
+          case DType::kQ5_0:
+            y[m * n_out + n] = quant::DotLegacySymmetric(w.dtype, row, a0, k_in);
+            break;
+          case DType::kIQ4_NL:
+            y[m * n_out + n] = quant::DotIq4Nl(row, a0, k_in);
+            break;
+          case DType::kQ4_K:
+            y[m * n_out + n] = quant::DotQ4_K(row, ak, k_in);
+            break;
+          case DType::kQ5_K:
+            y[m * n_out + n] = quant::DotQ5_K(row, ak, k_in);
+            break;
+          case DType::kQ6_K:
+            y[m * n_out + n] = quant::DotQ6_K(row, ak, k_in);
+            break;
+          case DType::kQ2_K:
+            y[m * n_out + n] = quant::DotQ2_K(row, ak, k_in);
+            break;
+          case DType::kQ3_K:
+            y[m * n_out + n] = quant::DotQ3_K(row, ak, k_in);
+            break;
+          default:
+            y[m * n_out + n] = quant::DotIq4Xs(row, ak, k_in);
+            break;
+        }
       }
     }
   } else {
