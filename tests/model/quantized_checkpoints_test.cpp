@@ -632,22 +632,24 @@ TEST_F(QuantizedCheckpoints, BrokenFilesAreRefusedWithAReason) {
   bad[4] = 9;  // version
   EXPECT_NE(ParseGgufHeader(bad.data(), bad.size(), "x.gguf").status().message().find("version"), std::string::npos);
 
-  // A tensor of a type Kestrel does not read (Q3_K): the load names the tensor and the type.
+  // A tensor of a type Kestrel does not read (IQ2_XXS in place of one of the embedded model's
+  // Q8_0 matrices: 256-wide rows, a smaller extent): the load names the tensor and the type.
+  const std::vector<uint8_t> tiny = ReadBytes(Get("tiny_q8_0").gguf);
   const std::string name = "blk.0.attn_q.weight";
-  auto at = std::search(good.begin(), good.end(), name.begin(), name.end());
-  ASSERT_NE(at, good.end());
-  const size_t type_pos = static_cast<size_t>(at - good.begin()) + name.size() + 4 + 2 * 8;
-  bad = good;
+  auto at = std::search(tiny.begin(), tiny.end(), name.begin(), name.end());
+  ASSERT_NE(at, tiny.end());
+  const size_t type_pos = static_cast<size_t>(at - tiny.begin()) + name.size() + 4 + 2 * 8;
+  bad = tiny;
   uint32_t type = 0;
   std::memcpy(&type, bad.data() + type_pos, 4);
   ASSERT_EQ(type, 8u);  // Q8_0 as written
-  type = 11;            // Q3_K
+  type = 16;            // IQ2_XXS
   std::memcpy(bad.data() + type_pos, &type, 4);
-  const std::string path = *dir_ + "/q3k.gguf";
+  const std::string path = *dir_ + "/iq2_xxs.gguf";
   WriteBytes(path, bad);
   Result<std::unique_ptr<Model>> m = Model::Load(path, ModelLoadOptions{});
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("Q3_K"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("is IQ2_XXS"), std::string::npos) << m.status().message();
   EXPECT_NE(m.status().message().find(name), std::string::npos) << m.status().message();
 
   // Cut inside the tensor data: the header's extents no longer fit.
