@@ -281,6 +281,16 @@ def dequantize_q6_k(b, cols):
     return (scale[..., None] * q).astype(np.float32).reshape(rows, cols)
 
 
+def f16_at(b, at):
+    """The f16 at bytes [at, at + 2) of each block row of b [nb, bytes], as float32 [nb]."""
+    return b[:, at:at + 2].copy().view(np.float16).astype(np.float32)[:, 0]
+
+
+# Q3_K: the hmask bit of element 128 n + 32 j + 16 h + l is bit 4 n + j (axes n, j of [nb, n, j,
+# h, l]).
+Q3K_HMASK_SHIFTS = (4 * np.arange(2)[:, None] + np.arange(4)[None, :])[None, :, :, None, None]
+
+
 def signed_extreme(g):
     """The value of largest magnitude along the last axis, with its sign."""
     idx = np.abs(g).argmax(axis=-1)
@@ -329,8 +339,7 @@ def dequantize_q2_k(b, cols):
     rows = b.shape[0]
     nb = rows * cols // 256
     b = b.reshape(nb, 84)
-    d = b[:, 80:82].copy().view(np.float16).astype(np.float32)[:, 0]
-    dmin = b[:, 82:84].copy().view(np.float16).astype(np.float32)[:, 0]
+    d, dmin = f16_at(b, 80), f16_at(b, 82)
     sc = (b[:, 0:16] & 0xF).astype(np.float32)
     m = (b[:, 0:16] >> 4).astype(np.float32)
     dl = (d[:, None] * sc).astype(np.float32)  # [nb, 16]
@@ -374,10 +383,9 @@ def quantize_q3_k(w):
     q = np.clip(rint(g / np.where(dl == 0, 1, dl)[..., None]), -4, 3).astype(np.int64) + 4
     q[dl == 0] = 4
     q = q.reshape(nb, 256)
-    third = (q >> 2).reshape(nb, 2, 4, 2, 16)  # n, j, h, l: bit 4 n + j of hmask[16 h + l]
-    shifts = (4 * np.arange(2)[:, None] + np.arange(4)[None, :])[None, :, :, None, None]
+    third = (q >> 2).reshape(nb, 2, 4, 2, 16)
     out = np.zeros((nb, 110), np.uint8)
-    out[:, 0:32] = (third << shifts).sum(axis=(1, 2)).reshape(nb, 32).astype(np.uint8)
+    out[:, 0:32] = (third << Q3K_HMASK_SHIFTS).sum(axis=(1, 2)).reshape(nb, 32).astype(np.uint8)
     out[:, 32:96] = pack_low_bits(q)
     out[:, 96:108] = pack_q3k_scales(sc + 32)
     out[:, 108:110] = d.view(np.uint8).reshape(nb, 2)
@@ -388,11 +396,10 @@ def dequantize_q3_k(b, cols):
     rows = b.shape[0]
     nb = rows * cols // 256
     b = b.reshape(nb, 110)
-    d = b[:, 108:110].copy().view(np.float16).astype(np.float32)[:, 0]
+    d = f16_at(b, 108)
     sc = unpack_q3k_scales(b[:, 96:108]) - 32
     hm = b[:, 0:32].astype(np.int64).reshape(nb, 1, 1, 2, 16)
-    shifts = (4 * np.arange(2)[:, None] + np.arange(4)[None, :])[None, :, :, None, None]
-    third = ((hm >> shifts) & 1).reshape(nb, 256)
+    third = ((hm >> Q3K_HMASK_SHIFTS) & 1).reshape(nb, 256)
     q = unpack_low_bits(b[:, 32:96]) - 4 * (1 - third)  # ggml: minus 4 where the bit is clear
     dl = (d[:, None] * sc.astype(np.float32)).astype(np.float32)
     y = dl[..., None] * q.reshape(nb, 16, 16).astype(np.float32)  # exact
@@ -461,7 +468,7 @@ def dequantize_iq4_xs(b, cols):
     rows = b.shape[0]
     nb = rows * cols // 256
     b = b.reshape(nb, 136)
-    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    d = f16_at(b, 0)
     scales_h = b[:, 2:4].copy().view(np.uint16).astype(np.int64)[:, 0]
     ib = np.arange(8)
     ls = ((b[:, 4 + ib // 2].astype(np.int64) >> (4 * (ib % 2))) & 0xF) | (((scales_h[:, None] >> (2 * ib)) & 3) << 4)

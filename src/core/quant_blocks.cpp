@@ -310,6 +310,18 @@ float DotLegacySymmetric(DType t, const uint8_t* w_row, ActsQ8_0View x, int64_t 
   });
 }
 
+namespace {
+
+// acc + (dx * d) * float(sumi): Q6_K's, Q3_K's and IQ4_XS's float step (this file is compiled
+// without contraction).
+float AddBlockTerm(float acc, float dx, float d, int32_t sumi) {
+  const float scale = dx * d;
+  const float term = scale * static_cast<float>(sumi);
+  return acc + term;
+}
+
+}  // namespace
+
 float DotIq4Nl(const uint8_t* w_row, ActsQ8_0View x, int64_t k) {
   return DotQ8_0Lanes(x, k, [&](int64_t b, int* qw) {
     const uint8_t* blk = w_row + b * kIQ4_NLBytes;
@@ -356,9 +368,7 @@ float DotQ3_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
       for (int l = 16 * g; l < 16 * g + 16; ++l) p += (q[l] - 4) * int32_t{qx[l]};
       sumi += (Q3KScale(blk + 96, g) - 32) * p;
     }
-    const float scale = x.d[b] * LoadF16(blk + 108);
-    const float term = scale * static_cast<float>(sumi);
-    acc = acc + term;
+    acc = AddBlockTerm(acc, x.d[b], LoadF16(blk + 108), sumi);
   }
   return acc;
 }
@@ -378,9 +388,7 @@ float DotIq4Xs(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
       }
       sumi += (Iq4XsScale(blk, ib) - 32) * p;
     }
-    const float scale = x.d[b] * LoadF16(blk);
-    const float term = scale * static_cast<float>(sumi);
-    acc = acc + term;
+    acc = AddBlockTerm(acc, x.d[b], LoadF16(blk), sumi);
   }
   return acc;
 }
@@ -476,9 +484,7 @@ float DotQ6_K(const uint8_t* w_row, ActsQ8_KView x, int64_t k) {
         }
       }
     }
-    const float scale = x.d[b] * LoadF16(blk + 208);
-    const float term = scale * static_cast<float>(sumi);
-    acc = acc + term;
+    acc = AddBlockTerm(acc, x.d[b], LoadF16(blk + 208), sumi);
   }
   return acc;
 }

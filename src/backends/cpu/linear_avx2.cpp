@@ -708,6 +708,26 @@ template <int T>
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(acc[t], acc_m[t]));
 }
 
+// The 16-bit scales of groups g (bytes 0-15 of a 32-byte step) and g + 1 (bytes 16-31).
+inline __m256i ScalePair(int16_t g0, int16_t g1) {
+  return _mm256_setr_m128i(_mm_set1_epi16(g0), _mm_set1_epi16(g1));
+}
+
+// sum_g sc16[g] * bsum[g] over a 256-block's 16 groups of 16.
+inline int ScaledBsums(__m256i sc16, const int16_t* bsum) {
+  return HsumI32(
+      _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum))));
+}
+
+// acc + (dx * d) * float(sumi), two roundings and an addition (Q6_K's, Q3_K's and IQ4_XS's float
+// step, quant_blocks.h).
+[[gnu::optimize("fp-contract=off")]] inline float AddBlockTerm(float acc, float dx, float d,
+                                                               int sumi) {
+  const float scale = dx * d;
+  const float term = scale * static_cast<float>(sumi);
+  return acc + term;
+}
+
 template <int R>
 [[gnu::optimize("fp-contract=off")]] void DotQ6_K(const uint8_t* w_base, int64_t row_bytes, ActsView x,
                                                  int64_t k, float* out) {
@@ -737,19 +757,14 @@ template <int R>
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
       for (int i = 0; i < 4; ++i) {
         const __m256i p = _mm256_maddubs_epi16(q[i], Load32(qx + 128 * n + 32 * i));
-        const __m256i scales = _mm256_setr_m128i(_mm_set1_epi16(sc[8 * n + 2 * i]),
-                                                 _mm_set1_epi16(sc[8 * n + 2 * i + 1]));
+        const __m256i scales = ScalePair(sc[8 * n + 2 * i], sc[8 * n + 2 * i + 1]);
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales));
       }
     }
     // bias = sum_j sc_j * bsum_j over the 16 groups
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
-    const int bias = HsumI32(_mm256_madd_epi16(
-        sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsum + 16 * b))));
-    const int sumi = HsumI32(isum) - 32 * bias;
-    const float scale = x.d[b] * HalfToFloat(blk + 208);
-    const float term = scale * static_cast<float>(sumi);
-    acc[r] = acc[r] + term;
+    const int sumi = HsumI32(isum) - 32 * ScaledBsums(sc16, x.bsum + 16 * b);
+    acc[r] = AddBlockTerm(acc[r], x.d[b], HalfToFloat(blk + 208), sumi);
    }
   }
   for (int r = 0; r < R; ++r) out[r] = acc[r];
@@ -785,18 +800,12 @@ template <int R>
           const __m256i q = _mm256_or_si256(low, _mm256_slli_epi16(third, 2));
           const __m256i p = _mm256_maddubs_epi16(q, Load32(qx + 128 * n + 32 * j));
           const int g = 8 * n + 2 * j;
-          const __m256i scales =
-              _mm256_setr_m128i(_mm_set1_epi16(sc[g]), _mm_set1_epi16(sc[g + 1]));
-          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales));
+          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ScalePair(sc[g], sc[g + 1])));
         }
       }
       const __m256i sc16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
-      const int bias = HsumI32(_mm256_madd_epi16(
-          sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsum + 16 * b))));
-      const int sumi = HsumI32(isum) - 4 * bias;
-      const float scale = x.d[b] * HalfToFloat(blk + 108);
-      const float term = scale * static_cast<float>(sumi);
-      acc[r] = acc[r] + term;
+      const int sumi = HsumI32(isum) - 4 * ScaledBsums(sc16, x.bsum + 16 * b);
+      acc[r] = AddBlockTerm(acc[r], x.d[b], HalfToFloat(blk + 108), sumi);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = acc[r];
@@ -829,15 +838,12 @@ template <int R>
           const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), two);
           const __m256i p = _mm256_maddubs_epi16(q, Load32(qx + 128 * n + 32 * j));
           const int g = 8 * n + 2 * j;
-          const __m256i scales =
-              _mm256_setr_m128i(_mm_set1_epi16(sc[g]), _mm_set1_epi16(sc[g + 1]));
-          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales));
+          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ScalePair(sc[g], sc[g + 1])));
         }
       }
       const __m256i mins =
           _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
-      const int summ = HsumI32(_mm256_madd_epi16(
-          mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsum + 16 * b))));
+      const int summ = ScaledBsums(mins, x.bsum + 16 * b);
       acc = std::fma(x.d[b] * HalfToFloat(blk + 80), static_cast<float>(HsumI32(isum)), acc);
       const float m = (x.d[b] * HalfToFloat(blk + 82)) * static_cast<float>(summ);
       acc_m = acc_m + m;
@@ -875,9 +881,7 @@ template <int R>
         const __m256i ls = _mm256_set1_epi16(static_cast<int16_t>(quant::Iq4XsScale(blk, ib) - 32));
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ls));
       }
-      const float scale = x.d[b] * HalfToFloat(blk);
-      const float term = scale * static_cast<float>(HsumI32(isum));
-      acc[r] = acc[r] + term;
+      acc[r] = AddBlockTerm(acc[r], x.d[b], HalfToFloat(blk), HsumI32(isum));
     }
   }
   for (int r = 0; r < R; ++r) out[r] = acc[r];
