@@ -110,7 +110,8 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
 
 namespace {
 
-// Every Q4_K and Q8_0 linear weight gets the interleaved copy the AVX2 integer kernels read
+// Every packable linear weight (Q4_K, Q8_0, Q4_0, Q5_0, IQ4_XS: cpu::CanPackRows) gets the
+// interleaved copy the AVX2 integer kernels read
 // (cpu::PackRows: the same bits, 8 rows per pass over the activations), kept with the weights.
 // The file's own blocks stay mapped for everything else (embedding rows, the reference kernels).
 void PackBlockWeights(DecoderWeights* w) {

@@ -708,6 +708,59 @@ template <int T>
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(acc[t], acc_m[t]));
 }
 
+// IQ4_XS rows packed in groups of 8 (cpu::PackRows): out[t][r] for the 8 rows of `group` and
+// the T token rows x[0..T), the lanes of every vector being the rows. Each 4-byte run of a group
+// is looked up in the codebook once for the T tokens; a row's block integer is
+// sum_ib (ls_ib - 32) * (its codebook values . q_x), exactly the row kernel's, and its float step
+// the same (AddBlockTerm's, lane by lane): the same bits.
+template <int T>
+[[gnu::optimize("fp-contract=off")]] void DotIq4XsPacked8(const uint8_t* group, int64_t n_blocks,
+                                                          const ActsView* x, float (*out)[8]) {
+  constexpr int64_t kBytes = kIq4XsPackedBlockBytes, kAhead = 4 * kBytes;
+  const __m256i codebook = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4Values)));
+  const __m256i low = _mm256_set1_epi8(0x0F), half = _mm256_set1_epi32(0xFFFF);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = group + b * kBytes;
+    for (int64_t line = 0; line < kBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
+    }
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      // Each row's ls - 32 in both 16-bit halves of its lane (for madd).
+      const __m256i ls = _mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 1040 + 8 * ib)));
+      const __m256i lsv = _mm256_or_si256(_mm256_and_si256(ls, half), _mm256_slli_epi32(ls, 16));
+      for (int i = 0; i < 4; ++i) {
+        const __m256i v = Load32(blk + (ib * 4 + i) * 32);
+        const __m256i wl = _mm256_shuffle_epi8(codebook, _mm256_and_si256(v, low));
+        const __m256i wh =
+            _mm256_shuffle_epi8(codebook, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+        const __m256i al = _mm256_sign_epi8(wl, wl), ah = _mm256_sign_epi8(wh, wh);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* qx = x[t].q + 256 * b + 32 * ib + 4 * i;
+          int32_t xl, xh;
+          std::memcpy(&xl, qx, 4);
+          std::memcpy(&xh, qx + 16, 4);
+          const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(_mm256_set1_epi32(xl), wl));
+          const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(_mm256_set1_epi32(xh), wh));
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pl, lsv));
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(ph, lsv));
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1024)));
+    for (int t = 0; t < T; ++t) {
+      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
+      acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum[t])));
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], acc[t]);
+}
+
 // The 16-bit scales of groups g (bytes 0-15 of a 32-byte step) and g + 1 (bytes 16-31).
 inline __m256i ScalePair(int16_t g0, int16_t g1) {
   return _mm256_setr_m128i(_mm_set1_epi16(g0), _mm_set1_epi16(g1));
@@ -895,7 +948,7 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
                  int64_t n_end, const ActsView* acts, int64_t m_rows, float* y) {
   const int64_t row_bytes = RowBytes<T>(k_in);
   const uint8_t* base = static_cast<const uint8_t*>(w);
-  if constexpr (T == DType::kQ4_K) {
+  if constexpr (T == DType::kQ4_K || T == DType::kIQ4_XS) {
     if (packed != nullptr) {
       // 4 token rows per pass over a group's blocks (prefill), then one at a time; all groups of
       // the range for one tile of token rows, then the next tile (measured faster than all tiles
@@ -904,9 +957,13 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
       auto tile = [&]<int kTokens>(int64_t t) {
         for (int64_t n = n_begin; n < n_end; n += 8) {
           float out[kTokens][8];
-          DotQ4_KPacked8<kTokens>(
-              static_cast<const uint8_t*>(packed) + n / 8 * n_blocks * kQ4_KPackedBlockBytes,
-              n_blocks, acts + t, out);
+          const uint8_t* rows8 =
+              static_cast<const uint8_t*>(packed) + n / 8 * n_blocks * PackedBlockBytes(T);
+          if constexpr (T == DType::kQ4_K) {
+            DotQ4_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
+          } else {
+            DotIq4XsPacked8<kTokens>(rows8, n_blocks, acts + t, out);
+          }
           for (int i = 0; i < kTokens; ++i) {
             for (int r = 0; r < 8; ++r) y[(t + i) * n_out + n + r] = out[i][r];
           }

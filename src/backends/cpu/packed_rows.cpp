@@ -1,4 +1,4 @@
-// The row interleaving of ops.h (PackRows) for Q4_K, Q8_0, Q4_0 and Q5_0, read by the AVX2
+// The row interleaving of ops.h (PackRows) for Q4_K, Q8_0, Q4_0, Q5_0 and IQ4_XS, read by the AVX2
 // integer kernels.
 #include <cstring>
 
@@ -58,16 +58,32 @@ void PackLegacyBlock(DType t, const uint8_t* const* rows, int64_t b, uint8_t* o)
   }
 }
 
+// The same for IQ4_XS: nibbles by group, d, ls - 32.
+void PackIq4XsBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* blk = rows[r] + b * quant::kIQ4_XSBytes;
+    for (int ib = 0; ib < 8; ++ib) {
+      for (int i = 0; i < 4; ++i) {
+        std::memcpy(o + ((ib * 4 + i) * 8 + r) * 4, blk + 8 + 16 * ib + 4 * i, 4);
+      }
+      o[1040 + 8 * ib + r] =
+          static_cast<uint8_t>(static_cast<int8_t>(quant::Iq4XsScale(blk, ib) - 32));
+    }
+    std::memcpy(o + 1024 + 2 * r, blk, 2);  // d
+  }
+}
+
 int64_t BlockElements(const TensorView& w) {
-  return w.dtype == DType::kQ4_K ? kQKBlock : kQ8_0Block;
+  return w.dtype == DType::kQ4_K || w.dtype == DType::kIQ4_XS ? kQKBlock : kQ8_0Block;
 }
 
 }  // namespace
 
 bool CanPackRows(const TensorView& w) {
   return (w.dtype == DType::kQ4_K || w.dtype == DType::kQ8_0 || w.dtype == DType::kQ4_0 ||
-          w.dtype == DType::kQ5_0) && w.n_dims == 2 &&
-         w.shape[0] > 0 && w.shape[0] % 8 == 0 && w.shape[1] % BlockElements(w) == 0;
+          w.dtype == DType::kQ5_0 || w.dtype == DType::kIQ4_XS) &&
+         w.n_dims == 2 && w.shape[0] > 0 && w.shape[0] % 8 == 0 &&
+         w.shape[1] % BlockElements(w) == 0;
 }
 
 int64_t PackedRowsBytes(const TensorView& w) {
@@ -90,6 +106,8 @@ void PackRows(const TensorView& w, uint8_t* out) {
         PackQ4_KBlock(rows, b, o);
       } else if (w.dtype == DType::kQ8_0) {
         PackQ8_0Block(rows, b, o);
+      } else if (w.dtype == DType::kIQ4_XS) {
+        PackIq4XsBlock(rows, b, o);
       } else {
         PackLegacyBlock(w.dtype, rows, b, o);
       }
