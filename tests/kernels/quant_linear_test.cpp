@@ -149,19 +149,21 @@ TEST(QuantLinear, Int8ActivationsSameBitsInEveryKernelSet) {
   }
 }
 
-// Q4_K, Q8_0, Q4_0, Q5_0 and IQ4_XS rows interleaved by 8 (cpu::PackRows, what a CPU model loads
-// for the
-// AVX2 integer kernels): the same bits as the reference over the file's rows, at every batch size
-// (Q4_K's tiles of 8, 4 and 1 token rows) and thread count, several chunks of rows included.
+// Q4_K, Q8_0, Q4_0, Q5_0, IQ4_XS and Q3_K rows interleaved by 8 (cpu::PackRows, what a CPU model
+// loads for the AVX2 integer kernels): the same bits as the reference over the file's rows, at
+// every batch size (Q4_K's tiles of 8, 4 and 1 token rows) and thread count, several chunks of rows
+// included.
 TEST(QuantLinear, PackedRowsGiveTheSameBits) {
   std::mt19937 rng(12);
   ThreadPool pool1(1), pool2(2), pool3(3);
-  for (const DType dt : {DType::kQ4_K, DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kIQ4_XS}) {
+  for (const DType dt :
+       {DType::kQ4_K, DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kIQ4_XS, DType::kQ3_K}) {
     const int64_t block = DTypeBlockElems(dt);
     const int64_t packed_block = dt == DType::kQ4_K     ? cpu::kQ4_KPackedBlockBytes
                                  : dt == DType::kQ8_0   ? cpu::kQ8_0PackedBlockBytes
                                  : dt == DType::kQ4_0   ? cpu::kQ4_0PackedBlockBytes
                                  : dt == DType::kIQ4_XS ? cpu::kIq4XsPackedBlockBytes
+                                 : dt == DType::kQ3_K   ? cpu::kQ3_KPackedBlockBytes
                                                         : cpu::kQ5_0PackedBlockBytes;
     for (const auto& [rows, cols] :
          {std::pair<int64_t, int64_t>{48, 512}, {16, 768}, {8, 256}, {520, 1024}}) {

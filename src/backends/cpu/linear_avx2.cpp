@@ -761,6 +761,61 @@ template <int T>
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], acc[t]);
 }
 
+// Q3_K rows packed in groups of 8 (cpu::PackRows), as DotIq4XsPacked8: each 4-byte run's codes
+// q - 4 (low bits | third bit << 2, minus 4) made once for the T token rows and multiplied by
+// the sign trick, the rows' sc - 32 applied per group of 16 by madd. Each row's integer is the
+// row kernel's sum_g (sc_g - 32) sum (q - 4) q_x, its float step the same: the same bits.
+template <int T>
+[[gnu::optimize("fp-contract=off")]] void DotQ3_KPacked8(const uint8_t* group, int64_t n_blocks,
+                                                         const ActsView* x, float (*out)[8]) {
+  constexpr int64_t kBytes = kQ3_KPackedBlockBytes, kAhead = 4 * kBytes;
+  const __m256i two = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+  const __m256i half = _mm256_set1_epi32(0xFFFF);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = group + b * kBytes;
+    for (int64_t line = 0; line < kBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
+    }
+    __m256i scv[16];  // each row's sc_g - 32 in both 16-bit halves of its lane
+    for (int g = 0; g < 16; ++g) {
+      const __m256i sc = _mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 784 + 8 * g)));
+      scv[g] = _mm256_or_si256(_mm256_and_si256(sc, half), _mm256_slli_epi32(sc, 16));
+    }
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    for (int i = 0; i < 8; ++i) {
+      const __m256i hm = Load32(blk + 512 + 32 * i);
+      for (int n = 0; n < 2; ++n) {
+        const __m256i v = Load32(blk + (n * 8 + i) * 32);
+        for (int j = 0; j < 4; ++j) {
+          const __m256i low = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), two);
+          const __m256i third = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * n + j), one);
+          const __m256i w =
+              _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(third, 2)), four);
+          const __m256i aw = _mm256_sign_epi8(w, w);
+          const int e = 128 * n + 32 * j + 4 * i;  // elements e .. e + 3 of every row
+          const __m256i& sc = scv[e / 16];
+          for (int t = 0; t < T; ++t) {
+            int32_t xq;
+            std::memcpy(&xq, x[t].q + 256 * b + e, 4);
+            const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xq), w));
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
+          }
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 768)));
+    for (int t = 0; t < T; ++t) {
+      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
+      acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum[t])));
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], acc[t]);
+}
+
 // The 16-bit scales of groups g (bytes 0-15 of a 32-byte step) and g + 1 (bytes 16-31).
 inline __m256i ScalePair(int16_t g0, int16_t g1) {
   return _mm256_setr_m128i(_mm_set1_epi16(g0), _mm_set1_epi16(g1));
@@ -948,7 +1003,7 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
                  int64_t n_end, const ActsView* acts, int64_t m_rows, float* y) {
   const int64_t row_bytes = RowBytes<T>(k_in);
   const uint8_t* base = static_cast<const uint8_t*>(w);
-  if constexpr (T == DType::kQ4_K || T == DType::kIQ4_XS) {
+  if constexpr (T == DType::kQ4_K || T == DType::kIQ4_XS || T == DType::kQ3_K) {
     if (packed != nullptr) {
       // 4 token rows per pass over a group's blocks (prefill), then one at a time; all groups of
       // the range for one tile of token rows, then the next tile (measured faster than all tiles
@@ -961,6 +1016,8 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
               static_cast<const uint8_t*>(packed) + n / 8 * n_blocks * PackedBlockBytes(T);
           if constexpr (T == DType::kQ4_K) {
             DotQ4_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
+          } else if constexpr (T == DType::kQ3_K) {
+            DotQ3_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
           } else {
             DotIq4XsPacked8<kTokens>(rows8, n_blocks, acts + t, out);
           }

@@ -1,5 +1,5 @@
-// The row interleaving of ops.h (PackRows) for Q4_K, Q8_0, Q4_0, Q5_0 and IQ4_XS, read by the AVX2
-// integer kernels.
+// The row interleaving of ops.h (PackRows) for Q4_K, Q8_0, Q4_0, Q5_0, IQ4_XS and Q3_K, read by
+// the AVX2 integer kernels.
 #include <cstring>
 
 #include "backends/cpu/ops.h"
@@ -73,15 +73,34 @@ void PackIq4XsBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   }
 }
 
+// The same for Q3_K: qs runs, hmask runs, d, sc - 32.
+void PackQ3_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* blk = rows[r] + b * quant::kQ3_KBytes;
+    for (int n = 0; n < 2; ++n) {
+      for (int i = 0; i < 8; ++i)
+        std::memcpy(o + ((n * 8 + i) * 8 + r) * 4, blk + 32 + 32 * n + 4 * i, 4);
+    }
+    for (int i = 0; i < 8; ++i) std::memcpy(o + 512 + (i * 8 + r) * 4, blk + 4 * i, 4);
+    std::memcpy(o + 768 + 2 * r, blk + 108, 2);  // d
+    for (int g = 0; g < 16; ++g) {
+      o[784 + 8 * g + r] =
+          static_cast<uint8_t>(static_cast<int8_t>(quant::Q3KScale(blk + 96, g) - 32));
+    }
+  }
+}
+
 int64_t BlockElements(const TensorView& w) {
-  return w.dtype == DType::kQ4_K || w.dtype == DType::kIQ4_XS ? kQKBlock : kQ8_0Block;
+  return w.dtype == DType::kQ4_K || w.dtype == DType::kIQ4_XS || w.dtype == DType::kQ3_K
+             ? kQKBlock
+             : kQ8_0Block;
 }
 
 }  // namespace
 
 bool CanPackRows(const TensorView& w) {
   return (w.dtype == DType::kQ4_K || w.dtype == DType::kQ8_0 || w.dtype == DType::kQ4_0 ||
-          w.dtype == DType::kQ5_0 || w.dtype == DType::kIQ4_XS) &&
+          w.dtype == DType::kQ5_0 || w.dtype == DType::kIQ4_XS || w.dtype == DType::kQ3_K) &&
          w.n_dims == 2 && w.shape[0] > 0 && w.shape[0] % 8 == 0 &&
          w.shape[1] % BlockElements(w) == 0;
 }
@@ -108,6 +127,8 @@ void PackRows(const TensorView& w, uint8_t* out) {
         PackQ8_0Block(rows, b, o);
       } else if (w.dtype == DType::kIQ4_XS) {
         PackIq4XsBlock(rows, b, o);
+      } else if (w.dtype == DType::kQ3_K) {
+        PackQ3_KBlock(rows, b, o);
       } else {
         PackLegacyBlock(w.dtype, rows, b, o);
       }
