@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 #include "models/batch_check.h"
 
@@ -110,11 +112,15 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
 
 namespace {
 
-// Every packable linear weight (Q4_K, Q8_0, Q4_0, Q5_0, IQ4_XS: cpu::CanPackRows) gets the
-// interleaved copy the AVX2 integer kernels read
-// (cpu::PackRows: the same bits, 8 rows per pass over the activations), kept with the weights.
+// Every packable linear weight (the block formats of cpu::PackedBlockBytes: cpu::CanPackRows)
+// gets the interleaved copy the AVX2 integer kernels read (cpu::PackRows: the same bits, 8 rows
+// per pass over the activations), kept with the weights.
 // The file's own blocks stay mapped for everything else (embedding rows, the reference kernels).
+// KESTREL_CPU_PACKED_ROWS=0 keeps the row kernels (the same bits; for speed comparisons).
 void PackBlockWeights(DecoderWeights* w) {
+  if (const char* env = std::getenv("KESTREL_CPU_PACKED_ROWS"); env != nullptr) {
+    if (std::string_view(env) == "0") return;
+  }
   std::vector<TensorView*> views;
   auto add = [&](TensorView& v) {
     if (cpu::CanPackRows(v)) views.push_back(&v);

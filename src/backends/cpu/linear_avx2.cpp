@@ -494,14 +494,16 @@ template <int R, bool kFifthBit>
   }
 }
 
-// Lane j of a packed Q8_0 / Q4_0 / Q5_0 block of 8 rows (cpu::PackRows) as int8 codes (q, q - 8
-// or q - 16): Q4_0 / Q5_0's 4-byte nibble run i gives lanes i (low nibbles) and i + 4 (high),
-// Q5_0's fifth bits spread from each row's qh (4 bits per lane into its 4 bytes by a byte shuffle
-// and compare).
+// Lane j of a packed Q8_0 / Q4_0 / Q5_0 / IQ4_NL block of 8 rows (cpu::PackRows) as int8 codes
+// (q, q - 8, q - 16 or the codebook's value of q): Q4_0 / Q5_0 / IQ4_NL's 4-byte nibble run i
+// gives lanes i (low nibbles) and i + 4 (high), Q5_0's fifth bits spread from each row's qh (4
+// bits per lane into its 4 bytes by a byte shuffle and compare).
 template <DType T>
 struct PackedLanes {
-  static constexpr bool kFive = T == DType::kQ5_0;
+  static constexpr bool kFive = T == DType::kQ5_0, kNl = T == DType::kIQ4_NL;
   const __m256i low = _mm256_set1_epi8(0x0F), offset = _mm256_set1_epi8(kFive ? 16 : 8);
+  const __m256i codebook = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4Values)));
   // Q5_0: the low byte of each lane (a row's qh shifted to the lane group's 4 bits) copied to its
   // 4 bytes, byte k then tested for bit k.
   const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,  //
@@ -520,6 +522,7 @@ struct PackedLanes {
             _mm256_shuffle_epi8(_mm256_srli_epi32(qh, 4 * j), bcast), bit_k);
         q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(bits, bit_k), fifth));
       }
+      if constexpr (kNl) return _mm256_shuffle_epi8(codebook, q);
       return _mm256_sub_epi8(q, offset);
     }
   }
@@ -532,7 +535,7 @@ inline __m256 SumLanes(const __m256 (&l)[8]) {
                        _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
 }
 
-// Q8_0, Q4_0 and Q5_0 rows packed in groups of 8 (cpu::PackRows): out[r] for the 8 rows of
+// Q8_0, Q4_0, Q5_0 and IQ4_NL rows packed in groups of 8 (cpu::PackRows): out[r] for the 8 rows of
 // `group` (n_blocks packed blocks) and the activation row x. Vector j holds lane j of the row
 // kernel's eight (DotQ8_0Blocks: elements 4j..4j+3 of each block) for the 8 rows: the same
 // integers, the same fused multiply-adds in the same order and the same final lane sum per row,
@@ -816,6 +819,127 @@ template <int T>
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], acc[t]);
 }
 
+// Q6_K rows packed in groups of 8 (cpu::PackRows), as DotQ3_KPacked8: each 4-byte run's codes
+// q - 32 (low nibble | high pair << 4, minus 32) made once for the T token rows and multiplied by
+// the sign trick, the rows' sc applied per group of 16 by madd. Each row's integer is the row
+// kernel's sum_g sc_g sum (q - 32) q_x, its float step the same: the same bits.
+template <int T>
+[[gnu::optimize("fp-contract=off")]] void DotQ6_KPacked8(const uint8_t* group, int64_t n_blocks,
+                                                         const ActsView* x, float (*out)[8]) {
+  constexpr int64_t kBytes = kQ6_KPackedBlockBytes, kAhead = 4 * kBytes;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+  const __m256i bias = _mm256_set1_epi8(32), half = _mm256_set1_epi32(0xFFFF);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = group + b * kBytes;
+    for (int64_t line = 0; line < kBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
+    }
+    __m256i scv[16];  // each row's sc_g in both 16-bit halves of its lane
+    for (int g = 0; g < 16; ++g) {
+      const __m256i sc = _mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 1552 + 8 * g)));
+      scv[g] = _mm256_or_si256(_mm256_and_si256(sc, half), _mm256_slli_epi32(sc, 16));
+    }
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    for (int n = 0; n < 2; ++n) {
+      for (int i = 0; i < 8; ++i) {
+        const __m256i qh = Load32(blk + 1024 + (n * 8 + i) * 32);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i ql = Load32(blk + ((n * 2 + h) * 8 + i) * 32);
+          for (int nib = 0; nib < 2; ++nib) {
+            const int j = h + 2 * nib;
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * nib), nibble);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), two);
+            const __m256i w = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), bias);
+            const __m256i aw = _mm256_sign_epi8(w, w);
+            const int e = 128 * n + 32 * j + 4 * i;  // elements e .. e + 3 of every row
+            const __m256i& sc = scv[e / 16];
+            for (int t = 0; t < T; ++t) {
+              int32_t xq;
+              std::memcpy(&xq, x[t].q + 256 * b + e, 4);
+              const __m256i p =
+                  _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xq), w));
+              isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
+            }
+          }
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1536)));
+    for (int t = 0; t < T; ++t) {
+      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
+      acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum[t])));
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], acc[t]);
+}
+
+// Q2_K rows packed in groups of 8 (cpu::PackRows), as DotQ3_KPacked8 for the codes (0..3,
+// unsigned against the activations) and DotQ4_KPacked8 for the float steps: each row's integers
+// are the row kernel's sum_g sc_g sum q q_x and sum_g m_g bsum_g (the mins by madd on pairs of
+// groups), its float steps the same: the same bits.
+template <int T>
+[[gnu::optimize("fp-contract=off")]] void DotQ2_KPacked8(const uint8_t* group, int64_t n_blocks,
+                                                         const ActsView* x, float (*out)[8]) {
+  constexpr int64_t kBytes = kQ2_KPackedBlockBytes, kAhead = 6 * kBytes;
+  const __m256i two = _mm256_set1_epi8(3), nibble = _mm256_set1_epi32(0x0F);
+  __m256 acc[T], acc_m[T];
+  for (int t = 0; t < T; ++t) acc[t] = acc_m[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = group + b * kBytes;
+    for (int64_t line = 0; line < kBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
+    }
+    __m256i scv[16];  // each row's sc_g in both 16-bit halves of its lane
+    __m256i mins[8];  // each row's m_2k (low 16 bits) and m_2k+1 (high)
+    for (int g = 0; g < 16; ++g) {
+      const __m256i v = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 544 + 8 * g)));
+      const __m256i sc = _mm256_and_si256(v, nibble), m = _mm256_srli_epi32(v, 4);
+      scv[g] = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+      mins[g / 2] = g % 2 == 0 ? m : _mm256_or_si256(mins[g / 2], _mm256_slli_epi32(m, 16));
+    }
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    for (int n = 0; n < 2; ++n) {
+      for (int i = 0; i < 8; ++i) {
+        const __m256i v = Load32(blk + (n * 8 + i) * 32);
+        for (int j = 0; j < 4; ++j) {
+          const __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), two);
+          const int e = 128 * n + 32 * j + 4 * i;  // elements e .. e + 3 of every row
+          const __m256i& sc = scv[e / 16];
+          for (int t = 0; t < T; ++t) {
+            int32_t xq;
+            std::memcpy(&xq, x[t].q + 256 * b + e, 4);
+            const __m256i p = _mm256_maddubs_epi16(q, _mm256_set1_epi32(xq));
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
+          }
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 512)));
+    const __m256 dmin =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 528)));
+    for (int t = 0; t < T; ++t) {
+      const __m256 dx = _mm256_set1_ps(x[t].d[b]);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+      const int16_t* bsum = x[t].bsum + 16 * b;
+      __m256i mm = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        int32_t pair;  // bsum_2k (low 16 bits), bsum_2k+1 (high)
+        std::memcpy(&pair, bsum + 2 * k, 4);
+        mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mins[k], _mm256_set1_epi32(pair)));
+      }
+      acc_m[t] =
+          _mm256_add_ps(acc_m[t], _mm256_mul_ps(_mm256_mul_ps(dx, dmin), _mm256_cvtepi32_ps(mm)));
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(acc[t], acc_m[t]));
+}
+
 // The 16-bit scales of groups g (bytes 0-15 of a 32-byte step) and g + 1 (bytes 16-31).
 inline __m256i ScalePair(int16_t g0, int16_t g1) {
   return _mm256_setr_m128i(_mm_set1_epi16(g0), _mm_set1_epi16(g1));
@@ -996,14 +1120,15 @@ template <int R>
 }
 
 // y[t, n] for rows [n_begin, n_end) and every token row t, 4 rows at a time; the weight rows of
-// the range stay in L1/L2 across token rows. packed: Q4_K, Q8_0, Q4_0 or Q5_0 rows interleaved by 8
-// (TensorView::cpu_packed; n_begin and n_end are then multiples of 8), or null.
+// the range stay in L1/L2 across token rows. packed: rows interleaved by 8 (TensorView::cpu_packed;
+// n_begin and n_end are then multiples of 8), or null.
 template <DType T>
 void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out, int64_t n_begin,
                  int64_t n_end, const ActsView* acts, int64_t m_rows, float* y) {
   const int64_t row_bytes = RowBytes<T>(k_in);
   const uint8_t* base = static_cast<const uint8_t*>(w);
-  if constexpr (T == DType::kQ4_K || T == DType::kIQ4_XS || T == DType::kQ3_K) {
+  if constexpr (T == DType::kQ4_K || T == DType::kIQ4_XS || T == DType::kQ3_K ||
+                T == DType::kQ6_K || T == DType::kQ2_K) {
     if (packed != nullptr) {
       // 4 token rows per pass over a group's blocks (prefill), then one at a time; all groups of
       // the range for one tile of token rows, then the next tile (measured faster than all tiles
@@ -1018,6 +1143,10 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
             DotQ4_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
           } else if constexpr (T == DType::kQ3_K) {
             DotQ3_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
+          } else if constexpr (T == DType::kQ6_K) {
+            DotQ6_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
+          } else if constexpr (T == DType::kQ2_K) {
+            DotQ2_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
           } else {
             DotIq4XsPacked8<kTokens>(rows8, n_blocks, acts + t, out);
           }
@@ -1032,7 +1161,7 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
       return;
     }
   }
-  if constexpr (TakesQ8_0Activations(T) && T != DType::kIQ4_NL) {  // packable (CanPackRows)
+  if constexpr (TakesQ8_0Activations(T)) {  // packable (CanPackRows)
     if (packed != nullptr) {
       const int64_t n_blocks = k_in / 32;
       constexpr int64_t bytes = PackedBlockBytes(T);

@@ -76,10 +76,10 @@ inline constexpr int64_t kDirectMaxRows = 16;
 
 // ---- Block-quantized rows interleaved for the AVX2 integer kernels -------------------------
 //
-// A Q4_K, Q8_0, Q4_0, Q5_0, IQ4_XS or Q3_K matrix with rows % 8 == 0 can be repacked at load: rows
-// in groups of 8, the groups one after another, and within a group one packed block per block of
-// the format, in order. Q4_K (256 elements; kQ4_KPackedBlockBytes, 1,184 bytes for 8 rows: 2.8 %
-// more than Q4_K's 8 x 144):
+// A Q4_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q3_K or Q2_K matrix with rows % 8 == 0 can be
+// repacked at load: rows in groups of 8, the groups one after another, and within a group one
+// packed block per block of the format, in order. Q4_K (256 elements; kQ4_KPackedBlockBytes, 1,184
+// bytes for 8 rows: 2.8 % more than Q4_K's 8 x 144):
 //   [4 c][8 j][8 rows][4 bytes]  bytes 4j..4j+3 of each row's 32-byte nibble run c: elements
 //                                4j..4j+3 of its groups 2c (low nibbles) and 2c + 1 (high)
 //   [8 rows] f16 d, then [8 rows] f16 dmin
@@ -87,7 +87,7 @@ inline constexpr int64_t kDirectMaxRows = 16;
 // Q8_0 (32 elements; kQ8_0PackedBlockBytes, 272 bytes for 8 rows, as many as 8 x 34):
 //   [8 j][8 rows][4 bytes]  elements 4j..4j+3 of each row
 //   [8 rows] f16 d
-// Q4_0 and Q5_0 (32 elements; 8 x 18 and 8 x 22 bytes, as the file's):
+// Q4_0, IQ4_NL and Q5_0 (32 elements; 8 x 18 and 8 x 22 bytes, as the file's):
 //   [4 i][8 rows][4 bytes]  nibble bytes 4i..4i+3 of each row: elements 4i..4i+3 (low nibbles)
 //                           and 16 + 4i..16 + 4i + 3 (high)
 //   Q5_0 only: [8 rows] u32 qh
@@ -101,6 +101,17 @@ inline constexpr int64_t kDirectMaxRows = 16;
 //                                128n + 32j + 4i.. at bits 2j (j < 4)
 //   [8 i][8 rows][4 bytes]       hmask bytes 4i..4i+3 (bit 4n + j: the third bit of the same)
 //   [8 rows] f16 d, then [16 g][8 rows] int8 sc - 32
+// Q6_K (256 elements; kQ6_KPackedBlockBytes, 1,680 bytes for 8 rows, as many as 8 x 210):
+//   [2 n][2 h][8 i][8 rows][4 bytes]  ql bytes 64n + 32h + 4i..4i+3 of each row: the low 4 bits
+//                                     of elements 128n + 32h + 4i.. (low nibbles) and
+//                                     128n + 64 + 32h + 4i.. (high)
+//   [2 n][8 i][8 rows][4 bytes]       qh bytes 32n + 4i..4i+3 (bits 2j, 2j + 1: the high 2 bits
+//                                     of elements 128n + 32j + 4i..)
+//   [8 rows] f16 d, then [16 g][8 rows] int8 sc
+// Q2_K (256 elements; kQ2_KPackedBlockBytes, 672 bytes for 8 rows, as many as 8 x 84):
+//   [2 n][8 i][8 rows][4 bytes]  qs bytes 32n + 4i..4i+3 of each row: the 2-bit codes of
+//                                elements 128n + 32j + 4i.. at bits 2j (j < 4)
+//   [8 rows] f16 d, then [8 rows] f16 dmin, then [16 g][8 rows] the scale byte (sc | m << 4)
 // With it the AVX2 integer kernels compute 8 rows per pass over an activation block, the lanes
 // of their vectors being the rows, so the activations are loaded (and broadcast) and the block's
 // scales decoded once for the 8 rows; every row still gets the same integers and the same float
@@ -111,17 +122,22 @@ inline constexpr int64_t kQ8_0PackedBlockBytes = 8 * 34;
 inline constexpr int64_t kQ4_0PackedBlockBytes = 8 * 18, kQ5_0PackedBlockBytes = 8 * 22;
 inline constexpr int64_t kIq4XsPackedBlockBytes = 8 * 128 + 16 + 64;
 inline constexpr int64_t kQ3_KPackedBlockBytes = 8 * 64 + 8 * 32 + 16 + 128;
-// The packed block size of a packable dtype (kQ4_K, kQ8_0, kQ4_0, kQ5_0, kIQ4_XS, kQ3_K).
+inline constexpr int64_t kQ6_KPackedBlockBytes = 8 * 128 + 8 * 64 + 16 + 128;
+inline constexpr int64_t kQ2_KPackedBlockBytes = 8 * 64 + 16 + 16 + 128;
+// The packed block size of a packable dtype (kQ4_K, kQ6_K, kQ8_0, kQ4_0, kQ5_0, kIQ4_NL, kIQ4_XS,
+// kQ3_K, kQ2_K).
 constexpr int64_t PackedBlockBytes(DType t) {
-  return t == DType::kQ4_K     ? kQ4_KPackedBlockBytes
-         : t == DType::kQ4_0   ? kQ4_0PackedBlockBytes
-         : t == DType::kQ5_0   ? kQ5_0PackedBlockBytes
-         : t == DType::kIQ4_XS ? kIq4XsPackedBlockBytes
-         : t == DType::kQ3_K   ? kQ3_KPackedBlockBytes
-                               : kQ8_0PackedBlockBytes;
+  return t == DType::kQ4_K                          ? kQ4_KPackedBlockBytes
+         : t == DType::kQ4_0 || t == DType::kIQ4_NL ? kQ4_0PackedBlockBytes
+         : t == DType::kQ5_0                        ? kQ5_0PackedBlockBytes
+         : t == DType::kIQ4_XS                      ? kIq4XsPackedBlockBytes
+         : t == DType::kQ3_K                        ? kQ3_KPackedBlockBytes
+         : t == DType::kQ6_K                        ? kQ6_KPackedBlockBytes
+         : t == DType::kQ2_K                        ? kQ2_KPackedBlockBytes
+                                                    : kQ8_0PackedBlockBytes;
 }
-// Whether w (2-D, kQ4_K, kQ8_0, kQ4_0, kQ5_0, kIQ4_XS or kQ3_K, rows % 8 == 0) can be packed,
-// and its packed size in bytes.
+// Whether w (2-D, one of PackedBlockBytes' dtypes, rows % 8 == 0) can be packed, and its packed
+// size in bytes.
 bool CanPackRows(const TensorView& w);
 int64_t PackedRowsBytes(const TensorView& w);
 // Writes the packed copy of w to out (PackedRowsBytes(w) bytes).

@@ -1,5 +1,5 @@
-// The row interleaving of ops.h (PackRows) for Q4_K, Q8_0, Q4_0, Q5_0, IQ4_XS and Q3_K, read by
-// the AVX2 integer kernels.
+// The row interleaving of ops.h (PackRows) for Q4_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q3_K
+// and Q2_K, read by the AVX2 integer kernels.
 #include <cstring>
 
 #include "backends/cpu/ops.h"
@@ -90,18 +90,52 @@ void PackQ3_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   }
 }
 
+// The same for Q6_K: ql runs, qh runs, d, sc.
+void PackQ6_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* blk = rows[r] + b * quant::kQ6_KBytes;
+    for (int nh = 0; nh < 4; ++nh) {
+      for (int i = 0; i < 8; ++i)
+        std::memcpy(o + ((nh * 8 + i) * 8 + r) * 4, blk + 32 * nh + 4 * i, 4);
+    }
+    for (int n = 0; n < 2; ++n) {
+      for (int i = 0; i < 8; ++i) {
+        std::memcpy(o + 1024 + ((n * 8 + i) * 8 + r) * 4, blk + 128 + 32 * n + 4 * i, 4);
+      }
+    }
+    std::memcpy(o + 1536 + 2 * r, blk + 208, 2);  // d
+    for (int g = 0; g < 16; ++g) o[1552 + 8 * g + r] = blk[192 + g];
+  }
+}
+
+// The same for Q2_K: qs runs, d, dmin, the scale bytes.
+void PackQ2_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* blk = rows[r] + b * quant::kQ2_KBytes;
+    for (int n = 0; n < 2; ++n) {
+      for (int i = 0; i < 8; ++i)
+        std::memcpy(o + ((n * 8 + i) * 8 + r) * 4, blk + 16 + 32 * n + 4 * i, 4);
+    }
+    std::memcpy(o + 512 + 2 * r, blk + 80, 2);  // d
+    std::memcpy(o + 528 + 2 * r, blk + 82, 2);  // dmin
+    for (int g = 0; g < 16; ++g) o[544 + 8 * g + r] = blk[g];
+  }
+}
+
+bool IsPackable(DType t) {
+  return t == DType::kQ4_K || t == DType::kQ6_K || t == DType::kQ8_0 || t == DType::kQ4_0 ||
+         t == DType::kQ5_0 || t == DType::kIQ4_NL || t == DType::kIQ4_XS || t == DType::kQ3_K ||
+         t == DType::kQ2_K;
+}
+
 int64_t BlockElements(const TensorView& w) {
-  return w.dtype == DType::kQ4_K || w.dtype == DType::kIQ4_XS || w.dtype == DType::kQ3_K
-             ? kQKBlock
-             : kQ8_0Block;
+  return TakesQ8_0Activations(w.dtype) ? kQ8_0Block : kQKBlock;
 }
 
 }  // namespace
 
 bool CanPackRows(const TensorView& w) {
-  return (w.dtype == DType::kQ4_K || w.dtype == DType::kQ8_0 || w.dtype == DType::kQ4_0 ||
-          w.dtype == DType::kQ5_0 || w.dtype == DType::kIQ4_XS || w.dtype == DType::kQ3_K) &&
-         w.n_dims == 2 && w.shape[0] > 0 && w.shape[0] % 8 == 0 &&
+  return IsPackable(w.dtype) && w.n_dims == 2 && w.shape[0] > 0 && w.shape[0] % 8 == 0 &&
          w.shape[1] % BlockElements(w) == 0;
 }
 
@@ -129,8 +163,12 @@ void PackRows(const TensorView& w, uint8_t* out) {
         PackIq4XsBlock(rows, b, o);
       } else if (w.dtype == DType::kQ3_K) {
         PackQ3_KBlock(rows, b, o);
-      } else {
-        PackLegacyBlock(w.dtype, rows, b, o);
+      } else if (w.dtype == DType::kQ6_K) {
+        PackQ6_KBlock(rows, b, o);
+      } else if (w.dtype == DType::kQ2_K) {
+        PackQ2_KBlock(rows, b, o);
+      } else {  // IQ4_NL has Q4_0's layout
+        PackLegacyBlock(w.dtype == DType::kIQ4_NL ? DType::kQ4_0 : w.dtype, rows, b, o);
       }
     }
   }
