@@ -128,8 +128,7 @@ int RunBench(BenchFlags f) {
   // written; and the multiply-adds per token of the linear layers.
   const int64_t weight_bytes = model->decode_weight_bytes();
   const int64_t state_bytes = 2 * spec.state_bytes_per_slot();
-  const double active_params = static_cast<double>(weight_bytes) /
-                               static_cast<double>(DTypeSize(cfg.torch_dtype));
+  const FlopModel flop_model = Flops(cfg);  // from the shapes: quantized weights count the same
 
   ThreadPool pool(f.load.n_threads);
   json out;
@@ -160,7 +159,6 @@ int RunBench(BenchFlags f) {
     engine->Start();
     return engine;
   };
-  const int64_t attn_dim = cfg.n_heads * cfg.head_dim;
   const double delta_flops_per_token =  // the recurrent form: decay, S^T k, update, S^T q
       8.0 * static_cast<double>(spec.n_recurrent_layers * cfg.linear.n_value_heads *
                                 cfg.linear.key_head_dim * cfg.linear.value_head_dim);
@@ -186,11 +184,9 @@ int RunBench(BenchFlags f) {
     const double s = Median(secs);
     // 2 flops per multiply-add: linear layers (LM head only for the last row), causal attention
     // in the attention layers, the delta rule in the recurrent ones.
-    const double lm_head = static_cast<double>(cfg.vocab_size * cfg.hidden_size);
-    const double flops = 2.0 * (active_params - lm_head) * static_cast<double>(n) + 2.0 * lm_head +
-                         2.0 * 2.0 * static_cast<double>(spec.n_attention_layers * attn_dim) *
-                             (static_cast<double>(n) * (n + 1) / 2) +
-                         delta_flops_per_token * static_cast<double>(n);
+    const double tokens = static_cast<double>(n);
+    const double flops = 2.0 * flop_model.layer_macs * tokens + 2.0 * flop_model.head_macs +
+                         flop_model.AttentionFlops(tokens, 0) + delta_flops_per_token * tokens;
     const double gflops = flops / s / 1e9;
     prefill.push_back(
         {{"tokens", n},

@@ -259,6 +259,20 @@ TEST(Cli, GgufFileIsAModel) {
   EXPECT_EQ(gen.exit_code, 0) << gen.err;
   EXPECT_FALSE(gen.out.empty());
 
+  // bench counts the multiply-adds from the shapes: the quantized file's prefill does the work
+  // of the bf16 model's (flops = gflop_per_s * seconds), whatever its bytes.
+  auto prefill_flops = [](const std::string& model) {
+    ProcessResult r = RunKestrel({"bench", "--model", model, "--device", "cpu", "--prefill", "8",
+                                  "--decode-context", "8", "--decode-tokens", "2", "--repeats", "1",
+                                  "--threads", "1"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const json p = json::parse(r.out)["prefill"][0];
+    EXPECT_GT(p["gflop_per_s"].get<double>(), 0) << r.out;
+    return p["gflop_per_s"].get<double>() * p["seconds"].get<double>();
+  };
+  const double bf16_flops = prefill_flops(kSource + "/models/kestrel-tiny");
+  EXPECT_NEAR(prefill_flops(gguf), bf16_flops, 1e-9 * bf16_flops);
+
   fs::resize_file(gguf, fs::file_size(gguf) - 1000);
   ProcessResult bad = RunKestrel({"logits", "--model", gguf, "--device", "cpu", "--ids", "1,2"});
   EXPECT_EQ(bad.exit_code, 1);
