@@ -157,7 +157,7 @@ TEST(QuantLinear, PackedRowsGiveTheSameBits) {
   std::mt19937 rng(12);
   ThreadPool pool1(1), pool2(2), pool3(3);
   for (const DType dt : {DType::kQ4_K, DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kIQ4_XS,
-                         DType::kQ3_K, DType::kQ6_K, DType::kQ2_K, DType::kIQ4_NL}) {
+                         DType::kQ3_K, DType::kQ6_K, DType::kQ2_K, DType::kIQ4_NL, DType::kQ5_K}) {
     const int64_t block = DTypeBlockElems(dt);
     const int64_t packed_block = dt == DType::kQ4_K   ? cpu::kQ4_KPackedBlockBytes
                                  : dt == DType::kQ8_0 ? cpu::kQ8_0PackedBlockBytes
@@ -167,6 +167,7 @@ TEST(QuantLinear, PackedRowsGiveTheSameBits) {
                                  : dt == DType::kQ3_K   ? cpu::kQ3_KPackedBlockBytes
                                  : dt == DType::kQ6_K   ? cpu::kQ6_KPackedBlockBytes
                                  : dt == DType::kQ2_K   ? cpu::kQ2_KPackedBlockBytes
+                                 : dt == DType::kQ5_K   ? cpu::kQ5_KPackedBlockBytes
                                                         : cpu::kQ5_0PackedBlockBytes;
     for (const auto& [rows, cols] :
          {std::pair<int64_t, int64_t>{48, 512}, {16, 768}, {8, 256}, {520, 1024}}) {
@@ -193,8 +194,8 @@ TEST(QuantLinear, PackedRowsGiveTheSameBits) {
   EXPECT_FALSE(cpu::CanPackRows(odd.view));  // rows not a multiple of 8
   QuantWeights odd8 = MakeQuantWeights(rng, DType::kQ8_0, 20, 64, 0);
   EXPECT_FALSE(cpu::CanPackRows(odd8.view));
-  QuantWeights q5k = MakeQuantWeights(rng, DType::kQ5_K, 16, 256, 0);
-  EXPECT_FALSE(cpu::CanPackRows(q5k.view));  // a format without a packed kernel
+  QuantWeights q41 = MakeQuantWeights(rng, DType::kQ4_1, 16, 256, 0);
+  EXPECT_FALSE(cpu::CanPackRows(q41.view));  // a format without an integer kernel
 }
 
 TEST(QuantLinear, EqualsLinearOverTheDequantizedWeights) {

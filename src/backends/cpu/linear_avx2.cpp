@@ -711,6 +711,90 @@ template <int T>
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(acc[t], acc_m[t]));
 }
 
+// Q5_K rows packed in groups of 8 (cpu::PackRows): out[t][r] for the 8 rows of `group` and the
+// T token rows x[0..T), the lanes of every vector being the rows. Q5_K's float steps keep the row
+// kernel's eight lanes (elements 4j..4j+3 of every group): lane j of a row is its integer
+// sum_c sc_2c (lo codes . q_x) + sc_2c+1 (hi codes . q_x) over the 4-byte runs (c, j), then the
+// same fused multiply-add, the same lane sum and the same mins step as DotQ45_K: the same bits.
+template <int T>
+[[gnu::optimize("fp-contract=off")]] void DotQ5_KPacked8(const uint8_t* group, int64_t n_blocks,
+                                                         const ActsView* x, float (*out)[8]) {
+  constexpr int64_t kBytes = kQ5_KPackedBlockBytes, kAhead = 4 * kBytes, kTail = 1280;
+  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  __m256 lane[T][8];
+  __m256 acc_m[T];
+  for (int t = 0; t < T; ++t) {
+    acc_m[t] = _mm256_setzero_ps();
+    for (int j = 0; j < 8; ++j) lane[t][j] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = group + b * kBytes;
+    for (int64_t line = 0; line < kBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
+    }
+    __m256i scales[8];  // [g]: each row's scale in both 16-bit halves of its lane (for madd)
+    __m256i mins[8];
+    for (int g = 0; g < 8; ++g) {
+      const __m256i v = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + kTail + 32 + 8 * g)));
+      scales[g] = _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+      mins[g] = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + kTail + 96 + 8 * g)));
+    }
+    const __m256 d =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kTail)));
+    __m256 scale[T];
+    for (int t = 0; t < T; ++t) scale[t] = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
+    for (int j = 0; j < 8; ++j) {
+      const __m256i qh = Load32(blk + 1024 + 32 * j);
+      __m256i isum[T];
+      for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {  // groups 2c (low nibbles) and 2c + 1 (high)
+        const __m256i v = Load32(blk + (c * 8 + j) * 32);
+        const __m256i lo = _mm256_or_si256(
+            _mm256_and_si256(v, low),
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+        const __m256i hi = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+        for (int t = 0; t < T; ++t) {
+          const int8_t* qx = x[t].q + 256 * b + 64 * c + 4 * j;
+          int32_t xl, xh;
+          std::memcpy(&xl, qx, 4);
+          std::memcpy(&xh, qx + 32, 4);
+          isum[t] = _mm256_add_epi32(
+              isum[t],
+              _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)), scales[2 * c]));
+          isum[t] = _mm256_add_epi32(
+              isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)),
+                                         scales[2 * c + 1]));
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        lane[t][j] = _mm256_fmadd_ps(scale[t], _mm256_cvtepi32_ps(isum[t]), lane[t][j]);
+      }
+    }
+    const __m256 dmin =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kTail + 16)));
+    for (int t = 0; t < T; ++t) {
+      // Each row's sum over g of m_g * (bsum[2g] + bsum[2g + 1]).
+      const int16_t* bsum = x[t].bsum + 16 * b;
+      const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum));
+      const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum + 8));
+      const __m256i pairs = _mm256_cvtepi16_epi32(_mm_hadd_epi16(bs_lo, bs_hi));
+      __m256i mm = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
+        mm = _mm256_add_epi32(mm, _mm256_mullo_epi32(mins[g], _mm256_permutevar8x32_epi32(
+                                                                  pairs, _mm256_set1_epi32(g))));
+      }
+      const __m256 dx = _mm256_set1_ps(x[t].d[b]);
+      acc_m[t] =
+          _mm256_add_ps(acc_m[t], _mm256_mul_ps(_mm256_mul_ps(dx, dmin), _mm256_cvtepi32_ps(mm)));
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(SumLanes(lane[t]), acc_m[t]));
+}
+
 // IQ4_XS rows packed in groups of 8 (cpu::PackRows): out[t][r] for the 8 rows of `group` and
 // the T token rows x[0..T), the lanes of every vector being the rows. Each 4-byte run of a group
 // is looked up in the codebook once for the T tokens; a row's block integer is
@@ -1127,8 +1211,8 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
                  int64_t n_end, const ActsView* acts, int64_t m_rows, float* y) {
   const int64_t row_bytes = RowBytes<T>(k_in);
   const uint8_t* base = static_cast<const uint8_t*>(w);
-  if constexpr (T == DType::kQ4_K || T == DType::kIQ4_XS || T == DType::kQ3_K ||
-                T == DType::kQ6_K || T == DType::kQ2_K) {
+  if constexpr (T == DType::kQ4_K || T == DType::kQ5_K || T == DType::kIQ4_XS ||
+                T == DType::kQ3_K || T == DType::kQ6_K || T == DType::kQ2_K) {
     if (packed != nullptr) {
       // 4 token rows per pass over a group's blocks (prefill), then one at a time; all groups of
       // the range for one tile of token rows, then the next tile (measured faster than all tiles
@@ -1141,6 +1225,8 @@ void IntDotRange(const void* w, const void* packed, int64_t k_in, int64_t n_out,
               static_cast<const uint8_t*>(packed) + n / 8 * n_blocks * PackedBlockBytes(T);
           if constexpr (T == DType::kQ4_K) {
             DotQ4_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
+          } else if constexpr (T == DType::kQ5_K) {
+            DotQ5_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
           } else if constexpr (T == DType::kQ3_K) {
             DotQ3_KPacked8<kTokens>(rows8, n_blocks, acts + t, out);
           } else if constexpr (T == DType::kQ6_K) {

@@ -76,14 +76,17 @@ inline constexpr int64_t kDirectMaxRows = 16;
 
 // ---- Block-quantized rows interleaved for the AVX2 integer kernels -------------------------
 //
-// A Q4_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q3_K or Q2_K matrix with rows % 8 == 0 can be
-// repacked at load: rows in groups of 8, the groups one after another, and within a group one
-// packed block per block of the format, in order. Q4_K (256 elements; kQ4_KPackedBlockBytes, 1,184
-// bytes for 8 rows: 2.8 % more than Q4_K's 8 x 144):
+// A Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q3_K or Q2_K matrix with rows % 8 == 0
+// can be repacked at load: rows in groups of 8, the groups one after another, and within a group
+// one packed block per block of the format, in order. Q4_K (256 elements; kQ4_KPackedBlockBytes,
+// 1,184 bytes for 8 rows: 2.8 % more than Q4_K's 8 x 144):
 //   [4 c][8 j][8 rows][4 bytes]  bytes 4j..4j+3 of each row's 32-byte nibble run c: elements
 //                                4j..4j+3 of its groups 2c (low nibbles) and 2c + 1 (high)
 //   [8 rows] f16 d, then [8 rows] f16 dmin
 //   [8 g][8 rows] u8 scale, then [8 g][8 rows] u8 min (the 12 packed bytes, unpacked)
+// Q5_K (256 elements; kQ5_KPackedBlockBytes, 1,440 bytes for 8 rows: 2.3 % more than 8 x 176):
+//   the nibbles as Q4_K's, then [8 j][8 rows][4 bytes] qh bytes 4j..4j+3 of each row (bit g: the
+//   fifth bit of element 4j.. of group g), then d, dmin, scales and mins as Q4_K's
 // Q8_0 (32 elements; kQ8_0PackedBlockBytes, 272 bytes for 8 rows, as many as 8 x 34):
 //   [8 j][8 rows][4 bytes]  elements 4j..4j+3 of each row
 //   [8 rows] f16 d
@@ -124,8 +127,9 @@ inline constexpr int64_t kIq4XsPackedBlockBytes = 8 * 128 + 16 + 64;
 inline constexpr int64_t kQ3_KPackedBlockBytes = 8 * 64 + 8 * 32 + 16 + 128;
 inline constexpr int64_t kQ6_KPackedBlockBytes = 8 * 128 + 8 * 64 + 16 + 128;
 inline constexpr int64_t kQ2_KPackedBlockBytes = 8 * 64 + 16 + 16 + 128;
-// The packed block size of a packable dtype (kQ4_K, kQ6_K, kQ8_0, kQ4_0, kQ5_0, kIQ4_NL, kIQ4_XS,
-// kQ3_K, kQ2_K).
+inline constexpr int64_t kQ5_KPackedBlockBytes = 8 * 128 + 8 * 32 + 32 + 128;
+// The packed block size of a packable dtype (kQ4_K, kQ5_K, kQ6_K, kQ8_0, kQ4_0, kQ5_0, kIQ4_NL,
+// kIQ4_XS, kQ3_K, kQ2_K).
 constexpr int64_t PackedBlockBytes(DType t) {
   return t == DType::kQ4_K                          ? kQ4_KPackedBlockBytes
          : t == DType::kQ4_0 || t == DType::kIQ4_NL ? kQ4_0PackedBlockBytes
@@ -134,6 +138,7 @@ constexpr int64_t PackedBlockBytes(DType t) {
          : t == DType::kQ3_K                        ? kQ3_KPackedBlockBytes
          : t == DType::kQ6_K                        ? kQ6_KPackedBlockBytes
          : t == DType::kQ2_K                        ? kQ2_KPackedBlockBytes
+         : t == DType::kQ5_K                        ? kQ5_KPackedBlockBytes
                                                     : kQ8_0PackedBlockBytes;
 }
 // Whether w (2-D, one of PackedBlockBytes' dtypes, rows % 8 == 0) can be packed, and its packed

@@ -1,5 +1,5 @@
-// The row interleaving of ops.h (PackRows) for Q4_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q3_K
-// and Q2_K, read by the AVX2 integer kernels.
+// The row interleaving of ops.h (PackRows) for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS,
+// Q3_K and Q2_K, read by the AVX2 integer kernels.
 #include <cstring>
 
 #include "backends/cpu/ops.h"
@@ -17,22 +17,30 @@ using quant::Q4KScaleMin;
 
 namespace {
 
-// One packed block: the 8 rows' block b of a Q4_K group (rows[r] = row r's blocks).
-void PackQ4_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
+// One packed block: the 8 rows' block b of a Q4_K (kFifthBit false) or Q5_K group (rows[r] = row
+// r's blocks).
+template <bool kFifthBit>
+void PackQ45_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
+  constexpr int64_t kBytes = kFifthBit ? quant::kQ5_KBytes : kQ4_KBytes;
+  constexpr int kQs = kFifthBit ? 48 : 16;
+  constexpr int kTail = kFifthBit ? 1280 : 1024;  // d, dmin, scales, mins
   for (int r = 0; r < 8; ++r) {
-    const uint8_t* blk = rows[r] + b * kQ4_KBytes;
+    const uint8_t* blk = rows[r] + b * kBytes;
     for (int c = 0; c < 4; ++c) {
       for (int j = 0; j < 8; ++j) {
-        std::memcpy(o + ((c * 8 + j) * 8 + r) * 4, blk + 16 + 32 * c + 4 * j, 4);
+        std::memcpy(o + ((c * 8 + j) * 8 + r) * 4, blk + kQs + 32 * c + 4 * j, 4);
       }
     }
-    std::memcpy(o + 1024 + 2 * r, blk, 2);      // d
-    std::memcpy(o + 1040 + 2 * r, blk + 2, 2);  // dmin
+    if constexpr (kFifthBit) {
+      for (int j = 0; j < 8; ++j) std::memcpy(o + 1024 + (j * 8 + r) * 4, blk + 16 + 4 * j, 4);
+    }
+    std::memcpy(o + kTail + 2 * r, blk, 2);           // d
+    std::memcpy(o + kTail + 16 + 2 * r, blk + 2, 2);  // dmin
     for (int g = 0; g < 8; ++g) {
       int sc = 0, m = 0;
       Q4KScaleMin(blk + 4, g, &sc, &m);
-      o[1056 + 8 * g + r] = static_cast<uint8_t>(sc);
-      o[1120 + 8 * g + r] = static_cast<uint8_t>(m);
+      o[kTail + 32 + 8 * g + r] = static_cast<uint8_t>(sc);
+      o[kTail + 96 + 8 * g + r] = static_cast<uint8_t>(m);
     }
   }
 }
@@ -123,9 +131,9 @@ void PackQ2_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
 }
 
 bool IsPackable(DType t) {
-  return t == DType::kQ4_K || t == DType::kQ6_K || t == DType::kQ8_0 || t == DType::kQ4_0 ||
-         t == DType::kQ5_0 || t == DType::kIQ4_NL || t == DType::kIQ4_XS || t == DType::kQ3_K ||
-         t == DType::kQ2_K;
+  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ8_0 ||
+         t == DType::kQ4_0 || t == DType::kQ5_0 || t == DType::kIQ4_NL || t == DType::kIQ4_XS ||
+         t == DType::kQ3_K || t == DType::kQ2_K;
 }
 
 int64_t BlockElements(const TensorView& w) {
@@ -156,7 +164,9 @@ void PackRows(const TensorView& w, uint8_t* out) {
     for (int64_t b = 0; b < n_blocks; ++b) {
       uint8_t* o = out + (group * n_blocks + b) * block_bytes;
       if (w.dtype == DType::kQ4_K) {
-        PackQ4_KBlock(rows, b, o);
+        PackQ45_KBlock<false>(rows, b, o);
+      } else if (w.dtype == DType::kQ5_K) {
+        PackQ45_KBlock<true>(rows, b, o);
       } else if (w.dtype == DType::kQ8_0) {
         PackQ8_0Block(rows, b, o);
       } else if (w.dtype == DType::kIQ4_XS) {
