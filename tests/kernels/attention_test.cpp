@@ -191,6 +191,41 @@ TEST(PagedAttention, FastMatchesReferenceAndIsThreadCountIndependent) {
   }
 }
 
+// Each token's output is the same bits computed in its prefill chunk (the AVX2 kernel takes a
+// sequence's tokens in tiles that share each K/V chunk) as computed alone, one token per call.
+TEST(PagedAttention, FastGivesATokenTheSameBitsInAChunkAsAlone) {
+  if (!cpu::CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2/FMA/F16C on this CPU";
+  std::mt19937 rng(13);
+  ThreadPool pool2(2);
+  const OpContext ctx{KernelSet::kAvx2, &pool2};
+  std::vector<Config> configs = Configs();
+  configs.push_back({16, 8, 128, 16, {700, 90}, {700, 41}, 0});  // Qwen3-0.6B heads, long chunks
+  configs.push_back({8, 2, 64, 16, {300}, {77}, 50});            // window inside a tile
+  int i = 0;
+  for (const Config& cfg : configs) {
+    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
+                           cfg.context_lens, cfg.n_new, cfg.window);
+    const std::vector<float> all = RunPaged(ctx, c);
+    const int64_t row = c.shape.n_heads * c.shape.head_dim;
+    for (size_t s = 0; s + 1 < c.seq_starts.size(); ++s) {
+      for (int32_t t = c.seq_starts[s]; t < c.seq_starts[s + 1]; ++t) {
+        PagedCase one = c;
+        one.positions = {c.positions[t]};
+        one.seq_starts = {0, 1};
+        one.block_tables.assign(c.block_tables.begin() + s * c.max_blocks,
+                                c.block_tables.begin() + (s + 1) * c.max_blocks);
+        one.context_lens = {c.context_lens[s]};
+        one.q.assign(c.q.begin() + t * row, c.q.begin() + (t + 1) * row);
+        const std::vector<float> alone = RunPaged(ctx, one);
+        EXPECT_TRUE(testing::SameBits(
+            alone, std::vector<float>(all.begin() + t * row, all.begin() + (t + 1) * row)))
+            << "config " << i << " token " << t;
+      }
+    }
+    ++i;
+  }
+}
+
 // Moving a sequence's blocks to other physical ids changes nothing.
 TEST(PagedAttention, PhysicalBlockIdsDoNotMatter) {
   for (KernelSet ks : {KernelSet::kReference, KernelSet::kAvx2}) {

@@ -1,16 +1,20 @@
-// AVX2/FMA paged attention. Work item = (kv head, token): the `group` query heads that share a
-// kv head are processed together, so each K and V row is read once per token for all of them.
-// Items are ordered kv-head-major, so the contiguous chunks ParallelFor hands out cover whole
-// heads (balanced under causal masking). Each output element is computed by one thread in a
-// fixed order: dot products with one 8-lane accumulator and a fixed horizontal sum, softmax with
-// max subtraction (vectorised exp, within 2 ulp of expf), then a sequential FMA chain over positions for every output element.
-// Keys are taken in chunks of 64 positions (their row pointers gathered through the block
-// table once), so that the V chunk stays in L1 while 16 dims x up to 4 heads accumulate in
-// registers.
+// AVX2/FMA paged attention. Work item = (kv head, tile of up to kTokenTile (16) consecutive tokens
+// of one sequence): the `group` query heads that share a kv head and the tile's tokens are
+// processed together, so each K and V chunk is brought into L1 once for all of them (prefill: the
+// tokens of a tile share almost all their keys; one token per item read every key from L2/L3 again,
+// twice the FLOP time at 2k). Items are ordered kv-head-major, so the contiguous chunks ParallelFor
+// hands out cover whole heads (balanced under causal masking). Each output element is computed by
+// one thread in a fixed order that does not depend on the tiling: dot products with one 8-lane
+// accumulator and a fixed horizontal sum, softmax with max subtraction (vectorised exp, within 2
+// ulp of expf), then a sequential FMA chain over positions for every output element. Keys are taken
+// in chunks of 64 positions (their row pointers gathered through the block table once), so that the
+// V chunk stays in L1 while 16 dims x up to 4 heads accumulate in registers.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "backends/cpu/kernels_internal.h"
 #include "backends/cpu/simd_avx2.h"
@@ -21,6 +25,9 @@ namespace {
 
 constexpr int kKeyChunk = 64;  // keys per chunk: 64 K or V rows of head_dim 128 = 32 KB (L1)
 constexpr int kMaxSubGroup = 4;  // query heads per register tile
+constexpr int kTokenTile = 16;   // tokens of one sequence per work item, at most
+// Score rows per thread: at most this many bytes of them (the tile shrinks at long contexts).
+constexpr int64_t kScoreBytesPerThread = 8 << 20;
 
 // rows[i] = the cache row of kv head `kvh` at position p0 + i of a sequence, read through its
 // block table (pool layout [n_blocks, n_kv_heads, block_size, head_dim], see KvLayout).
@@ -169,45 +176,43 @@ inline void ScoresGeneric(const float* q, int64_t head_dim, const float* const* 
   }
 }
 
+// out[g, d0 + d] for d < 8 * kVecs, g < GS: fma(p[g * stride + i], v_i[d0 + d], out) for
+// i = 0..n-1 in order, GS * kVecs chains held in registers while the chunk's V rows stream from L1.
+template <int GS, int kVecs>
+inline void AccumulateVPass(const float* p, int64_t stride, const float* const* rows, int n,
+                            int64_t head_dim, int64_t d0, float* out) {
+  __m256 acc[GS][kVecs];
+  for (int g = 0; g < GS; ++g) {
+    for (int w = 0; w < kVecs; ++w) acc[g][w] = _mm256_loadu_ps(out + g * head_dim + d0 + 8 * w);
+  }
+  for (int i = 0; i < n; ++i) {
+    __m256 v[kVecs];
+    for (int w = 0; w < kVecs; ++w) v[w] = _mm256_loadu_ps(rows[i] + d0 + 8 * w);
+    for (int g = 0; g < GS; ++g) {
+      const __m256 pb = _mm256_broadcast_ss(p + g * stride + i);
+      for (int w = 0; w < kVecs; ++w) acc[g][w] = _mm256_fmadd_ps(pb, v[w], acc[g][w]);
+    }
+  }
+  for (int g = 0; g < GS; ++g) {
+    for (int w = 0; w < kVecs; ++w) _mm256_storeu_ps(out + g * head_dim + d0 + 8 * w, acc[g][w]);
+  }
+}
+
 // out[g, d] = fma(p[g * stride + i], v_i[d], out[g, d]) for i = 0..n-1 in order, g < GS: one
-// sequential chain per element (continued from `out`), with 16 dims x GS heads held in registers
-// while the chunk's V rows stream from L1.
+// sequential chain per element (continued from `out`). A pass holds 8 chains where the registers
+// allow (64 dims for one head, 32 for two, 16 for three or four).
 //   p: probabilities;  rows[i] -> v_i [head_dim];  out [GS, head_dim]
 template <int GS>
 void AccumulateV(const float* p, int64_t stride, const float* const* rows, int n,
                  int64_t head_dim, float* out) {
+  constexpr int kWide = GS == 1 ? 8 : GS == 2 ? 4 : 2;
   int64_t d0 = 0;
-  for (; d0 + 16 <= head_dim; d0 += 16) {
-    __m256 acc[GS][2];
-    for (int g = 0; g < GS; ++g) {
-      acc[g][0] = _mm256_loadu_ps(out + g * head_dim + d0);
-      acc[g][1] = _mm256_loadu_ps(out + g * head_dim + d0 + 8);
-    }
-    for (int i = 0; i < n; ++i) {
-      const __m256 v0 = _mm256_loadu_ps(rows[i] + d0);
-      const __m256 v1 = _mm256_loadu_ps(rows[i] + d0 + 8);
-      for (int g = 0; g < GS; ++g) {
-        const __m256 pb = _mm256_broadcast_ss(p + g * stride + i);
-        acc[g][0] = _mm256_fmadd_ps(pb, v0, acc[g][0]);
-        acc[g][1] = _mm256_fmadd_ps(pb, v1, acc[g][1]);
-      }
-    }
-    for (int g = 0; g < GS; ++g) {
-      _mm256_storeu_ps(out + g * head_dim + d0, acc[g][0]);
-      _mm256_storeu_ps(out + g * head_dim + d0 + 8, acc[g][1]);
-    }
+  for (; d0 + 8 * kWide <= head_dim; d0 += 8 * kWide) {
+    AccumulateVPass<GS, kWide>(p, stride, rows, n, head_dim, d0, out);
   }
-  for (; d0 + 8 <= head_dim; d0 += 8) {
-    __m256 acc[GS];
-    for (int g = 0; g < GS; ++g) acc[g] = _mm256_loadu_ps(out + g * head_dim + d0);
-    for (int i = 0; i < n; ++i) {
-      const __m256 v0 = _mm256_loadu_ps(rows[i] + d0);
-      for (int g = 0; g < GS; ++g) {
-        acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * stride + i), v0, acc[g]);
-      }
-    }
-    for (int g = 0; g < GS; ++g) _mm256_storeu_ps(out + g * head_dim + d0, acc[g]);
-  }
+  for (; d0 + 16 <= head_dim; d0 += 16)
+    AccumulateVPass<GS, 2>(p, stride, rows, n, head_dim, d0, out);
+  for (; d0 + 8 <= head_dim; d0 += 8) AccumulateVPass<GS, 1>(p, stride, rows, n, head_dim, d0, out);
   for (; d0 < head_dim; ++d0) {
     for (int g = 0; g < GS; ++g) {
       float o = out[g * head_dim + d0];
@@ -232,11 +237,24 @@ inline void ForSubGroups(int64_t group, Fn&& fn) {
 
 }  // namespace
 
+namespace {
+
+// Tokens per work item for score rows of row_stride floats: kTokenTile, fewer where the tile's
+// rows would take more than kScoreBytesPerThread (at least one token).
+int TokenTile(int64_t group, int64_t row_stride) {
+  const int64_t fit =
+      kScoreBytesPerThread / (group * row_stride * static_cast<int64_t>(sizeof(float)));
+  return static_cast<int>(std::clamp<int64_t>(fit, 1, kTokenTile));
+}
+
+}  // namespace
+
 int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens) {
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  // Score rows [group, max_context], each padded to a multiple of 16 floats, then one chunk of
-  // int8 rows as floats.
-  return group * ((max_context_tokens + 15) & ~int64_t{15}) + kKeyChunk * shape.head_dim;
+  const int64_t row_stride = (max_context_tokens + 15) & ~int64_t{15};
+  // Score rows [tile, group, max_context], each padded to a multiple of 16 floats, then one
+  // chunk of int8 rows as floats.
+  return TokenTile(group, row_stride) * group * row_stride + kKeyChunk * shape.head_dim;
 }
 
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
@@ -256,54 +274,73 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
   const int64_t row_stride = (int64_t{max_pos} + 1 + 15) & ~int64_t{15};
   const int n_threads = pool != nullptr ? pool->n_threads() : 1;
   KCHECK(static_cast<int64_t>(scratch.size()) >= per_thread * n_threads);
+  // Tiles: sequence s's tokens in runs of `tile_tokens`; tile_starts[s] = its first tile. (The
+  // tiling changes no bits: each output element gets the operations of a tile of one token.)
+  const int tile_tokens = TokenTile(group, row_stride);
+  std::vector<int64_t> tile_starts(static_cast<size_t>(n_seqs) + 1, 0);
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    tile_starts[s + 1] =
+        tile_starts[s] + (seq_starts[s + 1] - seq_starts[s] + tile_tokens - 1) / tile_tokens;
+  }
+  const int64_t n_tiles = tile_starts[n_seqs];
 
   auto run = [&](int64_t i_begin, int64_t i_end, int thread) {
-    float* scores = scratch.data() + per_thread * thread;  // [group, row_stride]
-    float* dequantized = scores + group * row_stride;      // [kKeyChunk, head_dim]
-    int64_t seq = -1;
+    float* scores = scratch.data() + per_thread * thread;            // [tile, group, row_stride]
+    float* dequantized = scores + tile_tokens * group * row_stride;  // [kKeyChunk, head_dim]
+    int64_t seq = 0;
     for (int64_t item = i_begin; item < i_end; ++item) {
-      const int64_t kvh = item / n_tokens;
-      const int64_t t = item % n_tokens;
-      // The sequence of token t (items of one kv head visit tokens in order).
-      if (seq < 0 || t < seq_starts[seq] || t >= seq_starts[seq + 1]) {
+      const int64_t kvh = item / n_tiles;
+      const int64_t tile = item % n_tiles;
+      // The sequence of the tile (items of one kv head visit tiles in order).
+      if (tile < tile_starts[seq] || tile >= tile_starts[seq + 1]) {
         seq = 0;
-        while (seq + 1 < n_seqs && seq_starts[seq + 1] <= t) ++seq;
+        while (tile_starts[seq + 1] <= tile) ++seq;
       }
       const int32_t* table = batch.block_tables.data() + seq * batch.max_blocks_per_seq;
-      const int64_t pos = positions[t];
-      const int64_t first = shape.sliding_window > 0 && pos >= shape.sliding_window
-                                ? pos - shape.sliding_window + 1
-                                : 0;
-      const int64_t n_ctx = pos + 1 - first;
-      KCHECK(pos / bs < batch.max_blocks_per_seq);
-      const float* qg = q + (t * n_heads + kvh * group) * head_dim;  // [group, head_dim]
-      float* og = out + (t * n_heads + kvh * group) * head_dim;      // [group, head_dim]
+      const int64_t t0 = seq_starts[seq] + (tile - tile_starts[seq]) * tile_tokens;
+      const int nt = static_cast<int>(std::min<int64_t>(tile_tokens, seq_starts[seq + 1] - t0));
+      // Token u of the tile sees the keys [first[u], first[u] + n_ctx[u]); the tile's chunks
+      // cover [base, base + span).
+      int64_t first[kTokenTile], n_ctx[kTokenTile];
+      int64_t base = std::numeric_limits<int64_t>::max(), end = 0;
+      for (int u = 0; u < nt; ++u) {
+        const int64_t pos = positions[t0 + u];
+        KCHECK(pos / bs < batch.max_blocks_per_seq);
+        first[u] = shape.sliding_window > 0 && pos >= shape.sliding_window
+                       ? pos - shape.sliding_window + 1
+                       : 0;
+        n_ctx[u] = pos + 1 - first[u];
+        base = std::min(base, first[u]);
+        end = std::max(end, pos + 1);
+      }
+      const int64_t span = end - base;
 
       const float* chunk_rows[2][kKeyChunk];
       const int8_t* int8_rows[2][kKeyChunk];
       const float* deq_rows[kKeyChunk];
       for (int i = 0; i < kKeyChunk; ++i) deq_rows[i] = dequantized + i * head_dim;
       auto chunk_size = [&](int64_t j0) {
-        return static_cast<int>(n_ctx - j0 < kKeyChunk ? n_ctx - j0 : kKeyChunk);
+        return static_cast<int>(span - j0 < kKeyChunk ? span - j0 : kKeyChunk);
       };
-      // Calls fn(j0, n, rows) for every chunk of the cache rows of kv head kvh, in order, with the
-      // next chunk's rows gathered and prefetched ahead; int8 rows are dequantized chunk by chunk
-      // into the thread's scratch (it stays in L1 for the chunk's use).
+      // Calls fn(j0, n, rows) for every chunk of the cache rows of kv head kvh (positions
+      // base + j0 ..), in order, with the next chunk's rows gathered and prefetched ahead; int8
+      // rows are dequantized chunk by chunk into the thread's scratch (it stays in L1 for the
+      // chunk's use).
       auto for_chunks = [&](const KvRows& cache, auto&& fn) {
         if (cache.f32 != nullptr) {
-          GatherRows(cache.f32, shape, kvh, table, first, chunk_size(0), chunk_rows[0]);
+          GatherRows(cache.f32, shape, kvh, table, base, chunk_size(0), chunk_rows[0]);
         } else {
-          GatherRows(cache.q, shape, kvh, table, first, chunk_size(0), int8_rows[0]);
+          GatherRows(cache.q, shape, kvh, table, base, chunk_size(0), int8_rows[0]);
         }
-        for (int64_t j0 = 0, c = 0; j0 < n_ctx; j0 += kKeyChunk, c ^= 1) {
-          if (j0 + kKeyChunk < n_ctx) {
+        for (int64_t j0 = 0, c = 0; j0 < span; j0 += kKeyChunk, c ^= 1) {
+          if (j0 + kKeyChunk < span) {
             const int n_next = chunk_size(j0 + kKeyChunk);
             if (cache.f32 != nullptr) {
-              GatherRows(cache.f32, shape, kvh, table, first + j0 + kKeyChunk, n_next,
+              GatherRows(cache.f32, shape, kvh, table, base + j0 + kKeyChunk, n_next,
                          chunk_rows[c ^ 1]);
               PrefetchRows(chunk_rows[c ^ 1], n_next, head_dim);
             } else {
-              GatherRows(cache.q, shape, kvh, table, first + j0 + kKeyChunk, n_next,
+              GatherRows(cache.q, shape, kvh, table, base + j0 + kKeyChunk, n_next,
                          int8_rows[c ^ 1]);
               PrefetchRows(int8_rows[c ^ 1], n_next, head_dim);
             }
@@ -317,46 +354,66 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
           }
         }
       };
+      // Calls fn(u, k0, r0, n) for each token u of the tile with keys in the chunk at j0 of n
+      // keys: its keys k0 .. k0 + n - 1 (relative to first[u]) are the chunk's rows r0 ...
+      auto for_tokens = [&](int64_t j0, int n, auto&& fn) {
+        for (int u = 0; u < nt; ++u) {
+          const int64_t lo = std::max(base + j0, first[u]);
+          const int64_t hi = std::min(base + j0 + n, first[u] + n_ctx[u]);
+          if (lo < hi) fn(u, lo - first[u], lo - (base + j0), static_cast<int>(hi - lo));
+        }
+      };
 
-      // Scores: one pass over K, chunk by chunk, for all heads of the group.
-      for_chunks(k_cache, [&](int64_t j0, int n, const float* const* rows) {
-        if (head_dim % 8 != 0) {
-          for (int64_t g = 0; g < group; ++g) {
-            ScoresGeneric(qg + g * head_dim, head_dim, rows, n, shape.scale,
-                          scores + g * row_stride + j0);
+      // Scores: one pass over K, chunk by chunk, for all tokens and heads of the tile.
+      for_chunks(k_cache, [&](int64_t j0, int n_chunk, const float* const* chunk) {
+        for_tokens(j0, n_chunk, [&](int u, int64_t k0, int64_t r0, int n) {
+          const float* qg = q + ((t0 + u) * n_heads + kvh * group) * head_dim;  // [group, hd]
+          const float* const* rows = chunk + r0;
+          float* su = scores + u * group * row_stride + k0;
+          if (head_dim % 8 != 0) {
+            for (int64_t g = 0; g < group; ++g) {
+              ScoresGeneric(qg + g * head_dim, head_dim, rows, n, shape.scale, su + g * row_stride);
+            }
+            return;
           }
-          return;
-        }
-        for (int64_t g0 = 0; g0 < group;) {  // sub-groups of 4, 2 and 1 heads
-          const int64_t left = group - g0;
-          float* s0 = scores + g0 * row_stride + j0;
-          if (left >= 4) {
-            ScoresChunk<4>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
-            g0 += 4;
-          } else if (left >= 2) {
-            ScoresChunk<2>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
-            g0 += 2;
-          } else {
-            ScoresChunk<1>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
-            g0 += 1;
+          for (int64_t g0 = 0; g0 < group;) {  // sub-groups of 4, 2 and 1 heads
+            const int64_t left = group - g0;
+            float* s0 = su + g0 * row_stride;
+            if (left >= 4) {
+              ScoresChunk<4>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
+              g0 += 4;
+            } else if (left >= 2) {
+              ScoresChunk<2>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
+              g0 += 2;
+            } else {
+              ScoresChunk<1>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
+              g0 += 1;
+            }
           }
-        }
+        });
       });
-      // Softmax per head.
-      for (int64_t g = 0; g < group; ++g) {
-        SoftmaxInPlace(scores + g * row_stride, n_ctx);
-        for (int64_t d = 0; d < head_dim; ++d) og[g * head_dim + d] = 0.0f;
+      // Softmax per token and head.
+      for (int u = 0; u < nt; ++u) {
+        float* og = out + ((t0 + u) * n_heads + kvh * group) * head_dim;  // [group, head_dim]
+        for (int64_t g = 0; g < group; ++g) {
+          SoftmaxInPlace(scores + (u * group + g) * row_stride, n_ctx[u]);
+          for (int64_t d = 0; d < head_dim; ++d) og[g * head_dim + d] = 0.0f;
+        }
       }
-      // Weighted sum of V: one pass over V, chunk by chunk, for all heads of the group.
-      for_chunks(v_cache, [&](int64_t j0, int n, const float* const* rows) {
-        ForSubGroups(group, [&]<int GS>(int64_t g0) {
-          AccumulateV<GS>(scores + g0 * row_stride + j0, row_stride, rows, n, head_dim,
-                          og + g0 * head_dim);
+      // Weighted sum of V: one pass over V, chunk by chunk, for all tokens and heads of the tile.
+      for_chunks(v_cache, [&](int64_t j0, int n_chunk, const float* const* chunk) {
+        for_tokens(j0, n_chunk, [&](int u, int64_t k0, int64_t r0, int n) {
+          float* og = out + ((t0 + u) * n_heads + kvh * group) * head_dim;
+          const float* su = scores + u * group * row_stride + k0;
+          ForSubGroups(group, [&]<int GS>(int64_t g0) {
+            AccumulateV<GS>(su + g0 * row_stride, row_stride, chunk + r0, n, head_dim,
+                            og + g0 * head_dim);
+          });
         });
       });
     }
   };
-  const int64_t n_items = shape.n_kv_heads * n_tokens;
+  const int64_t n_items = shape.n_kv_heads * n_tiles;
   // Waking a second thread costs tens of microseconds (more inside a VM); short contexts are
   // done inline. Work ~ multiply-adds of scores and weighted sum.
   int64_t work = 0;
