@@ -795,6 +795,40 @@ template <int T>
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(SumLanes(lane[t]), acc_m[t]));
 }
 
+// Helpers of the packed K-format kernels, whose vector lanes are 8 rows.
+// The 8 int8 values at p (one per row), each in both 16-bit halves of its lane (for madd).
+inline __m256i RowScales16(const uint8_t* p) {
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+// isum[t] += each row's sc * (its signed codes w . x[t] at elements at .. at + 3) for t < T, by
+// the sign trick (|w| <= 127: maddubs' pair sums stay within int16).
+template <int T>
+inline void AddSignedRun(__m256i w, __m256i sc, const ActsView* x, int64_t at, __m256i* isum) {
+  const __m256i aw = _mm256_sign_epi8(w, w);
+  for (int t = 0; t < T; ++t) {
+    int32_t xq;
+    std::memcpy(&xq, x[t].q + at, 4);
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xq), w));
+    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
+  }
+}
+
+// acc[t] += (x[t].d[b] * d) * float(isum[t]) lane by lane, d the rows' f16 scales at d_at: the
+// float step of Q3_K, Q6_K and IQ4_XS (AddBlockTerm's).
+template <int T>
+[[gnu::optimize("fp-contract=off")]] inline void AddPackedBlockTerms(const uint8_t* d_at,
+                                                                     const ActsView* x, int64_t b,
+                                                                     const __m256i* isum,
+                                                                     __m256* acc) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_at)));
+  for (int t = 0; t < T; ++t) {
+    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
+    acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum[t])));
+  }
+}
+
 // IQ4_XS rows packed in groups of 8 (cpu::PackRows): out[t][r] for the 8 rows of `group` and
 // the T token rows x[0..T), the lanes of every vector being the rows. Each 4-byte run of a group
 // is looked up in the codebook once for the T tokens; a row's block integer is
@@ -806,7 +840,7 @@ template <int T>
   constexpr int64_t kBytes = kIq4XsPackedBlockBytes, kAhead = 4 * kBytes;
   const __m256i codebook = _mm256_broadcastsi128_si256(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4Values)));
-  const __m256i low = _mm256_set1_epi8(0x0F), half = _mm256_set1_epi32(0xFFFF);
+  const __m256i low = _mm256_set1_epi8(0x0F);
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; ++b) {
@@ -817,33 +851,18 @@ template <int T>
     __m256i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {
-      // Each row's ls - 32 in both 16-bit halves of its lane (for madd).
-      const __m256i ls = _mm256_cvtepi8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 1040 + 8 * ib)));
-      const __m256i lsv = _mm256_or_si256(_mm256_and_si256(ls, half), _mm256_slli_epi32(ls, 16));
+      const __m256i lsv = RowScales16(blk + 1040 + 8 * ib);  // each row's ls - 32
       for (int i = 0; i < 4; ++i) {
         const __m256i v = Load32(blk + (ib * 4 + i) * 32);
         const __m256i wl = _mm256_shuffle_epi8(codebook, _mm256_and_si256(v, low));
         const __m256i wh =
             _mm256_shuffle_epi8(codebook, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
-        const __m256i al = _mm256_sign_epi8(wl, wl), ah = _mm256_sign_epi8(wh, wh);
-        for (int t = 0; t < T; ++t) {
-          const int8_t* qx = x[t].q + 256 * b + 32 * ib + 4 * i;
-          int32_t xl, xh;
-          std::memcpy(&xl, qx, 4);
-          std::memcpy(&xh, qx + 16, 4);
-          const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(_mm256_set1_epi32(xl), wl));
-          const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(_mm256_set1_epi32(xh), wh));
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pl, lsv));
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(ph, lsv));
-        }
+        const int64_t at = 256 * b + 32 * ib + 4 * i;
+        AddSignedRun<T>(wl, lsv, x, at, isum);
+        AddSignedRun<T>(wh, lsv, x, at + 16, isum);
       }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1024)));
-    for (int t = 0; t < T; ++t) {
-      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
-      acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum[t])));
-    }
+    AddPackedBlockTerms<T>(blk + 1024, x, b, isum, acc);
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], acc[t]);
 }
@@ -857,7 +876,6 @@ template <int T>
                                                          const ActsView* x, float (*out)[8]) {
   constexpr int64_t kBytes = kQ3_KPackedBlockBytes, kAhead = 4 * kBytes;
   const __m256i two = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
-  const __m256i half = _mm256_set1_epi32(0xFFFF);
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; ++b) {
@@ -865,12 +883,8 @@ template <int T>
     for (int64_t line = 0; line < kBytes; line += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
     }
-    __m256i scv[16];  // each row's sc_g - 32 in both 16-bit halves of its lane
-    for (int g = 0; g < 16; ++g) {
-      const __m256i sc = _mm256_cvtepi8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 784 + 8 * g)));
-      scv[g] = _mm256_or_si256(_mm256_and_si256(sc, half), _mm256_slli_epi32(sc, 16));
-    }
+    __m256i scv[16];  // each row's sc_g - 32
+    for (int g = 0; g < 16; ++g) scv[g] = RowScales16(blk + 784 + 8 * g);
     __m256i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
     for (int i = 0; i < 8; ++i) {
@@ -882,23 +896,12 @@ template <int T>
           const __m256i third = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * n + j), one);
           const __m256i w =
               _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(third, 2)), four);
-          const __m256i aw = _mm256_sign_epi8(w, w);
           const int e = 128 * n + 32 * j + 4 * i;  // elements e .. e + 3 of every row
-          const __m256i& sc = scv[e / 16];
-          for (int t = 0; t < T; ++t) {
-            int32_t xq;
-            std::memcpy(&xq, x[t].q + 256 * b + e, 4);
-            const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xq), w));
-            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
-          }
+          AddSignedRun<T>(w, scv[e / 16], x, 256 * b + e, isum);
         }
       }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 768)));
-    for (int t = 0; t < T; ++t) {
-      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
-      acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum[t])));
-    }
+    AddPackedBlockTerms<T>(blk + 768, x, b, isum, acc);
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], acc[t]);
 }
@@ -912,7 +915,7 @@ template <int T>
                                                          const ActsView* x, float (*out)[8]) {
   constexpr int64_t kBytes = kQ6_KPackedBlockBytes, kAhead = 4 * kBytes;
   const __m256i nibble = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
-  const __m256i bias = _mm256_set1_epi8(32), half = _mm256_set1_epi32(0xFFFF);
+  const __m256i bias = _mm256_set1_epi8(32);
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; ++b) {
@@ -920,12 +923,8 @@ template <int T>
     for (int64_t line = 0; line < kBytes; line += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
     }
-    __m256i scv[16];  // each row's sc_g in both 16-bit halves of its lane
-    for (int g = 0; g < 16; ++g) {
-      const __m256i sc = _mm256_cvtepi8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 1552 + 8 * g)));
-      scv[g] = _mm256_or_si256(_mm256_and_si256(sc, half), _mm256_slli_epi32(sc, 16));
-    }
+    __m256i scv[16];  // each row's sc_g
+    for (int g = 0; g < 16; ++g) scv[g] = RowScales16(blk + 1552 + 8 * g);
     __m256i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
     for (int n = 0; n < 2; ++n) {
@@ -938,25 +937,13 @@ template <int T>
             const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * nib), nibble);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), two);
             const __m256i w = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), bias);
-            const __m256i aw = _mm256_sign_epi8(w, w);
             const int e = 128 * n + 32 * j + 4 * i;  // elements e .. e + 3 of every row
-            const __m256i& sc = scv[e / 16];
-            for (int t = 0; t < T; ++t) {
-              int32_t xq;
-              std::memcpy(&xq, x[t].q + 256 * b + e, 4);
-              const __m256i p =
-                  _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xq), w));
-              isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
-            }
+            AddSignedRun<T>(w, scv[e / 16], x, 256 * b + e, isum);
           }
         }
       }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1536)));
-    for (int t = 0; t < T; ++t) {
-      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
-      acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum[t])));
-    }
+    AddPackedBlockTerms<T>(blk + 1536, x, b, isum, acc);
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], acc[t]);
 }
