@@ -63,6 +63,21 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 // Floats of scratch per thread that PagedAttention needs.
 int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens);
+
+// linear_int8_avx2.cpp: block-quantized weights against int8 activations (LinearGroup's default
+// for the formats with HasIntDot).
+struct ActsView {  // one row's activation blocks (Q8_0: d per 32; Q8_K: d per 256 and bsums)
+  const int8_t* q;
+  const float* d;
+  const int16_t* bsum;
+};
+void QuantizeActsQ8_0(const float* x, int64_t k, int8_t* q, float* d);
+void QuantizeActsQ8_K(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsum);
+// y[t, n] for rows [n_begin, n_end) of w (dtype t, HasIntDot) and every token row t < m_rows.
+// packed: w's rows interleaved by 8 (TensorView::cpu_packed; n_begin and n_end are then multiples
+// of 8), or null.
+void IntDotRange(DType t, const void* w, const void* packed, int64_t k_in, int64_t n_out,
+                 int64_t n_begin, int64_t n_end, const ActsView* acts, int64_t m_rows, float* y);
 }  // namespace avx2
 
 }  // namespace kestrel::cpu

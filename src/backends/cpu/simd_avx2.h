@@ -5,8 +5,22 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 namespace kestrel::cpu::avx2 {
 namespace {
+
+// The f16 at p (possibly unaligned) as f32.
+inline float HalfToFloat(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline __m256i Load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
 
 // Fixed order: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
 inline float HorizontalSum(__m256 v) {
