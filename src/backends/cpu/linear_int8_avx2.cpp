@@ -329,6 +329,71 @@ template <DType T, int NT>
   for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out[t], SumLanes(lane[t]));
 }
 
+// Helpers of the packed K-format kernels, whose vector lanes are 8 rows.
+// The 8 int8 values at p (one per row), each in both 16-bit halves of its lane (for madd).
+inline __m256i RowScales16(const uint8_t* p) {
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+// isum[t] += each row's sc * (its signed codes w . x[t] at elements at .. at + 3) for t < T, by
+// the sign trick (|w| <= 127: maddubs' pair sums stay within int16).
+template <int T>
+inline void AddSignedRun(__m256i w, __m256i sc, const ActsView* x, int64_t at, __m256i* isum) {
+  const __m256i aw = _mm256_sign_epi8(w, w);
+  for (int t = 0; t < T; ++t) {
+    int32_t xq;
+    std::memcpy(&xq, x[t].q + at, 4);
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xq), w));
+    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
+  }
+}
+
+// acc[t] += (x[t].d[b] * d) * float(isum[t]) lane by lane, d the rows' f16 scales at d_at: the
+// float step of Q3_K, Q6_K and IQ4_XS (AddBlockTerm's).
+template <int T>
+[[gnu::optimize("fp-contract=off")]] inline void AddPackedBlockTerms(const uint8_t* d_at,
+                                                                     const ActsView* x, int64_t b,
+                                                                     const __m256i* isum,
+                                                                     __m256* acc) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_at)));
+  for (int t = 0; t < T; ++t) {
+    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
+    acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum[t])));
+  }
+}
+
+// isum[t] += each row's sc * (its codes q (unsigned) . x[t] at elements at .. at + 3) for t < T
+// (q < 64, |x| <= 127: maddubs' pair sums stay within int16).
+template <int T>
+inline void AddUnsignedRun(__m256i q, __m256i sc, const ActsView* x, int64_t at, __m256i* isum) {
+  for (int t = 0; t < T; ++t) {
+    int32_t xq;
+    std::memcpy(&xq, x[t].q + at, 4);
+    isum[t] = _mm256_add_epi32(
+        isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_set1_epi32(xq)), sc));
+  }
+}
+
+// The mins step of the packed Q4_K and Q5_K kernels (DotQ45_K's): acc_m + (dx * dmin) *
+// float(each row's sum over g of m_g * (bsum[2g] + bsum[2g + 1])), mins[g] the rows' m_g.
+[[gnu::optimize("fp-contract=off")]] inline __m256 AddKMins(__m256 acc_m, const __m256i* mins,
+                                                            __m256 dmin, const ActsView& x,
+                                                            int64_t b) {
+  const int16_t* bsum = x.bsum + 16 * b;
+  const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum));
+  const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum + 8));
+  const __m256i pairs = _mm256_cvtepi16_epi32(_mm_hadd_epi16(bs_lo, bs_hi));
+  __m256i mm = _mm256_setzero_si256();
+  for (int g = 0; g < 8; ++g) {
+    const __m256i m = _mm256_load_si256(mins + g);
+    mm = _mm256_add_epi32(
+        mm, _mm256_mullo_epi32(m, _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(g))));
+  }
+  const __m256 dx = _mm256_set1_ps(x.d[b]);
+  return _mm256_add_ps(acc_m, _mm256_mul_ps(_mm256_mul_ps(dx, dmin), _mm256_cvtepi32_ps(mm)));
+}
+
 // Q4_K rows packed in groups of 8 (cpu::PackRows): out[t][r] for the 8 rows of `group`
 // (n_blocks packed blocks) and the T token rows x[0..T). The lanes of every vector are the 8
 // rows. A group's products are added in int16 (at most 8 x 2 x 15 x 127 per lane) and scaled
@@ -391,19 +456,7 @@ template <int T>
     for (int t = 0; t < T; ++t) {
       const __m256 dx = _mm256_set1_ps(x[t].d[b]);
       acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-      // Each row's sum over g of m_g * (bsum[2g] + bsum[2g + 1]).
-      const int16_t* bsum = x[t].bsum + 16 * b;
-      const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum));
-      const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum + 8));
-      const __m256i pairs = _mm256_cvtepi16_epi32(_mm_hadd_epi16(bs_lo, bs_hi));
-      __m256i mm = _mm256_setzero_si256();
-      for (int g = 0; g < 8; ++g) {
-        const __m256i m = _mm256_load_si256(reinterpret_cast<const __m256i*>(mins[g]));
-        mm = _mm256_add_epi32(
-            mm, _mm256_mullo_epi32(m, _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(g))));
-      }
-      acc_m[t] =
-          _mm256_add_ps(acc_m[t], _mm256_mul_ps(_mm256_mul_ps(dx, dmin), _mm256_cvtepi32_ps(mm)));
+      acc_m[t] = AddKMins(acc_m[t], reinterpret_cast<const __m256i*>(mins), dmin, x[t], b);
     }
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(acc[t], acc_m[t]));
@@ -455,18 +508,9 @@ template <int T>
         const __m256i hi = _mm256_or_si256(
             _mm256_and_si256(_mm256_srli_epi16(v, 4), low),
             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
-        for (int t = 0; t < T; ++t) {
-          const int8_t* qx = x[t].q + 256 * b + 64 * c + 4 * j;
-          int32_t xl, xh;
-          std::memcpy(&xl, qx, 4);
-          std::memcpy(&xh, qx + 32, 4);
-          isum[t] = _mm256_add_epi32(
-              isum[t],
-              _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)), scales[2 * c]));
-          isum[t] = _mm256_add_epi32(
-              isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)),
-                                         scales[2 * c + 1]));
-        }
+        const int64_t at = 256 * b + 64 * c + 4 * j;
+        AddUnsignedRun<T>(lo, scales[2 * c], x, at, isum);
+        AddUnsignedRun<T>(hi, scales[2 * c + 1], x, at + 32, isum);
       }
       for (int t = 0; t < T; ++t) {
         lane[t][j] = _mm256_fmadd_ps(scale[t], _mm256_cvtepi32_ps(isum[t]), lane[t][j]);
@@ -475,56 +519,10 @@ template <int T>
     const __m256 dmin =
         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kTail + 16)));
     for (int t = 0; t < T; ++t) {
-      // Each row's sum over g of m_g * (bsum[2g] + bsum[2g + 1]).
-      const int16_t* bsum = x[t].bsum + 16 * b;
-      const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum));
-      const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum + 8));
-      const __m256i pairs = _mm256_cvtepi16_epi32(_mm_hadd_epi16(bs_lo, bs_hi));
-      __m256i mm = _mm256_setzero_si256();
-      for (int g = 0; g < 8; ++g) {
-        mm = _mm256_add_epi32(mm, _mm256_mullo_epi32(mins[g], _mm256_permutevar8x32_epi32(
-                                                                  pairs, _mm256_set1_epi32(g))));
-      }
-      const __m256 dx = _mm256_set1_ps(x[t].d[b]);
-      acc_m[t] =
-          _mm256_add_ps(acc_m[t], _mm256_mul_ps(_mm256_mul_ps(dx, dmin), _mm256_cvtepi32_ps(mm)));
+      acc_m[t] = AddKMins(acc_m[t], mins, dmin, x[t], b);
     }
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(SumLanes(lane[t]), acc_m[t]));
-}
-
-// Helpers of the packed K-format kernels, whose vector lanes are 8 rows.
-// The 8 int8 values at p (one per row), each in both 16-bit halves of its lane (for madd).
-inline __m256i RowScales16(const uint8_t* p) {
-  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
-}
-
-// isum[t] += each row's sc * (its signed codes w . x[t] at elements at .. at + 3) for t < T, by
-// the sign trick (|w| <= 127: maddubs' pair sums stay within int16).
-template <int T>
-inline void AddSignedRun(__m256i w, __m256i sc, const ActsView* x, int64_t at, __m256i* isum) {
-  const __m256i aw = _mm256_sign_epi8(w, w);
-  for (int t = 0; t < T; ++t) {
-    int32_t xq;
-    std::memcpy(&xq, x[t].q + at, 4);
-    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xq), w));
-    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
-  }
-}
-
-// acc[t] += (x[t].d[b] * d) * float(isum[t]) lane by lane, d the rows' f16 scales at d_at: the
-// float step of Q3_K, Q6_K and IQ4_XS (AddBlockTerm's).
-template <int T>
-[[gnu::optimize("fp-contract=off")]] inline void AddPackedBlockTerms(const uint8_t* d_at,
-                                                                     const ActsView* x, int64_t b,
-                                                                     const __m256i* isum,
-                                                                     __m256* acc) {
-  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_at)));
-  for (int t = 0; t < T; ++t) {
-    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x[t].d[b]), d);
-    acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum[t])));
-  }
 }
 
 // IQ4_XS rows packed in groups of 8 (cpu::PackRows): out[t][r] for the 8 rows of `group` and
@@ -679,13 +677,7 @@ template <int T>
         for (int j = 0; j < 4; ++j) {
           const __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), two);
           const int e = 128 * n + 32 * j + 4 * i;  // elements e .. e + 3 of every row
-          const __m256i& sc = scv[e / 16];
-          for (int t = 0; t < T; ++t) {
-            int32_t xq;
-            std::memcpy(&xq, x[t].q + 256 * b + e, 4);
-            const __m256i p = _mm256_maddubs_epi16(q, _mm256_set1_epi32(xq));
-            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
-          }
+          AddUnsignedRun<T>(q, scv[e / 16], x, 256 * b + e, isum);
         }
       }
     }
