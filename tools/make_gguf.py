@@ -138,6 +138,11 @@ def dequantize_legacy(b, cols, kind):
     return v.astype(np.float32).reshape(rows, cols)
 
 
+def f16_at(b, at):
+    """The f16 at bytes [at, at + 2) of each block row of b [nb, bytes], as float32 [nb]."""
+    return b[:, at:at + 2].copy().view(np.float16).astype(np.float32)[:, 0]
+
+
 def pack_q4k_scales(sc, m):  # sc, m [n, 8] in 0..63 -> [n, 12]
     out = np.zeros(sc.shape[:-1] + (12,), np.uint8)
     for j in range(4):
@@ -161,21 +166,22 @@ def unpack_q4k_scales(s):
     return sc, m
 
 
-def k_quant_groups(w, levels):
-    """Per 256-block: f16 d and dmin, 6-bit sc and m per group of 32, and q in 0..levels with
-    w ~ (d * sc) * q - dmin * m (per-group min/max). Returns (d, dmin, sc, m, q [nb, 8, 32])."""
+def k_quant_groups(w, levels, group=32, scale_max=63):
+    """Per 256-block: f16 d and dmin, sc and m in 0..scale_max per group of `group`, and q in
+    0..levels with w ~ (d * sc) * q - dmin * m (per-group min/max). Returns (d, dmin, sc, m,
+    q [nb, 256 / group, group])."""
     rows, cols = w.shape
     nb = rows * cols // 256
-    g = w.reshape(nb, 8, 32).astype(np.float32)
+    g = w.reshape(nb, 256 // group, group).astype(np.float32)
     lo = np.minimum(g.min(axis=2), 0)
     hi = g.max(axis=2)
     scale = (hi - lo) / float(levels)
     mins = -lo
-    d = f16(scale.max(axis=1) / 63.0)
-    dmin = f16(mins.max(axis=1) / 63.0)
+    d = f16(scale.max(axis=1) / float(scale_max))
+    dmin = f16(mins.max(axis=1) / float(scale_max))
     df, dminf = d.astype(np.float32), dmin.astype(np.float32)
-    sc = np.clip(rint(scale / np.where(df == 0, 1, df)[:, None]), 0, 63).astype(np.int64)
-    m = np.clip(rint(mins / np.where(dminf == 0, 1, dminf)[:, None]), 0, 63).astype(np.int64)
+    sc = np.clip(rint(scale / np.where(df == 0, 1, df)[:, None]), 0, scale_max).astype(np.int64)
+    m = np.clip(rint(mins / np.where(dminf == 0, 1, dminf)[:, None]), 0, scale_max).astype(np.int64)
     d1 = (df[:, None] * sc.astype(np.float32)).astype(np.float32)
     m1 = (dminf[:, None] * m.astype(np.float32)).astype(np.float32)
     q = np.clip(rint((g + m1[..., None]) / np.where(d1 == 0, 1, d1)[..., None]), 0, levels).astype(np.uint8)
@@ -205,8 +211,7 @@ def dequantize_k(b, cols, fifth_bit):
     rows = b.shape[0]
     nb = rows * cols // 256
     b = b.reshape(nb, 176 if fifth_bit else 144)
-    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
-    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
+    d, dmin = f16_at(b, 0), f16_at(b, 2)
     sc, m = unpack_q4k_scales(b[:, 4:16])
     d1 = (d[:, None] * sc.astype(np.float32)).astype(np.float32)  # [nb, 8]
     m1 = (dmin[:, None] * m.astype(np.float32)).astype(np.float32)
@@ -270,7 +275,7 @@ def dequantize_q6_k(b, cols):
     ql = b[:, 0:128].reshape(nb, 2, 64).astype(np.int64)
     qh = b[:, 128:192].reshape(nb, 2, 32).astype(np.int64)
     sc = b[:, 192:208].view(np.int8).astype(np.float32).reshape(nb, 16)
-    d = b[:, 208:210].copy().view(np.float16).astype(np.float32)[:, 0]
+    d = f16_at(b, 208)
     q = np.zeros((nb, 2, 128), np.int64)
     q[:, :, 0:32] = (ql[:, :, 0:32] & 0xF) | (((qh >> 0) & 3) << 4)
     q[:, :, 32:64] = (ql[:, :, 32:64] & 0xF) | (((qh >> 2) & 3) << 4)
@@ -279,11 +284,6 @@ def dequantize_q6_k(b, cols):
     q = (q - 32).reshape(nb, 16, 16).astype(np.float32)
     scale = (d[:, None] * sc).astype(np.float32)  # d * sc, then * q: two f32 roundings
     return (scale[..., None] * q).astype(np.float32).reshape(rows, cols)
-
-
-def f16_at(b, at):
-    """The f16 at bytes [at, at + 2) of each block row of b [nb, bytes], as float32 [nb]."""
-    return b[:, at:at + 2].copy().view(np.float16).astype(np.float32)[:, 0]
 
 
 # Q3_K: the hmask bit of element 128 n + 32 j + 16 h + l is bit 4 n + j (axes n, j of [nb, n, j,
@@ -314,19 +314,7 @@ def quantize_q2_k(w):
     w ~ (d * sc) * q - dmin * m with q in 0..3 over the group's [min(0, lo), hi]."""
     rows, cols = w.shape
     nb = rows * cols // 256
-    g = w.reshape(nb, 16, 16).astype(np.float32)
-    lo = np.minimum(g.min(axis=2), 0)
-    scale = (g.max(axis=2) - lo) / 3.0
-    mins = -lo
-    d = f16(scale.max(axis=1) / 15.0)
-    dmin = f16(mins.max(axis=1) / 15.0)
-    df, dminf = d.astype(np.float32), dmin.astype(np.float32)
-    sc = np.clip(rint(scale / np.where(df == 0, 1, df)[:, None]), 0, 15).astype(np.int64)
-    m = np.clip(rint(mins / np.where(dminf == 0, 1, dminf)[:, None]), 0, 15).astype(np.int64)
-    dl = (df[:, None] * sc.astype(np.float32)).astype(np.float32)
-    ml = (dminf[:, None] * m.astype(np.float32)).astype(np.float32)
-    q = np.clip(rint((g + ml[..., None]) / np.where(dl == 0, 1, dl)[..., None]), 0, 3).astype(np.int64)
-    q[dl == 0] = 0
+    d, dmin, sc, m, q = k_quant_groups(w, 3, group=16, scale_max=15)
     out = np.zeros((nb, 84), np.uint8)
     out[:, 0:16] = (sc | (m << 4)).astype(np.uint8)
     out[:, 16:80] = pack_low_bits(q.reshape(nb, 256))
