@@ -129,7 +129,7 @@ inline constexpr int64_t kQ6_KPackedBlockBytes = 8 * 128 + 8 * 64 + 16 + 128;
 inline constexpr int64_t kQ2_KPackedBlockBytes = 8 * 64 + 16 + 16 + 128;
 inline constexpr int64_t kQ5_KPackedBlockBytes = 8 * 128 + 8 * 32 + 32 + 128;
 // The packed block size of a packable dtype (kQ4_K, kQ5_K, kQ6_K, kQ8_0, kQ4_0, kQ5_0, kIQ4_NL,
-// kIQ4_XS, kQ3_K, kQ2_K).
+// kIQ4_XS, kQ3_K, kQ2_K); 0 for every other dtype.
 constexpr int64_t PackedBlockBytes(DType t) {
   return t == DType::kQ4_K                          ? kQ4_KPackedBlockBytes
          : t == DType::kQ4_0 || t == DType::kIQ4_NL ? kQ4_0PackedBlockBytes
@@ -139,7 +139,8 @@ constexpr int64_t PackedBlockBytes(DType t) {
          : t == DType::kQ6_K                        ? kQ6_KPackedBlockBytes
          : t == DType::kQ2_K                        ? kQ2_KPackedBlockBytes
          : t == DType::kQ5_K                        ? kQ5_KPackedBlockBytes
-                                                    : kQ8_0PackedBlockBytes;
+         : t == DType::kQ8_0                        ? kQ8_0PackedBlockBytes
+                                                    : 0;  // not packable
 }
 // Whether w (2-D, one of PackedBlockBytes' dtypes, rows % 8 == 0) can be packed, and its packed
 // size in bytes.

@@ -130,12 +130,6 @@ void PackQ2_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   }
 }
 
-bool IsPackable(DType t) {
-  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ8_0 ||
-         t == DType::kQ4_0 || t == DType::kQ5_0 || t == DType::kIQ4_NL || t == DType::kIQ4_XS ||
-         t == DType::kQ3_K || t == DType::kQ2_K;
-}
-
 int64_t BlockElements(const TensorView& w) {
   return TakesQ8_0Activations(w.dtype) ? kQ8_0Block : kQKBlock;
 }
@@ -143,8 +137,8 @@ int64_t BlockElements(const TensorView& w) {
 }  // namespace
 
 bool CanPackRows(const TensorView& w) {
-  return IsPackable(w.dtype) && w.n_dims == 2 && w.shape[0] > 0 && w.shape[0] % 8 == 0 &&
-         w.shape[1] % BlockElements(w) == 0;
+  return PackedBlockBytes(w.dtype) > 0 && w.n_dims == 2 && w.shape[0] > 0 &&
+         w.shape[0] % 8 == 0 && w.shape[1] % BlockElements(w) == 0;
 }
 
 int64_t PackedRowsBytes(const TensorView& w) {
