@@ -277,7 +277,11 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
   // Tiles: sequence s's tokens in runs of `tile_tokens`; tile_starts[s] = its first tile. (The
   // tiling changes no bits: each output element gets the operations of a tile of one token.)
   const int tile_tokens = TokenTile(group, row_stride);
-  std::vector<int64_t> tile_starts(static_cast<size_t>(n_seqs) + 1, 0);
+  // (Kept per thread to spare an allocation per layer; named through a local reference so that
+  // the workers read the caller's.)
+  thread_local std::vector<int64_t> tile_starts_of_thread;
+  std::vector<int64_t>& tile_starts = tile_starts_of_thread;
+  tile_starts.assign(static_cast<size_t>(n_seqs) + 1, 0);
   for (int64_t s = 0; s < n_seqs; ++s) {
     tile_starts[s + 1] =
         tile_starts[s] + (seq_starts[s + 1] - seq_starts[s] + tile_tokens - 1) / tile_tokens;
