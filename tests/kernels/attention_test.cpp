@@ -207,9 +207,9 @@ TEST(PagedAttention, FastGivesATokenTheSameBitsInAChunkAsAlone) {
                            cfg.context_lens, cfg.n_new, cfg.window);
     const std::vector<float> all = RunPaged(ctx, c);
     const int64_t row = c.shape.n_heads * c.shape.head_dim;
+    PagedCase one = c;  // the same pool, one token at a time
     for (size_t s = 0; s + 1 < c.seq_starts.size(); ++s) {
       for (int32_t t = c.seq_starts[s]; t < c.seq_starts[s + 1]; ++t) {
-        PagedCase one = c;
         one.positions = {c.positions[t]};
         one.seq_starts = {0, 1};
         one.block_tables.assign(c.block_tables.begin() + s * c.max_blocks,
