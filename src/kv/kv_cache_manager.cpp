@@ -4,8 +4,14 @@
 
 #include "core/check.h"
 
-// Header-only xxHash: no library to link.
+// Header-only xxHash: no library to link. Under -march=native on an AVX-512 machine
+// (KESTREL_NATIVE) its AVX-512 loop trips GCC 12's -Wuninitialized inside avx512fintrin.h
+// (_mm512_undefined_epi32), which -Werror turns into a failed build; the AVX2 loop gives the same
+// hashes (XXH3's value does not depend on the vector width).
 #define XXH_INLINE_ALL
+#if defined(__AVX512F__) && defined(__AVX2__)
+#define XXH_VECTOR XXH_AVX2
+#endif
 #include <xxhash.h>
 
 namespace kestrel {
