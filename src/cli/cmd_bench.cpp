@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/ops.h"
 #include "cli/bench_cuda.h"
 #include "cli/bench_engine.h"
 #include "cli/bench_util.h"
@@ -137,6 +138,10 @@ int RunBench(BenchFlags f) {
   out["device"] = "cpu";
   out["threads"] = pool.n_threads();
   out["kernels"] = model->kernels_name();
+  // Which build of the integer kernels (GGUF blocks against int8 activations) ran: same bits.
+  if (model->kernels_name() == cpu::KernelSetName(cpu::KernelSet::kAvx2)) {
+    out["int8_dot"] = cpu::Int8DotIsaName(cpu::Int8DotIsaInUse());
+  }
   out["weight_bytes_per_token"] = weight_bytes;
   out["state_bytes_per_token"] = state_bytes;
   out["kv_cache_dtype"] = model->kv_cache_dtype();

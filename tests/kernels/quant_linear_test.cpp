@@ -95,6 +95,22 @@ QuantWeights MakeQuantWeights(std::mt19937& rng, DType dtype, int64_t rows, int6
   return w;
 }
 
+// The builds of the integer kernels this CPU runs (AVX2, and the VNNI ones where supported).
+std::vector<cpu::Int8DotIsa> SupportedInt8Isas() {
+  std::vector<cpu::Int8DotIsa> isas;
+  for (cpu::Int8DotIsa isa :
+       {cpu::Int8DotIsa::kAvx2, cpu::Int8DotIsa::kAvxVnni, cpu::Int8DotIsa::kAvx512Vnni}) {
+    if (cpu::CpuSupports(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+OpContext Avx2Context(ThreadPool* pool, cpu::Int8DotIsa isa) {
+  OpContext ctx{KernelSet::kAvx2, pool};
+  ctx.int8_isa = isa;
+  return ctx;
+}
+
 std::vector<float> RunLinear(const OpContext& ctx, const std::vector<float>& x, int64_t m,
                              const TensorView& w) {
   std::vector<float> y(static_cast<size_t>(m * w.shape[0]), -777.0f);
@@ -139,10 +155,11 @@ TEST(QuantLinear, Int8ActivationsSameBitsInEveryKernelSet) {
             ASSERT_LE(std::fabs(y[static_cast<size_t>(t * rows + n)] - exact), 1e-5 * mag + 1e-30) << label;
           }
         }
-        if (!cpu::CpuHasAvx2Fma()) continue;
-        for (ThreadPool* p : {&pool1, &pool2, &pool3}) {
-          EXPECT_TRUE(SameBits(y, RunLinear(OpContext{KernelSet::kAvx2, p}, x, m, w.view)))
-              << "avx2 " << label;
+        for (cpu::Int8DotIsa isa : SupportedInt8Isas()) {
+          for (ThreadPool* p : {&pool1, &pool2, &pool3}) {
+            EXPECT_TRUE(SameBits(y, RunLinear(Avx2Context(p, isa), x, m, w.view)))
+                << cpu::Int8DotIsaName(isa) << " " << label;
+          }
         }
       }
     }
@@ -183,9 +200,11 @@ TEST(QuantLinear, PackedRowsGiveTheSameBits) {
                                   std::to_string(cols) + " m=" + std::to_string(m);
         std::vector<float> x = RandomFloats(rng, m * cols);
         const std::vector<float> y = RunLinear(OpContext{}, x, m, w.view);  // reference, int8 acts
-        if (!cpu::CpuHasAvx2Fma()) continue;
-        for (ThreadPool* p : {&pool1, &pool2, &pool3}) {
-          EXPECT_TRUE(SameBits(y, RunLinear(OpContext{KernelSet::kAvx2, p}, x, m, pv))) << label;
+        for (cpu::Int8DotIsa isa : SupportedInt8Isas()) {
+          for (ThreadPool* p : {&pool1, &pool2, &pool3}) {
+            EXPECT_TRUE(SameBits(y, RunLinear(Avx2Context(p, isa), x, m, pv)))
+                << cpu::Int8DotIsaName(isa) << " " << label;
+          }
         }
       }
     }
@@ -196,6 +215,19 @@ TEST(QuantLinear, PackedRowsGiveTheSameBits) {
   EXPECT_FALSE(cpu::CanPackRows(odd8.view));
   QuantWeights q41 = MakeQuantWeights(rng, DType::kQ4_1, 16, 256, 0);
   EXPECT_FALSE(cpu::CanPackRows(q41.view));  // a format without an integer kernel
+}
+
+// The VNNI builds of the integer kernels are checked above wherever this CPU runs them; on one
+// without VNNI only the AVX2 build is, which this test reports as a skip. Where one runs, it is
+// the default (unless KESTREL_CPU_VNNI says otherwise).
+TEST(QuantLinear, VnniBuildsAreTheDefaultWhereSupported) {
+  const std::vector<cpu::Int8DotIsa> isas = SupportedInt8Isas();
+  if (isas.size() < 2) GTEST_SKIP() << "no AVX-VNNI or AVX512-VNNI here: only the AVX2 build ran";
+  const char* env = std::getenv("KESTREL_CPU_VNNI");
+  if (env != nullptr && *env != '\0')
+    GTEST_SKIP() << "KESTREL_CPU_VNNI=" << env << " picks the build";
+  EXPECT_EQ(cpu::Int8DotIsaInUse(), isas[1]) << cpu::Int8DotIsaName(cpu::Int8DotIsaInUse());
+  EXPECT_EQ(OpContext{}.int8_isa, cpu::Int8DotIsaInUse());
 }
 
 TEST(QuantLinear, EqualsLinearOverTheDequantizedWeights) {

@@ -56,7 +56,8 @@ void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, co
 
 namespace avx2 {
 void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
-                 bool int8_activations, bool batch_invariant = false);
+                 bool int8_activations, bool batch_invariant = false,
+                 Int8DotIsa int8_isa = Int8DotIsa::kAvx2);
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const KvRows& k_cache, const KvRows& v_cache, float* out,
                     std::span<float> scratch);
@@ -79,5 +80,23 @@ void QuantizeActsQ8_K(const float* x, int64_t k, int8_t* q, float* d, int16_t* b
 void IntDotRange(DType t, const void* w, const void* packed, int64_t k_in, int64_t n_out,
                  int64_t n_begin, int64_t n_end, const ActsView* acts, int64_t m_rows, float* y);
 }  // namespace avx2
+
+// The same integer kernels built with a VNNI extension (linear_int8_kernels.inc): the same bits,
+// fewer instructions for the formats of 32-element blocks (Q8_0, Q4_0, Q5_0, IQ4_NL).
+namespace avxvnni {
+void IntDotRange(DType t, const void* w, const void* packed, int64_t k_in, int64_t n_out,
+                 int64_t n_begin, int64_t n_end, const avx2::ActsView* acts, int64_t m_rows,
+                 float* y);
+}  // namespace avxvnni
+namespace avx512vnni {
+void IntDotRange(DType t, const void* w, const void* packed, int64_t k_in, int64_t n_out,
+                 int64_t n_begin, int64_t n_end, const avx2::ActsView* acts, int64_t m_rows,
+                 float* y);
+}  // namespace avx512vnni
+// Which build of the integer kernels runs (Int8DotIsa, ops.h); the AVX2 one when `isa` is not
+// supported here.
+void IntDotRangeOn(Int8DotIsa isa, DType t, const void* w, const void* packed, int64_t k_in,
+                   int64_t n_out, int64_t n_begin, int64_t n_end, const avx2::ActsView* acts,
+                   int64_t m_rows, float* y);
 
 }  // namespace kestrel::cpu

@@ -652,7 +652,7 @@ int64_t RowBytesOf(DType t, int64_t k_in) {
 }  // namespace
 
 void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
-                 bool int8_activations, bool batch_invariant) {
+                 bool int8_activations, bool batch_invariant, Int8DotIsa int8_isa) {
   // Work is cut into chunks of whole units (8 output rows for the streaming kernel, one 16-row
   // panel for the packed one) that threads take from a shared counter: on a machine shared with
   // other work a static split waits for the slowest thread, dynamic chunks do not. A chunk
@@ -747,8 +747,8 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
     const int64_t n_end = u_end * unit_rows < n_out ? u_end * unit_rows : n_out;
     WithDType(w.dtype, [&]<DType T>() {
       if (plan[j].int_dot) {
-        IntDotRange(w.dtype, w.data, w.cpu_packed, k_in, n_out, n_begin, n_end, act_rows[j].data(),
-                    m_rows, job.y);
+        IntDotRangeOn(int8_isa, w.dtype, w.data, w.cpu_packed, k_in, n_out, n_begin, n_end,
+                      act_rows[j].data(), m_rows, job.y);
         return;
       }
       if (plan[j].direct) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "backends/cpu/kernels_internal.h"
@@ -24,6 +25,69 @@ bool CpuHasAvx2Fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                           __builtin_cpu_supports("f16c");
   return has;
+}
+
+std::string_view Int8DotIsaName(Int8DotIsa isa) {
+  switch (isa) {
+    case Int8DotIsa::kAvx2:
+      return "avx2";
+    case Int8DotIsa::kAvxVnni:
+      return "avxvnni";
+    case Int8DotIsa::kAvx512Vnni:
+      return "avx512vnni";
+  }
+  return "?";
+}
+
+bool CpuSupports(Int8DotIsa isa) {
+  if (!CpuHasAvx2Fma()) return false;
+  switch (isa) {
+    case Int8DotIsa::kAvx2:
+      return true;
+    case Int8DotIsa::kAvxVnni: {
+      static const bool has = __builtin_cpu_supports("avxvnni");
+      return has;
+    }
+    case Int8DotIsa::kAvx512Vnni: {
+      // Also checks that the OS saves the AVX-512 state (opmask and ZMM, XCR0).
+      static const bool has = __builtin_cpu_supports("avx512vnni") &&
+                              __builtin_cpu_supports("avx512vl") &&
+                              __builtin_cpu_supports("avx512bw");
+      return has;
+    }
+  }
+  return false;
+}
+
+Int8DotIsa Int8DotIsaInUse() {
+  static const Int8DotIsa isa = [] {
+    // KESTREL_CPU_VNNI=0 keeps AVX2; =avxvnni or =avx512vnni asks for that build (if supported).
+    const char* env = std::getenv("KESTREL_CPU_VNNI");
+    const std::string_view want = env != nullptr ? env : "";
+    if (want == "0" || want == "avx2") return Int8DotIsa::kAvx2;
+    for (Int8DotIsa isa : {Int8DotIsa::kAvxVnni, Int8DotIsa::kAvx512Vnni}) {
+      if (want == Int8DotIsaName(isa) && CpuSupports(isa)) return isa;
+    }
+    if (CpuSupports(Int8DotIsa::kAvxVnni)) return Int8DotIsa::kAvxVnni;
+    if (CpuSupports(Int8DotIsa::kAvx512Vnni)) return Int8DotIsa::kAvx512Vnni;
+    return Int8DotIsa::kAvx2;
+  }();
+  return isa;
+}
+
+void IntDotRangeOn(Int8DotIsa isa, DType t, const void* w, const void* packed, int64_t k_in,
+                   int64_t n_out, int64_t n_begin, int64_t n_end, const avx2::ActsView* acts,
+                   int64_t m_rows, float* y) {
+  if (!CpuSupports(isa)) isa = Int8DotIsa::kAvx2;
+  switch (isa) {
+    case Int8DotIsa::kAvxVnni:
+      return avxvnni::IntDotRange(t, w, packed, k_in, n_out, n_begin, n_end, acts, m_rows, y);
+    case Int8DotIsa::kAvx512Vnni:
+      return avx512vnni::IntDotRange(t, w, packed, k_in, n_out, n_begin, n_end, acts, m_rows, y);
+    case Int8DotIsa::kAvx2:
+      break;
+  }
+  avx2::IntDotRange(t, w, packed, k_in, n_out, n_begin, n_end, acts, m_rows, y);
 }
 
 static void CheckWeight2D(const TensorView& w) {
@@ -82,7 +146,7 @@ void LinearGroup(const OpContext& ctx, int64_t m_rows, std::span<const LinearJob
       }
       avx2::LinearGroup(ctx.pool, m_rows,
                         any ? std::span<const LinearJob>(gathered, jobs.size()) : jobs,
-                        ctx.int8_activations, ctx.batch_invariant);
+                        ctx.int8_activations, ctx.batch_invariant, ctx.int8_isa);
       return;
     }
   }

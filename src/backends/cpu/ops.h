@@ -29,6 +29,16 @@ std::string_view KernelSetName(KernelSet k);
 // AVX2 + FMA + F16C available on this CPU (and the OS saves YMM state).
 bool CpuHasAvx2Fma();
 
+// The builds of the kAvx2 set's integer dot products (block-quantized weights against int8
+// activations): plain AVX2, or with a VNNI extension's vpdpbusd (AVX-VNNI, VEX-encoded; or
+// AVX512-VNNI on 256-bit registers). All give the same bits; the VNNI ones take fewer instructions
+// for Q8_0 / Q4_0 / Q5_0 / IQ4_NL. Int8DotIsaInUse() is the best this CPU supports, or what
+// KESTREL_CPU_VNNI names (0 or avx2, avxvnni, avx512vnni) when this CPU supports it.
+enum class Int8DotIsa : uint8_t { kAvx2, kAvxVnni, kAvx512Vnni };
+std::string_view Int8DotIsaName(Int8DotIsa isa);
+bool CpuSupports(Int8DotIsa isa);
+Int8DotIsa Int8DotIsaInUse();
+
 struct OpContext {
   KernelSet kernels = KernelSet::kReference;
   ThreadPool* pool = nullptr;  // used by the fast paths; null means the calling thread only
@@ -42,6 +52,8 @@ struct OpContext {
   // of larger batches sums k in another order), so a request's logits are the same bits whatever
   // else is batched with it. Costs prefill speed.
   bool batch_invariant = false;
+  // Which build of the integer kernels runs (all give the same bits); tests set each in turn.
+  Int8DotIsa int8_isa = Int8DotIsaInUse();
 };
 
 // ---- Linear layers --------------------------------------------------------------------------
