@@ -65,8 +65,8 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 // Floats of scratch per thread that PagedAttention needs.
 int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens);
 
-// linear_int8_avx2.cpp: block-quantized weights against int8 activations (LinearGroup's default
-// for the formats with HasIntDot).
+// linear_int8_kernels.inc (built as linear_int8_avx2.cpp and its VNNI variants): block-quantized
+// weights against int8 activations (LinearGroup's default for the formats with HasIntDot).
 struct ActsView {  // one row's activation blocks (Q8_0: d per 32; Q8_K: d per 256 and bsums)
   const int8_t* q;
   const float* d;

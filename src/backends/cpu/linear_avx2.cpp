@@ -18,7 +18,7 @@
 //    sequential FMA chain over k (continued through y between k blocks), independent of the tile.
 //
 // Block-quantized weights with int8 activations (the default for the formats with HasIntDot)
-// take the integer kernels of linear_int8_avx2.cpp instead, through the same chunking.
+// take the integer kernels of linear_int8_kernels.inc instead, through the same chunking.
 #include <immintrin.h>
 
 #include <atomic>
