@@ -17,6 +17,12 @@ using quant::Q4KScaleMin;
 
 namespace {
 
+// Row r's `bytes` bytes at src (a multiple of 4) as 4-byte pieces into the [pieces][8 rows][4
+// bytes] layout at o: piece p of row r lands at o + (p * 8 + r) * 4.
+void InterleavePieces(uint8_t* o, const uint8_t* src, int bytes, int r) {
+  for (int p = 0; p < bytes / 4; ++p) std::memcpy(o + (p * 8 + r) * 4, src + 4 * p, 4);
+}
+
 // One packed block: the 8 rows' block b of a Q4_K (kFifthBit false) or Q5_K group (rows[r] = row
 // r's blocks).
 template <bool kFifthBit>
@@ -26,14 +32,8 @@ void PackQ45_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   constexpr int kTail = kFifthBit ? 1280 : 1024;  // d, dmin, scales, mins
   for (int r = 0; r < 8; ++r) {
     const uint8_t* blk = rows[r] + b * kBytes;
-    for (int c = 0; c < 4; ++c) {
-      for (int j = 0; j < 8; ++j) {
-        std::memcpy(o + ((c * 8 + j) * 8 + r) * 4, blk + kQs + 32 * c + 4 * j, 4);
-      }
-    }
-    if constexpr (kFifthBit) {
-      for (int j = 0; j < 8; ++j) std::memcpy(o + 1024 + (j * 8 + r) * 4, blk + 16 + 4 * j, 4);
-    }
+    InterleavePieces(o, blk + kQs, 128, r);
+    if constexpr (kFifthBit) InterleavePieces(o + 1024, blk + 16, 32, r);
     std::memcpy(o + kTail + 2 * r, blk, 2);           // d
     std::memcpy(o + kTail + 16 + 2 * r, blk + 2, 2);  // dmin
     for (int g = 0; g < 8; ++g) {
@@ -49,7 +49,7 @@ void PackQ45_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
 void PackQ8_0Block(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   for (int r = 0; r < 8; ++r) {
     const uint8_t* blk = rows[r] + b * kQ8_0Bytes;
-    for (int j = 0; j < 8; ++j) std::memcpy(o + (j * 8 + r) * 4, blk + 2 + 4 * j, 4);
+    InterleavePieces(o, blk + 2, 32, r);
     std::memcpy(o + 256 + 2 * r, blk, 2);  // d
   }
 }
@@ -60,7 +60,7 @@ void PackLegacyBlock(DType t, const uint8_t* const* rows, int64_t b, uint8_t* o)
   const bool five = l.qh_at >= 0;
   for (int r = 0; r < 8; ++r) {
     const uint8_t* blk = rows[r] + b * l.bytes;
-    for (int i = 0; i < 4; ++i) std::memcpy(o + (i * 8 + r) * 4, blk + l.nibbles_at + 4 * i, 4);
+    InterleavePieces(o, blk + l.nibbles_at, 16, r);
     if (five) std::memcpy(o + 128 + 4 * r, blk + l.qh_at, 4);
     std::memcpy(o + (five ? 160 : 128) + 2 * r, blk, 2);  // d
   }
@@ -70,10 +70,8 @@ void PackLegacyBlock(DType t, const uint8_t* const* rows, int64_t b, uint8_t* o)
 void PackIq4XsBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   for (int r = 0; r < 8; ++r) {
     const uint8_t* blk = rows[r] + b * quant::kIQ4_XSBytes;
+    InterleavePieces(o, blk + 8, 128, r);
     for (int ib = 0; ib < 8; ++ib) {
-      for (int i = 0; i < 4; ++i) {
-        std::memcpy(o + ((ib * 4 + i) * 8 + r) * 4, blk + 8 + 16 * ib + 4 * i, 4);
-      }
       o[1040 + 8 * ib + r] =
           static_cast<uint8_t>(static_cast<int8_t>(quant::Iq4XsScale(blk, ib) - 32));
     }
@@ -85,11 +83,8 @@ void PackIq4XsBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
 void PackQ3_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   for (int r = 0; r < 8; ++r) {
     const uint8_t* blk = rows[r] + b * quant::kQ3_KBytes;
-    for (int n = 0; n < 2; ++n) {
-      for (int i = 0; i < 8; ++i)
-        std::memcpy(o + ((n * 8 + i) * 8 + r) * 4, blk + 32 + 32 * n + 4 * i, 4);
-    }
-    for (int i = 0; i < 8; ++i) std::memcpy(o + 512 + (i * 8 + r) * 4, blk + 4 * i, 4);
+    InterleavePieces(o, blk + 32, 64, r);        // qs
+    InterleavePieces(o + 512, blk, 32, r);       // hmask
     std::memcpy(o + 768 + 2 * r, blk + 108, 2);  // d
     for (int g = 0; g < 16; ++g) {
       o[784 + 8 * g + r] =
@@ -102,15 +97,8 @@ void PackQ3_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
 void PackQ6_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   for (int r = 0; r < 8; ++r) {
     const uint8_t* blk = rows[r] + b * quant::kQ6_KBytes;
-    for (int nh = 0; nh < 4; ++nh) {
-      for (int i = 0; i < 8; ++i)
-        std::memcpy(o + ((nh * 8 + i) * 8 + r) * 4, blk + 32 * nh + 4 * i, 4);
-    }
-    for (int n = 0; n < 2; ++n) {
-      for (int i = 0; i < 8; ++i) {
-        std::memcpy(o + 1024 + ((n * 8 + i) * 8 + r) * 4, blk + 128 + 32 * n + 4 * i, 4);
-      }
-    }
+    InterleavePieces(o, blk, 128, r);              // ql
+    InterleavePieces(o + 1024, blk + 128, 64, r);  // qh
     std::memcpy(o + 1536 + 2 * r, blk + 208, 2);  // d
     for (int g = 0; g < 16; ++g) o[1552 + 8 * g + r] = blk[192 + g];
   }
@@ -120,10 +108,7 @@ void PackQ6_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
 void PackQ2_KBlock(const uint8_t* const* rows, int64_t b, uint8_t* o) {
   for (int r = 0; r < 8; ++r) {
     const uint8_t* blk = rows[r] + b * quant::kQ2_KBytes;
-    for (int n = 0; n < 2; ++n) {
-      for (int i = 0; i < 8; ++i)
-        std::memcpy(o + ((n * 8 + i) * 8 + r) * 4, blk + 16 + 32 * n + 4 * i, 4);
-    }
+    InterleavePieces(o, blk + 16, 64, r);
     std::memcpy(o + 512 + 2 * r, blk + 80, 2);  // d
     std::memcpy(o + 528 + 2 * r, blk + 82, 2);  // dmin
     for (int g = 0; g < 16; ++g) o[544 + 8 * g + r] = blk[g];
