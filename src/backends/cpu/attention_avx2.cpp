@@ -235,10 +235,6 @@ inline void ForSubGroups(int64_t group, Fn&& fn) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Tokens per work item for score rows of row_stride floats: kTokenTile, fewer where the tile's
 // rows would take more than kScoreBytesPerThread (at least one token).
 int TokenTile(int64_t group, int64_t row_stride) {
