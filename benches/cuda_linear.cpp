@@ -8,8 +8,9 @@
 // so the crossover kSkinnyMaxRows can be chosen from these lines.
 // The weights rotate over >= 4 copies (> 200 MB in all) so the 60 MB L2 never serves them
 // (unless --warm-l2).
-// Then the quantized GEMV (QuantGemv) at m = 1 and 8 for FP8 block-128 and 4-bit affine (groups
-// 64 and 128) codes on the same shapes: bytes = codes + scales (+ biases) + x + y.
+// Then the quantized GEMV (QuantGemv) at m = 1 and 8 for FP8 block-128, 4-bit affine (groups
+// 64 and 128) and 8-bit affine (groups 16 and 32) codes on the same shapes: bytes = codes +
+// scales (+ biases) + x + y.
 // Usage: bench_cuda_linear [--reps N] [--quant-only | --bf16-only | --fp8-prefill-only]
 //                          [--shapes MODEL]
 //                          [--m LIST] [--lt-candidates N] [--warm-l2]
@@ -251,18 +252,22 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
-  // Quantized GEMV: each shape in FP8 block-128 and 4-bit affine (groups 64 and 128, with the
-  // scale-bias pairs unscaled and scaled: quant_linear.h, scaled_codes), m = 1 and 8.
+  // Quantized GEMV: each shape in FP8 block-128, 4-bit affine (groups 64 and 128, with the
+  // scale-bias pairs unscaled and scaled: quant_linear.h, scaled_codes) and 8-bit affine (groups
+  // 16 and 32: GGUF Q6_K / Q2_K / Q3_K and Q8_0 / Q5_K / IQ4_* as the loader places them; with a
+  // bias array, and with the bias from the scale as the symmetric formats have it, "scaled" in
+  // the table below, "bias_from_scale" in the output), m = 1 and 8.
   struct QuantCase {
     WeightFormat format;
     int group;
     bool scaled;
   };
-  const QuantCase quant_cases[] = {{WeightFormat::kFp8Block, 128, false},
-                                   {WeightFormat::kAffine4, 64, false},
-                                   {WeightFormat::kAffine4, 64, true},
-                                   {WeightFormat::kAffine4, 128, false},
-                                   {WeightFormat::kAffine4, 128, true}};
+  const QuantCase quant_cases[] = {
+      {WeightFormat::kFp8Block, 128, false}, {WeightFormat::kAffine4, 64, false},
+      {WeightFormat::kAffine4, 64, true},    {WeightFormat::kAffine4, 128, false},
+      {WeightFormat::kAffine4, 128, true},   {WeightFormat::kAffine8, 16, false},
+      {WeightFormat::kAffine8, 16, true},    {WeightFormat::kAffine8, 32, false},
+      {WeightFormat::kAffine8, 32, true}};
   if (!bf16_only) {
     for (const QuantCase& qc : quant_cases) {
       if (fp8_prefill_only) break;
@@ -270,10 +275,12 @@ int Main(int argc, char** argv) {
       for (const Shape& shape : shapes) {
         const int64_t n = shape.n, k = shape.k;
         const bool fp8 = format == WeightFormat::kFp8Block;
-        const size_t code_bytes = static_cast<size_t>(fp8 ? n * k : n * k / 2);
+        const bool eight = format == WeightFormat::kAffine8;
+        const size_t code_bytes = static_cast<size_t>(fp8 || eight ? n * k : n * k / 2);
         const size_t scale_floats = static_cast<size_t>(fp8 ? (n + 127) / 128 * (k / 128)
                                                             : n * (k / qc.group));
-        const size_t w_bytes = code_bytes + scale_floats * 4;  // f32 scales; bf16 scale-bias pairs
+        // f32 scales; bf16 scale-bias pairs; 8-bit: f32 scales and f32 biases
+        const size_t w_bytes = code_bytes + scale_floats * (eight && !qc.scaled ? 8 : 4);
         const int n_copies = WeightCopies(w_bytes, warm_l2);
         std::vector<DeviceBuffer> codes, scales;
         std::vector<WeightSegment> segs;
@@ -281,12 +288,12 @@ int Main(int argc, char** argv) {
           codes.push_back(MustAllocate(code_bytes, "codes"));
           // e4m3: exponent <= 14 (no NaN codes); 4-bit: any byte.
           FillRandomBytes(codes.back(), 300 + c, fp8 ? 0xF7 : 0xFF);
-          scales.push_back(MustAllocate(scale_floats * 4, "scales"));
+          scales.push_back(MustAllocate(scale_floats * (eight && !qc.scaled ? 8 : 4), "scales"));
           // FP8: 0.01 per block; 4-bit: the bf16 pair (s, b) = (0.01, -0.08) in each word, scaled
-          // (0.01 * 2^133, -0.08).
-          FillConstantF32(scales.back(), fp8         ? 0.01f
-                                         : qc.scaled ? std::bit_cast<float>(0xBDA47EA4u)
-                                                     : std::bit_cast<float>(0xBDA43C24u));
+          // (0.01 * 2^133, -0.08); 8-bit: 0.01 for the scales and the biases.
+          FillConstantF32(scales.back(), fp8 || eight ? 0.01f
+                                         : qc.scaled  ? std::bit_cast<float>(0xBDA47EA4u)
+                                                      : std::bit_cast<float>(0xBDA43C24u));
           WeightSegment w;
           w.format = format;
           w.rows = n;
@@ -295,6 +302,14 @@ int Main(int argc, char** argv) {
           if (fp8) {
             w.group = 128;
             w.scale_ld = static_cast<int32_t>(k / 128);
+          } else if (eight) {
+            if (qc.scaled) {
+              w.bias_from_scale = true;
+              w.bias_ratio = -1.5f;
+            } else {
+              w.bias = scales.back().as<float>() + scale_floats;
+            }
+            w.group = qc.group;
           } else {
             w.scale = nullptr;
             w.scale_bias = scales.back().as<uint32_t>();
@@ -313,14 +328,14 @@ int Main(int argc, char** argv) {
           const double bytes = static_cast<double>(w_bytes) + static_cast<double>(m) * k * 2 +
                                static_cast<double>(m) * n * 4;
           const double gb_s = bytes / sec / 1e9;
-          std::printf("{\"quant\": \"%s\", \"group\": %d, \"scaled_codes\": %s, "
-                      "\"shape\": \"%s\", \"n\": %ld, "
-                      "\"k\": %ld, \"m\": %ld, \"weight_bytes\": %zu, \"us\": %.2f, "
-                      "\"gb_s\": %.1f, \"frac_bw\": %.3f}\n",
-                      WeightFormatName(format), qc.group, qc.scaled ? "true" : "false",
-                      shape.name, static_cast<long>(n),
-                      static_cast<long>(k), static_cast<long>(m), w_bytes, sec * 1e6, gb_s,
-                      gb_s / copy_gb_s);
+          std::printf(
+              "{\"quant\": \"%s\", \"group\": %d, \"%s\": %s, "
+              "\"shape\": \"%s\", \"n\": %ld, "
+              "\"k\": %ld, \"m\": %ld, \"weight_bytes\": %zu, \"us\": %.2f, "
+              "\"gb_s\": %.1f, \"frac_bw\": %.3f}\n",
+              WeightFormatName(format), qc.group, eight ? "bias_from_scale" : "scaled_codes",
+              qc.scaled ? "true" : "false", shape.name, static_cast<long>(n), static_cast<long>(k),
+              static_cast<long>(m), w_bytes, sec * 1e6, gb_s, gb_s / copy_gb_s);
           std::fflush(stdout);
         }
       }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "core/check.h"
@@ -298,6 +299,21 @@ AffinePart ConvertAffine(const TensorView& t, const Kind& kind) {
   return p;
 }
 
+// r where r * scale[i] (one f32 multiply, as the kernels do it) is bias[i] for every group:
+// symmetric codes (Q8_0 -1.5, Q6_K -1.125, Q3_K -1.015625, Q5_0 -1.0625, IQ4_* -1.5 for the
+// (1 + q/256) form), exact for their scales' few significant bits. nullopt when any group
+// differs (independent minimums: Q2_K, Q5_K, Q5_1, MLX).
+std::optional<float> BiasRatio(const std::vector<float>& scale, const std::vector<float>& bias) {
+  size_t i0 = 0;
+  while (i0 < scale.size() && scale[i0] == 0.0f) ++i0;
+  if (i0 == scale.size()) return std::nullopt;
+  const float r = static_cast<float>(static_cast<double>(bias[i0]) / scale[i0]);
+  for (size_t i = 0; i < scale.size(); ++i) {
+    if (!(r * scale[i] == bias[i])) return std::nullopt;
+  }
+  return r;
+}
+
 std::vector<uint8_t> FloatBytes(const std::vector<float>& v) {
   std::vector<uint8_t> out(v.size() * 4);
   std::memcpy(out.data(), v.data(), out.size());
@@ -422,7 +438,14 @@ void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int
       bias[i] -= scale[i];
     }
     s.scale = Own(FloatBytes(scale));
-    s.bias = Own(FloatBytes(bias));
+    const std::optional<float> ratio =
+        affine8_bias_from_scale_ ? BiasRatio(scale, bias) : std::nullopt;
+    if (ratio) {
+      s.bias_from_scale = true;
+      s.bias_ratio = *ratio;
+    } else {
+      s.bias = Own(FloatBytes(bias));
+    }
   }
   out->push_back(s);
 }
@@ -493,6 +516,15 @@ bool CudaWeightPlan::ScaledAffine4CodesByDefault() {
   return on;
 }
 
+// KESTREL_AFFINE8_BIAS_FROM_SCALE=0 keeps every 8-bit segment's bias array (comparisons).
+bool CudaWeightPlan::Affine8BiasFromScaleByDefault() {
+  static const bool on = [] {
+    const char* env = std::getenv("KESTREL_AFFINE8_BIAS_FROM_SCALE");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
+
 cuda::Weight CudaWeightPlan::Bind(const Linear& w, const uint8_t* base) {
   cuda::Weight d;
   auto at = [&](size_t off) -> const void* { return off == kNone ? nullptr : base + off; };
@@ -505,6 +537,8 @@ cuda::Weight CudaWeightPlan::Bind(const Linear& w, const uint8_t* base) {
     o.bias = static_cast<const float*>(at(s.bias));
     o.scale_bias = static_cast<const uint32_t*>(at(s.scale_bias));
     o.scaled_codes = s.scaled_codes;
+    o.bias_from_scale = s.bias_from_scale;
+    o.bias_ratio = s.bias_ratio;
     o.group = s.group;
     o.scale_ld = s.scale_ld;
   }

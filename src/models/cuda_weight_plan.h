@@ -46,6 +46,8 @@ class CudaWeightPlan {
     size_t input_perm = kNone;  // GPTQ act-order: the layer's int32 column order (every segment)
     int32_t group = 0, scale_ld = 0;
     bool scaled_codes = false;  // kAffine4: scale_bias pairs (s * 2^133, b) (quant_linear.h)
+    bool bias_from_scale = false;  // kAffine8: bias = bias_ratio * scale, no bias array
+    float bias_ratio = 0.0f;
   };
   using Linear = std::vector<Segment>;
 
@@ -76,6 +78,10 @@ class CudaWeightPlan {
   // Whether 4-bit segments whose scales allow it are placed with scaled_codes (quant_linear.h;
   // the same weights either way). On unless KESTREL_AFFINE4_SCALED_CODES=0; tests set both.
   void set_scaled_affine4_codes(bool on) { scaled_affine4_codes_ = on; }
+  // Whether 8-bit segments whose biases are one multiple of their scales keep no bias array
+  // (quant_linear.h, bias_from_scale; the same weights either way). On unless
+  // KESTREL_AFFINE8_BIAS_FROM_SCALE=0.
+  void set_affine8_bias_from_scale(bool on) { affine8_bias_from_scale_ = on; }
 
  private:
   size_t Reserve(size_t bytes);
@@ -88,8 +94,10 @@ class CudaWeightPlan {
   std::vector<std::pair<size_t, size_t>> affine4_codes_;  // (offset, bytes) of 4-bit code runs
   uint32_t formats_used_ = 0;  // bit per cuda::WeightFormat
   bool scaled_affine4_codes_ = ScaledAffine4CodesByDefault();
+  bool affine8_bias_from_scale_ = Affine8BiasFromScaleByDefault();
 
   static bool ScaledAffine4CodesByDefault();
+  static bool Affine8BiasFromScaleByDefault();
 };
 
 }  // namespace kestrel

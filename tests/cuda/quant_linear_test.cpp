@@ -384,6 +384,46 @@ TEST(CudaQuantLinear, ScaledCodesGiveTheSameBits) {
   }
 }
 
+// The symmetric 8-bit formats placed with their bias arrays and with the bias from the scale
+// (quant_linear.h, bias_from_scale): the same bits from the GEMV (1, 3, 8 rows) and the tiles
+// (9, 37 rows), with the bias bytes gone.
+TEST(CudaQuantLinear, BiasFromScaleGivesTheSameBits) {
+  KESTREL_REQUIRE_CUDA();
+  const int64_t k = 512;
+  for (DType dtype : {DType::kQ8_0, DType::kQ6_K, DType::kQ3_K, DType::kQ5_0, DType::kIQ4_XS}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    HostWeight h = MakeWeight(dtype, 200, k, 0, 7);
+    auto engine = cuda::LinearEngine::Create(32 << 20, 256 << 10);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    const int64_t max_m = 37, n = 200;
+    cuda::DeviceBuffer x = kt::Upload(kt::RandomBf16(static_cast<size_t>(max_m * k), 5));
+    std::vector<std::vector<float>> outs[2];
+    size_t bytes[2] = {0, 0};
+    for (int from_scale = 0; from_scale < 2; ++from_scale) {
+      CudaWeightPlan plan;
+      plan.set_affine8_bias_from_scale(from_scale == 1);
+      const CudaWeightPlan::Linear lin = plan.PlaceLinear({&h.view});
+      ASSERT_EQ(lin.size(), 1u);
+      ASSERT_EQ(lin[0].format, cuda::WeightFormat::kAffine8);
+      ASSERT_EQ(lin[0].bias_from_scale, from_scale == 1);
+      bytes[from_scale] = plan.total_bytes();
+      Uploaded dev = Upload(plan, lin);
+      for (int64_t m : {1, 3, 8, 9, 37}) {
+        cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
+        (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y.as<float>(), nullptr);
+        outs[from_scale].push_back(kt::Download<float>(y, static_cast<size_t>(m * n)));
+      }
+    }
+    EXPECT_LT(bytes[1], bytes[0]);
+    ASSERT_EQ(outs[0].size(), outs[1].size());
+    for (size_t i = 0; i < outs[0].size(); ++i) {
+      SCOPED_TRACE("call " + std::to_string(i));
+      for (float v : outs[0][i]) ASSERT_TRUE(std::isfinite(v));
+      EXPECT_EQ(0, std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * 4));
+    }
+  }
+}
+
 TEST(CudaQuantLinear, GgufBlocks) {
   KESTREL_REQUIRE_CUDA();
   RunCase({"q8_0", {{DType::kQ8_0, 150}}, 0, 512, "int8-affine", 1});
@@ -405,9 +445,10 @@ TEST(CudaQuantLinear, GgufBlocks) {
 
 // On the host (no GPU needed): the weights the device formats describe are the CPU
 // dequantization for every GGUF block type: 8-bit, (1 + q / 256) * scale + bias within f32
-// rounding; 4-bit (Q4_K), q * s + b with s and b the nearest bf16 values of the block's d * sc
-// and -dmin * m, so within their bf16 rounding (2^-9 relative each). A misread code, scale, min
-// or fifth bit is off by whole steps.
+// rounding (the bias from the scale by one f32 multiply for the symmetric formats); 4-bit (Q4_K), q
+// * s + b with s and b the nearest bf16 values of the block's d * sc and -dmin * m, so within their
+// bf16 rounding (2^-9 relative each). A misread code, scale, min or fifth bit is off by whole
+// steps.
 TEST(CudaWeightPlanOnTheHost, GgufBlocksBecomeTheCpuWeights) {
   const int64_t rows = 24, k = 512;
   for (DType dtype :
@@ -433,7 +474,15 @@ TEST(CudaWeightPlanOnTheHost, GgufBlocksBecomeTheCpuWeights) {
     const auto* pairs = reinterpret_cast<const uint32_t*>(host(seg.scale_bias));
     ASSERT_TRUE(codes != nullptr);
     ASSERT_TRUE(four ? pairs != nullptr && scale == nullptr
-                     : scale != nullptr && bias != nullptr && pairs == nullptr);
+                     : scale != nullptr && (bias != nullptr) != seg.bias_from_scale &&
+                           pairs == nullptr);
+    // Symmetric codes keep no bias array (bias = ratio * scale); independent minimums do.
+    const bool symmetric = dtype == DType::kQ8_0 || dtype == DType::kQ6_K ||
+                           dtype == DType::kQ3_K || dtype == DType::kQ5_0 ||
+                           dtype == DType::kIQ4_NL || dtype == DType::kIQ4_XS;
+    if (!four) {
+      EXPECT_EQ(seg.bias_from_scale, symmetric);
+    }
     std::vector<float> ref(static_cast<size_t>(k));
     double worst = 0, max_ref = 0;
     int beyond_bf16 = 0;
@@ -452,7 +501,8 @@ TEST(CudaWeightPlanOnTheHost, GgufBlocksBecomeTheCpuWeights) {
           if (std::fabs(v - want) > 0x1p-8 * (q * std::fabs(s) + std::fabs(b))) ++beyond_bf16;
           worst = std::max(worst, std::fabs(v - want));
         } else {
-          const double v = (1.0 + codes[r * k + j] / 256.0) * scale[g] + bias[g];
+          const float b = seg.bias_from_scale ? seg.bias_ratio * scale[g] : bias[g];
+          const double v = (1.0 + codes[r * k + j] / 256.0) * scale[g] + b;
           worst = std::max(worst, std::fabs(v - want));
         }
       }

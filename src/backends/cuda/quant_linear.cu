@@ -144,7 +144,7 @@ __device__ __forceinline__ void GroupScale(const WeightSegment& w, int row, int 
       *b = Bf16BitsToF32(sb >> 16) - *s;
     } else {
       *s = __ldg(w.scale + at);
-      *b = __ldg(w.bias + at);
+      *b = w.bias_from_scale ? w.bias_ratio * *s : __ldg(w.bias + at);
     }
   }
 }
@@ -692,8 +692,9 @@ void CheckSegment(const WeightSegment& w, int64_t k) {
     KCHECK(w.scale != nullptr);
     KCHECK(w.group == 128 && w.scale_ld >= (k + 127) / 128);
   } else {
-    KCHECK(w.format == WeightFormat::kAffine4 ? w.scale_bias != nullptr
-                                               : w.scale != nullptr && w.bias != nullptr);
+    KCHECK(w.format == WeightFormat::kAffine4
+               ? w.scale_bias != nullptr
+               : w.scale != nullptr && (w.bias != nullptr || w.bias_from_scale));
     KCHECK_MSG(w.group >= ElementsPerVector(w.format) && w.group <= 128 &&
                    (w.group & (w.group - 1)) == 0 && k % w.group == 0,
                "affine group must be a power of two in [elements per vector, 128] dividing k");

@@ -20,7 +20,10 @@
 //              form with scale = 2^bits * s, bias = b - 2^bits * s: then 1 + q/2^bits is a float
 //              whose bits are the code shifted under the exponent of 1.0 (one integer op per
 //              element, no conversion instruction), and a group's dot product is
-//              scale * sum(f * x) + bias * sum(x).
+//              scale * sum(f * x) + bias * sum(x). Where every group's bias is the same multiple
+//              of its scale (GGUF Q8_0, Q6_K, Q3_K, Q5_0, IQ4_*: symmetric codes), the segment
+//              keeps no bias array: bias = bias_ratio * scale, one f32 multiply that the loader
+//              checked gives each group's bias exactly (a quarter or a third fewer bytes).
 // The 4-bit scales are bf16 (half the bytes of f32 pairs, and a fragment's weights are one bf16
 // fma each): exact for MLX's bf16 / f16-in-range scales, the nearest bf16 for AWQ / GPTQ f16 ones
 // and GGUF Q4_K's d * sc (2^-9 relative, the size of the bf16 rounding of the weight itself).
@@ -58,6 +61,8 @@ struct WeightSegment {
                                 // kAffine4); kFp8Block: 128
   int32_t scale_ld = 0;         // kFp8Block: floats per row of scale (>= ceil(k/128))
   bool scaled_codes = false;    // kAffine4: scale_bias holds (s * 2^133, b), above
+  bool bias_from_scale = false;  // kAffine8: no bias array; bias = bias_ratio * scale, above
+  float bias_ratio = 0.0f;
 };
 
 // A linear layer's weight: row segments in order (rows of y = concatenation). A plain bf16
