@@ -254,20 +254,22 @@ int Main(int argc, char** argv) {
 
   // Quantized GEMV: each shape in FP8 block-128, 4-bit affine (groups 64 and 128, with the
   // scale-bias pairs unscaled and scaled: quant_linear.h, scaled_codes) and 8-bit affine (groups
-  // 16 and 32: GGUF Q6_K / Q2_K / Q3_K and Q8_0 / Q5_K / IQ4_* as the loader places them; with a
-  // bias array, and with the bias from the scale as the symmetric formats have it, "scaled" in
-  // the table below, "bias_from_scale" in the output), m = 1 and 8.
+  // 16 and 32: GGUF Q6_K / Q2_K / Q3_K and Q8_0 / Q5_K / IQ4_* as the loader places them; with the
+  // bias from the scale as the symmetric formats have it ("scaled" in the table below,
+  // "bias_from_scale" in the output) or a bias array; through the CUDA-core GEMV or, "mma", the
+  // tensor-core one), m = 1 and 8.
   struct QuantCase {
     WeightFormat format;
     int group;
     bool scaled;
+    bool mma = false;  // 8-bit: the tensor-core GEMV (codes in mma order)
   };
   const QuantCase quant_cases[] = {
-      {WeightFormat::kFp8Block, 128, false}, {WeightFormat::kAffine4, 64, false},
-      {WeightFormat::kAffine4, 64, true},    {WeightFormat::kAffine4, 128, false},
-      {WeightFormat::kAffine4, 128, true},   {WeightFormat::kAffine8, 16, false},
-      {WeightFormat::kAffine8, 16, true},    {WeightFormat::kAffine8, 32, false},
-      {WeightFormat::kAffine8, 32, true}};
+      {WeightFormat::kFp8Block, 128, false},    {WeightFormat::kAffine4, 64, false},
+      {WeightFormat::kAffine4, 64, true},       {WeightFormat::kAffine4, 128, false},
+      {WeightFormat::kAffine4, 128, true},      {WeightFormat::kAffine8, 16, true},
+      {WeightFormat::kAffine8, 16, true, true}, {WeightFormat::kAffine8, 16, false, true},
+      {WeightFormat::kAffine8, 32, true},       {WeightFormat::kAffine8, 32, true, true}};
   if (!bf16_only) {
     for (const QuantCase& qc : quant_cases) {
       if (fp8_prefill_only) break;
@@ -309,6 +311,7 @@ int Main(int argc, char** argv) {
             } else {
               w.bias = scales.back().as<float>() + scale_floats;
             }
+            w.mma_order = qc.mma;
             w.group = qc.group;
           } else {
             w.scale = nullptr;
@@ -329,13 +332,14 @@ int Main(int argc, char** argv) {
                                static_cast<double>(m) * n * 4;
           const double gb_s = bytes / sec / 1e9;
           std::printf(
-              "{\"quant\": \"%s\", \"group\": %d, \"%s\": %s, "
+              "{\"quant\": \"%s\", \"group\": %d, \"%s\": %s, \"mma\": %s, "
               "\"shape\": \"%s\", \"n\": %ld, "
               "\"k\": %ld, \"m\": %ld, \"weight_bytes\": %zu, \"us\": %.2f, "
               "\"gb_s\": %.1f, \"frac_bw\": %.3f}\n",
               WeightFormatName(format), qc.group, eight ? "bias_from_scale" : "scaled_codes",
-              qc.scaled ? "true" : "false", shape.name, static_cast<long>(n), static_cast<long>(k),
-              static_cast<long>(m), w_bytes, sec * 1e6, gb_s, gb_s / copy_gb_s);
+              qc.scaled ? "true" : "false", !eight || qc.mma ? "true" : "false", shape.name,
+              static_cast<long>(n), static_cast<long>(k), static_cast<long>(m), w_bytes, sec * 1e6,
+              gb_s, gb_s / copy_gb_s);
           std::fflush(stdout);
         }
       }

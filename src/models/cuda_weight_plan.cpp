@@ -399,6 +399,10 @@ void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int
   const int64_t code_bytes = four ? k / 2 : k;
   s.data = Reserve(static_cast<size_t>(rows * code_bytes));
   if (four) affine4_codes_.push_back({s.data, static_cast<size_t>(rows * code_bytes)});
+  if (!four && affine8_mma_ && k % 64 == 0) {
+    s.mma_order = true;
+    affine8_codes_.push_back({s.data, static_cast<size_t>(rows * code_bytes)});
+  }
   size_t at = s.data;
   std::vector<float> scale, bias;
   for (const TensorView* t : parts) {
@@ -453,6 +457,9 @@ void CudaWeightPlan::AddSegment(const std::vector<const TensorView*>& parts, int
 void CudaWeightPlan::ArrangeOnDevice(uint8_t* base, cudaStream_t stream) const {
   for (const auto& [offset, bytes] : affine4_codes_) {
     cuda::ArrangeAffine4Codes(base + offset, static_cast<int64_t>(bytes), stream);
+  }
+  for (const auto& [offset, bytes] : affine8_codes_) {
+    cuda::ArrangeAffine8Codes(base + offset, static_cast<int64_t>(bytes), stream);
   }
 }
 
@@ -525,6 +532,16 @@ bool CudaWeightPlan::Affine8BiasFromScaleByDefault() {
   return on;
 }
 
+// KESTREL_AFFINE8_MMA=1 arranges 8-bit codes for the tensor-core GEMV. Off by default until
+// that kernel has run on the H200 (docs/quantization.md); the tests set both forms.
+bool CudaWeightPlan::Affine8MmaByDefault() {
+  static const bool on = [] {
+    const char* env = std::getenv("KESTREL_AFFINE8_MMA");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return on;
+}
+
 cuda::Weight CudaWeightPlan::Bind(const Linear& w, const uint8_t* base) {
   cuda::Weight d;
   auto at = [&](size_t off) -> const void* { return off == kNone ? nullptr : base + off; };
@@ -539,6 +556,7 @@ cuda::Weight CudaWeightPlan::Bind(const Linear& w, const uint8_t* base) {
     o.scaled_codes = s.scaled_codes;
     o.bias_from_scale = s.bias_from_scale;
     o.bias_ratio = s.bias_ratio;
+    o.mma_order = s.mma_order;
     o.group = s.group;
     o.scale_ld = s.scale_ld;
   }

@@ -48,6 +48,7 @@ class CudaWeightPlan {
     bool scaled_codes = false;  // kAffine4: scale_bias pairs (s * 2^133, b) (quant_linear.h)
     bool bias_from_scale = false;  // kAffine8: bias = bias_ratio * scale, no bias array
     float bias_ratio = 0.0f;
+    bool mma_order = false;  // kAffine8: codes arranged for the tensor-core GEMV (quant_linear.h)
   };
   using Linear = std::vector<Segment>;
 
@@ -82,6 +83,9 @@ class CudaWeightPlan {
   // (quant_linear.h, bias_from_scale; the same weights either way). On unless
   // KESTREL_AFFINE8_BIAS_FROM_SCALE=0.
   void set_affine8_bias_from_scale(bool on) { affine8_bias_from_scale_ = on; }
+  // Whether 8-bit segments (k a multiple of 64) are arranged for the tensor-core GEMV
+  // (quant_linear.h, mma_order) instead of the CUDA-core one. Off unless KESTREL_AFFINE8_MMA=1.
+  void set_affine8_mma(bool on) { affine8_mma_ = on; }
 
  private:
   size_t Reserve(size_t bytes);
@@ -92,12 +96,15 @@ class CudaWeightPlan {
   std::vector<Piece> pieces_;
   std::deque<std::vector<uint8_t>> owned_;
   std::vector<std::pair<size_t, size_t>> affine4_codes_;  // (offset, bytes) of 4-bit code runs
+  std::vector<std::pair<size_t, size_t>> affine8_codes_;  // the same, 8-bit runs in mma order
   uint32_t formats_used_ = 0;  // bit per cuda::WeightFormat
   bool scaled_affine4_codes_ = ScaledAffine4CodesByDefault();
   bool affine8_bias_from_scale_ = Affine8BiasFromScaleByDefault();
+  bool affine8_mma_ = Affine8MmaByDefault();
 
   static bool ScaledAffine4CodesByDefault();
   static bool Affine8BiasFromScaleByDefault();
+  static bool Affine8MmaByDefault();
 };
 
 }  // namespace kestrel

@@ -424,6 +424,58 @@ TEST(CudaQuantLinear, BiasFromScaleGivesTheSameBits) {
   }
 }
 
+// The 8-bit tensor-core GEMV (codes in mma order) against the CUDA-core one on the same weights:
+// both within f32 rounding of the float64 reference at 1, 2, 3 and 8 rows (the tensor-core form
+// sums each 16-k vector's exact products then applies the group's scale and bias, the CUDA-core
+// form multiplies weight by weight), and the tiles (9, 37 rows), whose dequantization reads the
+// arranged codes back in order, bitwise equal. Groups 16 (with a bias array: Q2_K; from the
+// scale: Q6_K), 32 (Q8_0, Q5_K) and MLX 64 / 128.
+TEST(CudaQuantLinear, Affine8MmaAgreesWithTheCudaCoreForm) {
+  KESTREL_REQUIRE_CUDA();
+  const int64_t k = 768;
+  struct Part {
+    DType dtype;
+    int group;
+  };
+  for (const Part& part :
+       {Part{DType::kQ2_K, 0}, Part{DType::kQ6_K, 0}, Part{DType::kQ8_0, 0}, Part{DType::kQ5_K, 0},
+        Part{DType::kMlxQ8, 64}, Part{DType::kMlxQ8, 128}}) {
+    SCOPED_TRACE(std::string(DTypeName(part.dtype)) + " g" + std::to_string(part.group));
+    HostWeight h = MakeWeight(part.dtype, 300, k, part.group, 13);
+    auto engine = cuda::LinearEngine::Create(32 << 20, 256 << 10);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    const int64_t max_m = 37, n = 300;
+    const std::vector<uint16_t> xb = kt::RandomBf16(static_cast<size_t>(max_m * k), 5);
+    const std::vector<double> ref = Reference({&h.view}, kt::Bf16ToF32(xb), max_m, k);
+    cuda::DeviceBuffer x = kt::Upload(xb);
+    std::vector<std::vector<float>> outs[2];
+    for (int mma = 0; mma < 2; ++mma) {
+      CudaWeightPlan plan;
+      plan.set_affine8_mma(mma == 1);
+      const CudaWeightPlan::Linear lin = plan.PlaceLinear({&h.view});
+      ASSERT_EQ(lin.size(), 1u);
+      ASSERT_EQ(lin[0].format, cuda::WeightFormat::kAffine8);
+      ASSERT_EQ(lin[0].mma_order, mma == 1);
+      Uploaded dev = Upload(plan, lin);
+      for (int64_t m : {1, 2, 3, 8, 9, 37}) {
+        cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
+        (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y.as<float>(), nullptr);
+        outs[mma].push_back(kt::Download<float>(y, static_cast<size_t>(m * n)));
+        if (m <= cuda::kQuantGemvMaxRows) {
+          const std::vector<double> r(ref.begin(), ref.begin() + m * n);
+          EXPECT_LT(RelError(outs[mma].back(), r), 1e-5)
+              << (mma ? "mma" : "cuda cores") << " m=" << m;
+        }
+      }
+    }
+    // Tiles: the same bf16 weights, the same cuBLASLt product.
+    for (size_t i = 4; i < outs[0].size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * 4))
+          << "tiles, call " << i;
+    }
+  }
+}
+
 TEST(CudaQuantLinear, GgufBlocks) {
   KESTREL_REQUIRE_CUDA();
   RunCase({"q8_0", {{DType::kQ8_0, 150}}, 0, 512, "int8-affine", 1});

@@ -370,10 +370,32 @@ __global__ void __launch_bounds__(kThreads)
 // Then the 4-bit loop (2026-12-04, twelfth session; SASS per 128-k step 324 -> 166 -> 153): codes
 // loaded without predicates and 32-bit indices (decode batch 1, random Qwen3-8B, MLX group 64
 // 2.87 -> 2.64-2.65 ms, GPTQ 2.85 -> 2.62-2.64), then scaled codes (kScaled, Affine4Pairs)
-// 2.49-2.51 and 2.44-2.47 ms (bf16 4.63-4.70: 1.87-1.91x). The same 32-bit indices in the FP8 loop took
-// its step from 3.11 to 3.46 ms, so that loop keeps its 64-bit ones. Bounded to 5 blocks (48
+// 2.49-2.51 and 2.44-2.47 ms (bf16 4.63-4.70: 1.87-1.91x). The same 32-bit indices in the FP8 loop
+// took its step from 3.11 to 3.46 ms, so that loop keeps its 64-bit ones. Bounded to 5 blocks (48
 // registers, no rematerialized row indices) the scaled kernel's LM head gained (112 -> 105 us)
 // and gate|up lost (22.6 -> 24.7), the step 2 % slower: 6 kept.
+// The tensor-core GEMVs' ending: each thread's four sums (rows g and g + 8 of the block's 16,
+// token columns 2t and 2t + 1) to shared memory, then the W warps' partials of each (token, row)
+// added in warp order, so the result does not depend on which warp finished first.
+template <int W>
+__device__ __forceinline__ void StoreMmaGemvSums(float (&partial)[W][8][20], const float (&acc)[4],
+                                                 int warp, int g, int t, int n0, int m, int n,
+                                                 float* __restrict__ y, int64_t ldy) {
+  constexpr int kRows = 16;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) partial[warp][2 * t + (r & 1)][g + 8 * (r >> 1)] = acc[r];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 8 * kRows; i += W * 32) {
+    const int token = i / kRows, col = n0 + i % kRows;
+    if (token < m && col < n) {
+      float sum = partial[0][token][i % kRows];
+#pragma unroll
+      for (int wi = 1; wi < W; ++wi) sum += partial[wi][token][i % kRows];
+      y[static_cast<int64_t>(token) * ldy + col] = sum;
+    }
+  }
+}
+
 template <WeightFormat F, int W, bool kScaled>
 __global__ void __launch_bounds__(W * 32, W == 8 ? 6 : 2)
     QuantMmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
@@ -487,18 +509,7 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 6 : 2)
     load(step + W, &cur);
   }
   PdlLaunchDependents();
-#pragma unroll
-  for (int r = 0; r < 4; ++r) partial[warp][2 * t + (r & 1)][g + 8 * (r >> 1)] = acc[r];
-  __syncthreads();
-  for (int i = threadIdx.x; i < 8 * kRows; i += W * 32) {
-    const int token = i / kRows, col = n0 + i % kRows;
-    if (token < m && col < n) {
-      float sum = partial[0][token][i % kRows];
-#pragma unroll
-      for (int wi = 1; wi < W; ++wi) sum += partial[wi][token][i % kRows];
-      y[static_cast<int64_t>(token) * ldy + col] = sum;
-    }
-  }
+  StoreMmaGemvSums<W>(partial, acc, warp, g, t, n0, m, n, y, ldy);
 }
 
 template <WeightFormat F>
@@ -519,6 +530,163 @@ void LaunchMmaGemv(const __nv_bfloat16* x, int m, int k, const WeightSegment& w,
   }
   LaunchPdl(kernel, dim3(blocks), dim3(wide ? 16 * 32 : kThreads), 0, stream, x, m, k, w, n, y,
             ldy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core GEMV for 8-bit affine codes (m <= 8; segments in mma order, WeightSegment::
+// mma_order): QuantMmaGemvKernel's layout (W as A, 16 rows per block; x^T as B, 8 token columns;
+// warp w takes the 64-k steps w, w + W, ...) with the scales applied per group after the
+// products, so the weights stay exact:
+//   - ArrangeAffine8Codes transposed each row's 64-byte spans as 4 x 4 words, so thread t's
+//     16-byte vector of a step holds word t of each of the span's four original vectors: mma p
+//     (p < 4) takes word p from every thread and so covers original vector p (16 consecutive k),
+//     which lies in one group (groups are 16 .. 128 elements).
+//   - A code q becomes an exact bf16 through f32: its byte under the bits of 2^23, minus 2^23,
+//     then the f32's high half (q has at most 8 significant bits). Bytes 0, 2 and 1, 3 of a word
+//     are the pairs, x re-paired to match (as the FP8 loop does).
+//   - A second mma with all-ones A gives each column's sum of x over the same 16 k, so a group's
+//     (1 + q/256) * scale + bias is applied as s * sum(q x) + b * sum(x) with s = scale / 256 and
+//     b = scale + bias (the checkpoint's own q * s + b), per row and vector, in f32.
+// kShift: log2 of the group (4 .. 7), so that the step's scale loads are one vector load.
+__device__ __forceinline__ uint32_t ExactBf16Pair(uint32_t word, uint32_t sel_lo, uint32_t sel_hi) {
+  // sel picks a byte of word under 0x4B000000 (2^23): 0x7650 + byte index.
+  const float lo = __uint_as_float(__byte_perm(word, 0x4B000000u, sel_lo)) - 8388608.0f;
+  const float hi = __uint_as_float(__byte_perm(word, 0x4B000000u, sel_hi)) - 8388608.0f;
+  return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
+
+template <int W, int kShift, bool kBiasFromScale>
+__global__ void __launch_bounds__(W * 32, W == 8 ? 4 : 2)
+    Affine8MmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
+                         int m, int k, const WeightSegment w, int n, float* __restrict__ y,
+                         int64_t ldy) {  // [m, ldy]
+  constexpr int kRows = 16;
+  constexpr int kGroupsPerStep = kShift >= 6 ? 1 : 64 >> kShift;  // 4 (16), 2 (32), 1
+  __shared__ float partial[W][8][kRows + 4];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * kRows;
+  const int row_vecs = k / 16;
+  const int n_steps = k / 64;
+  const int row_groups = k >> kShift;
+  // Rows past n read row 0 (their sums are never stored).
+  const int row_lo = n0 + g < n ? n0 + g : 0, row_hi = n0 + g + 8 < n ? n0 + g + 8 : 0;
+  const uint4* w_lo =
+      reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row_lo) * row_vecs + t;
+  const uint4* w_hi =
+      reinterpret_cast<const uint4*>(w.data) + static_cast<int64_t>(row_hi) * row_vecs + t;
+  const float* s_lo = w.scale + static_cast<int64_t>(row_lo) * row_groups;
+  const float* s_hi = w.scale + static_cast<int64_t>(row_hi) * row_groups;
+  const float* b_lo = kBiasFromScale ? nullptr : w.bias + static_cast<int64_t>(row_lo) * row_groups;
+  const float* b_hi = kBiasFromScale ? nullptr : w.bias + static_cast<int64_t>(row_hi) * row_groups;
+  // Scale to bias: (1 + q/256) * S + r * S = q * (S / 256) + (1 + r) * S.
+  const float bias_mult = 1.0f + w.bias_ratio;
+  // Token columns past m read token 0's x (never stored).
+  const uint2* xg = reinterpret_cast<const uint2*>(x + static_cast<int64_t>(g < m ? g : 0) * k) + t;
+  constexpr int kBiases = kBiasFromScale ? 1 : kGroupsPerStep;  // (unused with the ratio)
+  struct Stage {
+    uint4 lo, hi;
+    float sl[kGroupsPerStep], sh[kGroupsPerStep], bl[kBiases], bh[kBiases];
+  };
+  auto load_groups = [&](const float* p, int grp0, float* out) {
+    if constexpr (kGroupsPerStep == 4) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p + grp0));
+      out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+    } else if constexpr (kGroupsPerStep == 2) {
+      const float2 v = __ldg(reinterpret_cast<const float2*>(p + grp0));
+      out[0] = v.x, out[1] = v.y;
+    } else {
+      out[0] = __ldg(p + grp0);
+    }
+  };
+  auto load = [&](int step, Stage* st) {
+    const int sidx = step < n_steps ? step : n_steps - 1;  // after a warp's last step: unused
+    st->lo = LoadStreaming(w_lo + sidx * 4);
+    st->hi = LoadStreaming(w_hi + sidx * 4);
+    const int grp0 = (sidx * 64) >> kShift;
+    load_groups(s_lo, grp0, st->sl);
+    load_groups(s_hi, grp0, st->sh);
+    if constexpr (!kBiasFromScale) {
+      load_groups(b_lo, grp0, st->bl);
+      load_groups(b_hi, grp0, st->bh);
+    }
+  };
+  Stage cur;
+  load(warp, &cur);
+  PdlWait();
+  constexpr uint32_t kOnes = 0x3F803F80u;  // bf16x2 (1, 1)
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+  for (int step = warp; step < n_steps; step += W) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t wl = Word(cur.lo, p), wh = Word(cur.hi, p);
+      // x of k 64 step + 16 p + 4 t .. + 3, re-paired as (k0, k2), (k1, k3).
+      const uint2 xv = __ldg(xg + step * 16 + p * 4);
+      const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum_x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      MmaBf16(part, ExactBf16Pair(wl, 0x7650, 0x7652), ExactBf16Pair(wh, 0x7650, 0x7652),
+              ExactBf16Pair(wl, 0x7651, 0x7653), ExactBf16Pair(wh, 0x7651, 0x7653), x02, x13);
+      MmaBf16(sum_x, kOnes, kOnes, kOnes, kOnes, x02, x13);
+      // Vector p's group: (64 step + 16 p) >> kShift, the step's group p >> (kShift - 4).
+      constexpr int kDiv = kShift >= 6 ? 4 : 1 << (kShift - 4);
+      const int gi = p / kDiv;
+      // (1 + q/256) * S + B = q * (S / 256) + (S + B): f32, S / 256 exact.
+      const float sl = cur.sl[gi] * 0.00390625f, sh = cur.sh[gi] * 0.00390625f;
+      float bl, bh;
+      if constexpr (kBiasFromScale) {
+        bl = bias_mult * cur.sl[gi];
+        bh = bias_mult * cur.sh[gi];
+      } else {
+        bl = cur.sl[gi] + cur.bl[gi];
+        bh = cur.sh[gi] + cur.bh[gi];
+      }
+      acc[0] = __fmaf_rn(sl, part[0], __fmaf_rn(bl, sum_x[0], acc[0]));
+      acc[1] = __fmaf_rn(sl, part[1], __fmaf_rn(bl, sum_x[1], acc[1]));
+      acc[2] = __fmaf_rn(sh, part[2], __fmaf_rn(bh, sum_x[2], acc[2]));
+      acc[3] = __fmaf_rn(sh, part[3], __fmaf_rn(bh, sum_x[3], acc[3]));
+    }
+    load(step + W, &cur);
+  }
+  PdlLaunchDependents();
+  StoreMmaGemvSums<W>(partial, acc, warp, g, t, n0, m, n, y, ldy);
+}
+
+template <int W, bool kBiasFromScale>
+void LaunchAffine8MmaGemvW(const __nv_bfloat16* x, int m, int k, const WeightSegment& w, int n,
+                           float* y, int64_t ldy, cudaStream_t stream, unsigned blocks) {
+  auto kernel = &Affine8MmaGemvKernel<W, 4, kBiasFromScale>;
+  switch (w.group) {
+    case 16:
+      break;
+    case 32:
+      kernel = &Affine8MmaGemvKernel<W, 5, kBiasFromScale>;
+      break;
+    case 64:
+      kernel = &Affine8MmaGemvKernel<W, 6, kBiasFromScale>;
+      break;
+    case 128:
+      kernel = &Affine8MmaGemvKernel<W, 7, kBiasFromScale>;
+      break;
+    default:
+      KCHECK_MSG(false, "8-bit affine tensor-core GEMV: group must be 16, 32, 64 or 128");
+  }
+  LaunchPdl(kernel, dim3(blocks), dim3(W * 32), 0, stream, x, m, k, w, n, y, ldy);
+}
+
+void LaunchAffine8MmaGemv(const __nv_bfloat16* x, int m, int k, const WeightSegment& w, int n,
+                          float* y, int64_t ldy, cudaStream_t stream) {
+  KCHECK_MSG(k % 64 == 0, "8-bit affine codes in mma order need k a multiple of 64");
+  const unsigned blocks = static_cast<unsigned>((n + 15) / 16);
+  // LaunchMmaGemv's choice: 16 warps for grids of at most two blocks per SM.
+  const bool wide = blocks <= 2u * static_cast<unsigned>(CurrentDeviceSmCount());
+  if (w.bias_from_scale) {
+    (wide ? &LaunchAffine8MmaGemvW<16, true>
+          : &LaunchAffine8MmaGemvW<8, true>)(x, m, k, w, n, y, ldy, stream, blocks);
+  } else {
+    (wide ? &LaunchAffine8MmaGemvW<16, false>
+          : &LaunchAffine8MmaGemvW<8, false>)(x, m, k, w, n, y, ldy, stream, blocks);
+  }
 }
 
 constexpr int kR = 2, kKS = 4, kU = 2;
@@ -662,6 +830,29 @@ __global__ void DequantizeKernel(const WeightSegment w, int64_t row0, int64_t ro
     }
     return;
   }
+  if constexpr (F == WeightFormat::kAffine8) {
+    if (w.mma_order) {
+      // Stored vector t of a 64-byte span holds word t of each original vector p of it
+      // (ArrangeAffine8Codes): elements 16 p + 4 t .. + 3 of the span, each word in its group.
+      const int span0 = (v / 4) * 64, t = v % 4;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const int e0 = span0 + 16 * p + 4 * t;
+        float s, b;
+        GroupScale<F>(w, row, e0, k, &s, &b);
+        const uint32_t word = Word(codes, p);
+        float f[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          f[j] = __fmaf_rn(__uint_as_float(0x3F800000u | (Shift(word, 15 - 8 * j) & 0x007F8000u)),
+                           s, b);
+        }
+        *reinterpret_cast<uint2*>(out + r * k + e0) =
+            make_uint2(PackBf16x2(f[0], f[1]), PackBf16x2(f[2], f[3]));
+      }
+      return;
+    }
+  }
   float s, b;
   GroupScale<F>(w, row, v * kE, k, &s, &b);
   uint4* dst = reinterpret_cast<uint4*>(out + r * k + static_cast<int64_t>(v) * kE);
@@ -699,6 +890,20 @@ void CheckSegment(const WeightSegment& w, int64_t k) {
                    (w.group & (w.group - 1)) == 0 && k % w.group == 0,
                "affine group must be a power of two in [elements per vector, 128] dividing k");
   }
+}
+
+// One thread per 64-byte span of 8-bit codes: its 4 x 4 words transposed (word p of vector t
+// goes to word t of vector p; its own inverse).
+__global__ void ArrangeAffine8CodesKernel(uint4* __restrict__ vecs, int64_t spans) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  PdlWait();
+  if (i >= spans) return;
+  uint4* v = vecs + 4 * i;
+  const uint4 a = v[0], b = v[1], c = v[2], d = v[3];
+  v[0] = make_uint4(a.x, b.x, c.x, d.x);
+  v[1] = make_uint4(a.y, b.y, c.y, d.y);
+  v[2] = make_uint4(a.z, b.z, c.z, d.z);
+  v[3] = make_uint4(a.w, b.w, c.w, d.w);
 }
 
 // One thread per 32-bit word: element e's nibble e moves to Affine4Nibble(e).
@@ -760,6 +965,16 @@ void QuantizeActivationsFp8(const __nv_bfloat16* x, int64_t m, int64_t ld_xs, in
   KCUDA_CHECK_LAUNCH();
 }
 
+void ArrangeAffine8Codes(void* codes, int64_t bytes, cudaStream_t stream) {
+  KCHECK(codes != nullptr && bytes >= 0 && bytes % 64 == 0 &&
+         reinterpret_cast<uintptr_t>(codes) % 16 == 0);
+  if (bytes == 0) return;
+  const int64_t spans = bytes / 64;
+  LaunchPdl(&ArrangeAffine8CodesKernel, dim3(static_cast<unsigned>((spans + 255) / 256)), dim3(256),
+            0, stream, static_cast<uint4*>(codes), spans);
+  KCUDA_CHECK_LAUNCH();
+}
+
 void ArrangeAffine4Codes(void* codes, int64_t bytes, cudaStream_t stream) {
   KCHECK(codes != nullptr && bytes >= 0 && bytes % 4 == 0 &&
          reinterpret_cast<uintptr_t>(codes) % 4 == 0);
@@ -812,7 +1027,11 @@ void QuantGemv(const __nv_bfloat16* x, int64_t m, int64_t k, const WeightSegment
       }
       break;
     case WeightFormat::kAffine8:
-      LaunchGemv<WeightFormat::kAffine8>(x, mi, ki, w, ni, y, ldy, stream);
+      if (w.mma_order) {
+        LaunchAffine8MmaGemv(x, mi, ki, w, ni, y, ldy, stream);
+      } else {
+        LaunchGemv<WeightFormat::kAffine8>(x, mi, ki, w, ni, y, ldy, stream);
+      }
       break;
     case WeightFormat::kBf16: KCHECK(false);
   }

@@ -34,7 +34,9 @@
 //   - m <= kQuantGemvMaxRows: QuantGemv, which reads each weight byte once. FP8 and 4-bit codes go
 //     through the tensor cores (bf16 fragments made in registers; FP8 codes are exact in bf16, the
 //     block scale multiplies the f32 sums; a 4-bit weight is its format's bf16 value, bitwise the
-//     one the tiles below hold); 8-bit affine codes through a CUDA-core kernel in f32.
+//     one the tiles below hold); 8-bit affine codes through a CUDA-core kernel in f32, or, in
+//     mma order (WeightSegment::mma_order, opt-in: KESTREL_AFFINE8_MMA=1), through the tensor
+//     cores too, each code an exact bf16 and the group's scale and bias applied to the f32 sums.
 //     Weight-only quantization: activations stay bf16.
 //   - larger m: DequantizeRows into a bf16 tile, then the bf16 cuBLASLt GEMM (LinearEngine).
 #pragma once
@@ -63,6 +65,7 @@ struct WeightSegment {
   bool scaled_codes = false;    // kAffine4: scale_bias holds (s * 2^133, b), above
   bool bias_from_scale = false;  // kAffine8: no bias array; bias = bias_ratio * scale, above
   float bias_ratio = 0.0f;
+  bool mma_order = false;  // kAffine8: codes in the tensor-core GEMV's order (ArrangeAffine8Codes)
 };
 
 // A linear layer's weight: row segments in order (rows of y = concatenation). A plain bf16
@@ -108,6 +111,11 @@ void DequantizeRows(const WeightSegment& w, int64_t row0, int64_t rows, int64_t 
 // out[i, j] = x[i, perm[j]] for i < m, j < k (bf16 rows of k; perm a permutation of [0, k)).
 void GatherColumns(const __nv_bfloat16* x, int64_t m, int64_t k, const int32_t* perm,
                    __nv_bfloat16* out, cudaStream_t stream);
+
+// Puts `bytes` (a multiple of 64) of 8-bit codes, rows of k a multiple of 64, into the order of
+// the 8-bit tensor-core GEMV, in place on the device: in every 64-byte span of a row, word p of
+// 16-byte vector t trades places with word t of vector p (WeightSegment::mma_order).
+void ArrangeAffine8Codes(void* codes, int64_t bytes, cudaStream_t stream);
 
 // Turns `bytes` (a multiple of 4) of 4-bit codes in a checkpoint's order (element j of a row at
 // nibble j % 8 of word j / 8, little-endian) into kAffine4's, in place on the device.
