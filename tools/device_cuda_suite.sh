@@ -13,6 +13,7 @@
 # test_cuda.txt, memcheck.txt, racecheck.txt, bench.json, bench_pdl_off.json, bench_attn_db.json,
 # bench.log (every benchmark's stderr).
 #   tools/device_cuda_suite.sh [tests] [sanitize] [bench] [compare] [splits] [det] [serve] [hf]
+#                              [gguf8]
 # (default: tests sanitize bench compare). `serve` starts `kestrel serve` on the random model
 # and runs `kestrel bench-serve` against it: SERVE_CONC closed-loop streams (default 256),
 # SERVE_REQ measured requests after as many warm-up ones (default 256), SERVE_IN prompt and
@@ -131,6 +132,30 @@ for entry in ${QUANT:-}; do
   model=$bf16_model
   rm -rf "$model-$q"
 done
+# gguf8: GGUF files of the 8-bit device formats (GGUF8_TYPES, default "q8_0 q6_k", written by
+# tools/make_gguf.py from a random GGUF8_PRESET, default qwen3-0.6b), decode at batch 1-8 through
+# the CUDA-core 8-bit GEMV and with KESTREL_AFFINE8_MMA=1 through the tensor-core one
+# (bench_gguf8_<type>.json, bench_gguf8_<type>_mma.json).
+if has gguf8; then
+  g8_dir=/tmp/${GGUF8_PRESET:-qwen3-0.6b}-random
+  if [[ ! -f $g8_dir/config.json ]]; then
+    python3 tools/make_random_model.py --preset "${GGUF8_PRESET:-qwen3-0.6b}" --out $g8_dir \
+      --tokenizer-dir models/kestrel-tiny --no-verify > /tmp/make_gguf8.txt 2>&1
+  fi
+  for ty in ${GGUF8_TYPES:-q8_0 q6_k}; do
+    t0=$SECONDS
+    python3 tools/make_gguf.py --model $g8_dir --type "$ty" --pre qwen2 --out /tmp/gguf8_$ty.gguf \
+      >> /tmp/make_gguf8.txt 2>&1
+    log "gguf8 $ty: exit $? in $((SECONDS - t0)) s"
+    bf16_model=$model
+    model=/tmp/gguf8_$ty.gguf
+    for mma in "" _mma; do
+      bench "bench_gguf8_$ty$mma" KESTREL_AFFINE8_MMA=${mma:+1} -- --prefill 512 \
+        --decode-context 128 --batch 1,2,4,8 --engine-batch 0 --no-profile
+    done
+    model=$bf16_model
+  done
+fi
 # KV_DTYPES="fp8 int8": the bf16 model with those KV caches (--kv-cache-dtype), same flags as the
 # bf16-cache run above (bench_kv_<dtype>.json).
 for d in ${KV_DTYPES:-}; do
