@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -332,6 +333,44 @@ TEST(CudaQuantLinear, GptqActOrder) {
            "bf16", 1, {5, 0}});
 }
 
+// `w` placed by a plan that `configure` set up, then run through LinearEngine::Run at each m of
+// `ms` (x holds enough rows of k): the outputs in order, the plan's one segment and its bytes.
+struct Placed {
+  std::vector<std::vector<float>> outs;
+  CudaWeightPlan::Segment segment;
+  size_t bytes = 0;
+};
+Placed RunPlaced(const TensorView& w, int64_t k, int64_t n, const cuda::DeviceBuffer& x,
+                 cuda::LinearEngine& engine, std::initializer_list<int64_t> ms,
+                 const std::function<void(CudaWeightPlan*)>& configure) {
+  Placed p;
+  CudaWeightPlan plan;
+  configure(&plan);
+  const CudaWeightPlan::Linear lin = plan.PlaceLinear({&w});
+  EXPECT_EQ(lin.size(), 1u);
+  if (lin.size() != 1) return p;
+  p.segment = lin[0];
+  p.bytes = plan.total_bytes();
+  Uploaded dev = Upload(plan, lin);
+  for (int64_t m : ms) {
+    cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
+    engine.Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y.as<float>(), nullptr);
+    p.outs.push_back(kt::Download<float>(y, static_cast<size_t>(m * n)));
+  }
+  return p;
+}
+
+// Two placements' outputs, call by call: finite and the same bits.
+void ExpectSameBits(const std::vector<std::vector<float>>& a,
+                    const std::vector<std::vector<float>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE("call " + std::to_string(i));
+    for (float v : a[i]) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4));
+  }
+}
+
 // 4-bit pairs placed scaled (s * 2^133: the codes read as bf16 subnormals) and unscaled are the
 // same weights: every path (the GEMV at 1-8 rows, the tiles past 8, act-order gathers and
 // scatters) gives the same bits. Fails if bf16 arithmetic flushed the subnormal codes or a
@@ -360,27 +399,15 @@ TEST(CudaQuantLinear, ScaledCodesGiveTheSameBits) {
     ASSERT_TRUE(engine.ok()) << engine.status().message();
     const int64_t max_m = 37, n = part.rows;
     cuda::DeviceBuffer x = kt::Upload(kt::RandomBf16(static_cast<size_t>(max_m * k), 5));
-    std::vector<std::vector<float>> outs[2];
+    Placed placed[2];
     for (int scaled = 0; scaled < 2; ++scaled) {
-      CudaWeightPlan plan;
-      plan.set_scaled_affine4_codes(scaled == 1);
-      const CudaWeightPlan::Linear lin = plan.PlaceLinear({&h.view});
-      ASSERT_EQ(lin.size(), 1u);
-      ASSERT_EQ(lin[0].format, cuda::WeightFormat::kAffine4);
-      ASSERT_EQ(lin[0].scaled_codes, scaled == 1);
-      Uploaded dev = Upload(plan, lin);
-      for (int64_t m : {1, 3, 8, 9, 37}) {
-        cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
-        (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y.as<float>(), nullptr);
-        outs[scaled].push_back(kt::Download<float>(y, static_cast<size_t>(m * n)));
-      }
+      placed[scaled] =
+          RunPlaced(h.view, k, n, x, **engine, {1, 3, 8, 9, 37},
+                    [&](CudaWeightPlan* p) { p->set_scaled_affine4_codes(scaled == 1); });
+      ASSERT_EQ(placed[scaled].segment.format, cuda::WeightFormat::kAffine4);
+      ASSERT_EQ(placed[scaled].segment.scaled_codes, scaled == 1);
     }
-    ASSERT_EQ(outs[0].size(), outs[1].size());
-    for (size_t i = 0; i < outs[0].size(); ++i) {
-      SCOPED_TRACE("call " + std::to_string(i));
-      for (float v : outs[0][i]) ASSERT_TRUE(std::isfinite(v));
-      EXPECT_EQ(0, std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * 4));
-    }
+    ExpectSameBits(placed[0].outs, placed[1].outs);
   }
 }
 
@@ -397,30 +424,16 @@ TEST(CudaQuantLinear, BiasFromScaleGivesTheSameBits) {
     ASSERT_TRUE(engine.ok()) << engine.status().message();
     const int64_t max_m = 37, n = 200;
     cuda::DeviceBuffer x = kt::Upload(kt::RandomBf16(static_cast<size_t>(max_m * k), 5));
-    std::vector<std::vector<float>> outs[2];
-    size_t bytes[2] = {0, 0};
+    Placed placed[2];
     for (int from_scale = 0; from_scale < 2; ++from_scale) {
-      CudaWeightPlan plan;
-      plan.set_affine8_bias_from_scale(from_scale == 1);
-      const CudaWeightPlan::Linear lin = plan.PlaceLinear({&h.view});
-      ASSERT_EQ(lin.size(), 1u);
-      ASSERT_EQ(lin[0].format, cuda::WeightFormat::kAffine8);
-      ASSERT_EQ(lin[0].bias_from_scale, from_scale == 1);
-      bytes[from_scale] = plan.total_bytes();
-      Uploaded dev = Upload(plan, lin);
-      for (int64_t m : {1, 3, 8, 9, 37}) {
-        cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
-        (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y.as<float>(), nullptr);
-        outs[from_scale].push_back(kt::Download<float>(y, static_cast<size_t>(m * n)));
-      }
+      placed[from_scale] =
+          RunPlaced(h.view, k, n, x, **engine, {1, 3, 8, 9, 37},
+                    [&](CudaWeightPlan* p) { p->set_affine8_bias_from_scale(from_scale == 1); });
+      ASSERT_EQ(placed[from_scale].segment.format, cuda::WeightFormat::kAffine8);
+      ASSERT_EQ(placed[from_scale].segment.bias_from_scale, from_scale == 1);
     }
-    EXPECT_LT(bytes[1], bytes[0]);
-    ASSERT_EQ(outs[0].size(), outs[1].size());
-    for (size_t i = 0; i < outs[0].size(); ++i) {
-      SCOPED_TRACE("call " + std::to_string(i));
-      for (float v : outs[0][i]) ASSERT_TRUE(std::isfinite(v));
-      EXPECT_EQ(0, std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * 4));
-    }
+    EXPECT_LT(placed[1].bytes, placed[0].bytes);
+    ExpectSameBits(placed[0].outs, placed[1].outs);
   }
 }
 
@@ -448,24 +461,22 @@ TEST(CudaQuantLinear, Affine8MmaAgreesWithTheCudaCoreForm) {
     const std::vector<uint16_t> xb = kt::RandomBf16(static_cast<size_t>(max_m * k), 5);
     const std::vector<double> ref = Reference({&h.view}, kt::Bf16ToF32(xb), max_m, k);
     cuda::DeviceBuffer x = kt::Upload(xb);
+    const std::initializer_list<int64_t> ms = {1, 2, 3, 8, 9, 37};
     std::vector<std::vector<float>> outs[2];
     for (int mma = 0; mma < 2; ++mma) {
-      CudaWeightPlan plan;
-      plan.set_affine8_mma(mma == 1);
-      const CudaWeightPlan::Linear lin = plan.PlaceLinear({&h.view});
-      ASSERT_EQ(lin.size(), 1u);
-      ASSERT_EQ(lin[0].format, cuda::WeightFormat::kAffine8);
-      ASSERT_EQ(lin[0].mma_order, mma == 1);
-      Uploaded dev = Upload(plan, lin);
-      for (int64_t m : {1, 2, 3, 8, 9, 37}) {
-        cuda::DeviceBuffer y = kt::Poisoned<float>(static_cast<size_t>(m * n));
-        (*engine)->Run(x.as<__nv_bfloat16>(), m, k, dev.weight, n, y.as<float>(), nullptr);
-        outs[mma].push_back(kt::Download<float>(y, static_cast<size_t>(m * n)));
+      const Placed placed = RunPlaced(h.view, k, n, x, **engine, ms,
+                                      [&](CudaWeightPlan* p) { p->set_affine8_mma(mma == 1); });
+      ASSERT_EQ(placed.segment.format, cuda::WeightFormat::kAffine8);
+      ASSERT_EQ(placed.segment.mma_order, mma == 1);
+      ASSERT_EQ(placed.outs.size(), ms.size());
+      outs[mma] = placed.outs;
+      size_t i = 0;
+      for (int64_t m : ms) {
         if (m <= cuda::kQuantGemvMaxRows) {
           const std::vector<double> r(ref.begin(), ref.begin() + m * n);
-          EXPECT_LT(RelError(outs[mma].back(), r), 1e-5)
-              << (mma ? "mma" : "cuda cores") << " m=" << m;
+          EXPECT_LT(RelError(outs[mma][i], r), 1e-5) << (mma ? "mma" : "cuda cores") << " m=" << m;
         }
+        ++i;
       }
     }
     // Tiles: the same bf16 weights, the same cuBLASLt product.

@@ -86,14 +86,14 @@ template <>
 struct Codes<WeightFormat::kAffine8> {
   static constexpr int kE = 16;
   static constexpr bool kBias = true;
-  // Words 2p, 2p+1 hold elements 8p .. 8p+7, byte b of a word at bits 8b; f = 1 + q/256 has q
-  // at bits 15..22.
+  // f = 1 + q/256 of byte b of a word (bits 8b): q moved to bits 15..22 under 1.0f.
+  __device__ static float Unit(uint32_t w, int b) {
+    return __uint_as_float(0x3F800000u | (Shift(w, 15 - 8 * b) & 0x007F8000u));
+  }
+  // Words 2p, 2p+1 hold elements 8p .. 8p+7.
   __device__ static void Piece(const uint4& v, int p, float (&f)[8]) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t w = Word(v, 2 * p + j / 4);
-      f[j] = __uint_as_float(0x3F800000u | (Shift(w, 15 - 8 * (j % 4)) & 0x007F8000u));
-    }
+    for (int j = 0; j < 8; ++j) f[j] = Unit(Word(v, 2 * p + j / 4), j % 4);
   }
 };
 
@@ -335,6 +335,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The tensor-core GEMVs' ending: each thread's four sums (rows g and g + 8 of the block's 16,
+// token columns 2t and 2t + 1) to shared memory, then the W warps' partials of each (token, row)
+// added in warp order, so the result does not depend on which warp finished first.
+template <int W>
+__device__ __forceinline__ void StoreMmaGemvSums(float (&partial)[W][8][20], const float (&acc)[4],
+                                                 int warp, int g, int t, int n0, int m, int n,
+                                                 float* __restrict__ y, int64_t ldy) {
+  constexpr int kRows = 16;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) partial[warp][2 * t + (r & 1)][g + 8 * (r >> 1)] = acc[r];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 8 * kRows; i += W * 32) {
+    const int token = i / kRows, col = n0 + i % kRows;
+    if (token < m && col < n) {
+      float sum = partial[0][token][i % kRows];
+#pragma unroll
+      for (int wi = 1; wi < W; ++wi) sum += partial[wi][token][i % kRows];
+      y[static_cast<int64_t>(token) * ldy + col] = sum;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tensor-core GEMV for 4-bit affine and FP8 codes (m <= 8): the "swap AB" layout of linear.cu's
 // SkinnyLinearKernel (W as the mma's A operand, 16 rows per block; x^T as B, 8 token columns;
@@ -374,28 +396,6 @@ __global__ void __launch_bounds__(kThreads)
 // took its step from 3.11 to 3.46 ms, so that loop keeps its 64-bit ones. Bounded to 5 blocks (48
 // registers, no rematerialized row indices) the scaled kernel's LM head gained (112 -> 105 us)
 // and gate|up lost (22.6 -> 24.7), the step 2 % slower: 6 kept.
-// The tensor-core GEMVs' ending: each thread's four sums (rows g and g + 8 of the block's 16,
-// token columns 2t and 2t + 1) to shared memory, then the W warps' partials of each (token, row)
-// added in warp order, so the result does not depend on which warp finished first.
-template <int W>
-__device__ __forceinline__ void StoreMmaGemvSums(float (&partial)[W][8][20], const float (&acc)[4],
-                                                 int warp, int g, int t, int n0, int m, int n,
-                                                 float* __restrict__ y, int64_t ldy) {
-  constexpr int kRows = 16;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) partial[warp][2 * t + (r & 1)][g + 8 * (r >> 1)] = acc[r];
-  __syncthreads();
-  for (int i = threadIdx.x; i < 8 * kRows; i += W * 32) {
-    const int token = i / kRows, col = n0 + i % kRows;
-    if (token < m && col < n) {
-      float sum = partial[0][token][i % kRows];
-#pragma unroll
-      for (int wi = 1; wi < W; ++wi) sum += partial[wi][token][i % kRows];
-      y[static_cast<int64_t>(token) * ldy + col] = sum;
-    }
-  }
-}
-
 template <WeightFormat F, int W, bool kScaled>
 __global__ void __launch_bounds__(W * 32, W == 8 ? 6 : 2)
     QuantMmaGemvKernel(const __nv_bfloat16* __restrict__ x,  // [m, k]
@@ -512,16 +512,21 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 6 : 2)
   StoreMmaGemvSums<W>(partial, acc, warp, g, t, n0, m, n, y, ldy);
 }
 
+// Whether a tensor-core GEMV grid of `blocks` (16 rows each) takes blocks of 16 warps: grids of
+// at most two blocks per SM (n <= 4224 on the H200: o_proj, down), whose warps then take half
+// the steps each, so a latency-bound GEMV waits on half as many round trips. Larger grids keep 8
+// warps per block. H200, m = 1, 8 -> 16 warps: FP8 down (4096 x 12288) 24.2 -> 17.9 us, o_proj
+// 11.6 -> 9.6; 4-bit (group 64) 19.7 -> 18.2 and 10.7 -> 9.9; but gate|up 28.9 -> 33.3 and
+// lm_head 141.8 -> 172.9 (4-bit).
+bool WideMmaGemv(unsigned blocks) {
+  return blocks <= 2u * static_cast<unsigned>(CurrentDeviceSmCount());
+}
+
 template <WeightFormat F>
 void LaunchMmaGemv(const __nv_bfloat16* x, int m, int k, const WeightSegment& w, int n, float* y,
                    int64_t ldy, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((n + 15) / 16);
-  // Grids of at most two blocks per SM (n <= 4224 on the H200: o_proj, down) take 16 warps per
-  // block, each with half the steps: a latency-bound GEMV waits on half as many round trips.
-  // Larger grids keep 8 warps and 5 blocks per SM. H200, m = 1, 8 -> 16 warps: FP8 down
-  // (4096 x 12288) 24.2 -> 17.9 us, o_proj 11.6 -> 9.6; 4-bit (group 64) 19.7 -> 18.2 and
-  // 10.7 -> 9.9; but gate|up 28.9 -> 33.3 and lm_head 141.8 -> 172.9 (4-bit).
-  const bool wide = blocks <= 2u * static_cast<unsigned>(CurrentDeviceSmCount());
+  const bool wide = WideMmaGemv(blocks);
   auto kernel = wide ? &QuantMmaGemvKernel<F, 16, false> : &QuantMmaGemvKernel<F, 8, false>;
   if constexpr (F == WeightFormat::kAffine4) {  // only 4-bit codes have a scaled form
     if (w.scaled_codes) {
@@ -678,8 +683,7 @@ void LaunchAffine8MmaGemv(const __nv_bfloat16* x, int m, int k, const WeightSegm
                           float* y, int64_t ldy, cudaStream_t stream) {
   KCHECK_MSG(k % 64 == 0, "8-bit affine codes in mma order need k a multiple of 64");
   const unsigned blocks = static_cast<unsigned>((n + 15) / 16);
-  // LaunchMmaGemv's choice: 16 warps for grids of at most two blocks per SM.
-  const bool wide = blocks <= 2u * static_cast<unsigned>(CurrentDeviceSmCount());
+  const bool wide = WideMmaGemv(blocks);
   if (w.bias_from_scale) {
     (wide ? &LaunchAffine8MmaGemvW<16, true>
           : &LaunchAffine8MmaGemvW<8, true>)(x, m, k, w, n, y, ldy, stream, blocks);
@@ -843,10 +847,7 @@ __global__ void DequantizeKernel(const WeightSegment w, int64_t row0, int64_t ro
         const uint32_t word = Word(codes, p);
         float f[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          f[j] = __fmaf_rn(__uint_as_float(0x3F800000u | (Shift(word, 15 - 8 * j) & 0x007F8000u)),
-                           s, b);
-        }
+        for (int j = 0; j < 4; ++j) f[j] = __fmaf_rn(C::Unit(word, j), s, b);
         *reinterpret_cast<uint2*>(out + r * k + e0) =
             make_uint2(PackBf16x2(f[0], f[1]), PackBf16x2(f[2], f[3]));
       }
