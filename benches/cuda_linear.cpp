@@ -281,8 +281,10 @@ int Main(int argc, char** argv) {
         const size_t code_bytes = static_cast<size_t>(fp8 || eight ? n * k : n * k / 2);
         const size_t scale_floats = static_cast<size_t>(fp8 ? (n + 127) / 128 * (k / 128)
                                                             : n * (k / qc.group));
-        // f32 scales; bf16 scale-bias pairs; 8-bit: f32 scales and f32 biases
-        const size_t w_bytes = code_bytes + scale_floats * (eight && !qc.scaled ? 8 : 4);
+        // f32 scales; bf16 scale-bias pairs; 8-bit: f32 scales (and f32 biases unless the bias
+        // comes from the scale)
+        const size_t scale_bytes = scale_floats * (eight && !qc.scaled ? 8 : 4);
+        const size_t w_bytes = code_bytes + scale_bytes;
         const int n_copies = WeightCopies(w_bytes, warm_l2);
         std::vector<DeviceBuffer> codes, scales;
         std::vector<WeightSegment> segs;
@@ -290,7 +292,7 @@ int Main(int argc, char** argv) {
           codes.push_back(MustAllocate(code_bytes, "codes"));
           // e4m3: exponent <= 14 (no NaN codes); 4-bit: any byte.
           FillRandomBytes(codes.back(), 300 + c, fp8 ? 0xF7 : 0xFF);
-          scales.push_back(MustAllocate(scale_floats * (eight && !qc.scaled ? 8 : 4), "scales"));
+          scales.push_back(MustAllocate(scale_bytes, "scales"));
           // FP8: 0.01 per block; 4-bit: the bf16 pair (s, b) = (0.01, -0.08) in each word, scaled
           // (0.01 * 2^133, -0.08); 8-bit: 0.01 for the scales and the biases.
           FillConstantF32(scales.back(), fp8 || eight ? 0.01f
