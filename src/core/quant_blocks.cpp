@@ -270,8 +270,8 @@ void QuantizeActsQ8_K(const float* x, int64_t k, int8_t* q, float* d, int16_t* b
 
 namespace {
 
-// Q8_0's eight lanes over blocks of 32 int8 weights: codes(b, qw) fills block b's weights and
-// returns the weight block's f16 scale as f32.
+// Q8_0's eight lanes over blocks of 32 int8 weights, block b's term in lane b % 8:
+// codes(b, qw) fills block b's weights and returns the weight block's f16 scale as f32.
 template <class Codes>
 float DotQ8_0Lanes(ActsQ8_0View x, int64_t k, Codes codes) {
   float lane[8] = {};
@@ -279,11 +279,9 @@ float DotQ8_0Lanes(ActsQ8_0View x, int64_t k, Codes codes) {
   for (int64_t b = 0; b < k / kQ8_0Block; ++b) {
     const int8_t* qx = x.q + b * kQ8_0Block;
     const float scale = codes(b, qw) * x.d[b];
-    for (int j = 0; j < 8; ++j) {
-      int32_t p = 0;
-      for (int i = 4 * j; i < 4 * j + 4; ++i) p += qw[i] * qx[i];
-      lane[j] = std::fma(scale, static_cast<float>(p), lane[j]);
-    }
+    int32_t p = 0;
+    for (int i = 0; i < kQ8_0Block; ++i) p += qw[i] * qx[i];
+    lane[b % 8] = std::fma(scale, static_cast<float>(p), lane[b % 8]);
   }
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }

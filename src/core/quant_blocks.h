@@ -138,8 +138,10 @@ void DequantizeMatrixRow(const TensorView& w, int64_t row, float* out);
 // (`nearbyint`: round half to even; q = 0 where amax = 0). The row's result, block by block in
 // order, each term computed and then added (no fused multiply-add), except where eight lanes are
 // kept as the AVX2 kernel keeps them:
-//   Q8_0:  lane[j] = fma(dw * dx, float(sum of q_w q_x over elements 4j..4j+3), lane[j]);
-//          result ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+//   Q8_0:  lane[b % 8] = fma(dw * dx, float(sum of q_w q_x over block b), lane[b % 8]);
+//          result ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) (one conversion and one
+//          fused multiply-add per block, llama.cpp's count; eight lanes so that the AVX2 row
+//          kernel can take eight blocks per vector and the packed kernels keep the chains short)
 //   Q4_K:  one lane: acc = fma(dx * d, float(sum_g sc_g * (sum of q_w q_x over group g)), acc);
 //          acc_m += (dx * dmin) * float(sum_g m_g * bsum_g); result = acc - acc_m (the block's
 //          integer is one sum, so the AVX2 kernel may add a group's products in int16 before

@@ -126,7 +126,9 @@ TEST(QuantLinear, Int8ActivationsSameBitsInEveryKernelSet) {
   std::mt19937 rng(11);
   ThreadPool pool1(1), pool2(2), pool3(3);
   for (DType dt : kQuantTypes) {
-    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 512}, {16, 768}, {9, 256}}) {
+    // 352 columns: 11 blocks of 32, a last group of fewer than 8 (the 32-element formats).
+    for (const auto& [rows, cols] :
+         {std::pair<int64_t, int64_t>{37, 512}, {16, 768}, {9, 256}, {11, 352}}) {
       if (cols % DTypeBlockElems(dt) != 0) continue;
       QuantWeights w = MakeQuantWeights(rng, dt, rows, cols, 5);
       for (int64_t m : {1, 2, 5, 17, 40}) {
@@ -187,7 +189,8 @@ TEST(QuantLinear, PackedRowsGiveTheSameBits) {
                                  : dt == DType::kQ5_K   ? cpu::kQ5_KPackedBlockBytes
                                                         : cpu::kQ5_0PackedBlockBytes;
     for (const auto& [rows, cols] :
-         {std::pair<int64_t, int64_t>{48, 512}, {16, 768}, {8, 256}, {520, 1024}}) {
+         {std::pair<int64_t, int64_t>{48, 512}, {16, 768}, {8, 256}, {520, 1024}, {16, 352}}) {
+      if (cols % block != 0) continue;  // 352: 11 blocks of 32 (a last group of fewer than 8)
       QuantWeights w = MakeQuantWeights(rng, dt, rows, cols, 3);
       ASSERT_TRUE(cpu::CanPackRows(w.view));
       std::vector<uint8_t> packed(static_cast<size_t>(cpu::PackedRowsBytes(w.view)));

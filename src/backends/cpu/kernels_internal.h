@@ -71,12 +71,12 @@ struct ActsView {  // one row's activation blocks (Q8_0: d per 32; Q8_K: d per 2
   const int8_t* q;
   const float* d;
   const int16_t* bsum;
-  // Q8_0 activations for the VNNI builds' packed kernels: -128 x the sum of each run of 4
-  // (k / 4 values, Sum4Offsets), which unsigned weights w + 128 owe.
-  const int32_t* sum4 = nullptr;
+  // Q8_0 activations for the VNNI builds' packed kernels: -128 x the sum of each block of 32
+  // (k / 32 values, Sum32Offsets), which unsigned weights w + 128 owe.
+  const int32_t* sum32 = nullptr;
 };
 void QuantizeActsQ8_0(const float* x, int64_t k, int8_t* q, float* d);
-void Sum4Offsets(const int8_t* q, int64_t k, int32_t* sum4);
+void Sum32Offsets(const int8_t* q, int64_t k, int32_t* sum32);
 void QuantizeActsQ8_K(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsum);
 // y[t, n] for rows [n_begin, n_end) of w (dtype t, HasIntDot) and every token row t < m_rows.
 // packed: w's rows interleaved by 8 (TensorView::cpu_packed; n_begin and n_end are then multiples

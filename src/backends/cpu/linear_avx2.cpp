@@ -673,7 +673,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
   thread_local std::vector<int8_t> act_q[kMaxLinearGroup];
   thread_local std::vector<float> act_d[kMaxLinearGroup];
   thread_local std::vector<int16_t> act_bsum[kMaxLinearGroup];
-  thread_local std::vector<int32_t> act_sum4[kMaxLinearGroup];
+  thread_local std::vector<int32_t> act_sum32[kMaxLinearGroup];
   thread_local std::vector<ActsView> act_rows_of_thread[kMaxLinearGroup];
   // The worker threads must see this (the calling) thread's buffers: named through a local
   // reference, since a lambda names a thread_local directly and would get its own thread's.
@@ -707,9 +707,9 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
         act_q[j].resize(static_cast<size_t>(m_rows * k_in));
         act_d[j].resize(static_cast<size_t>(m_rows * d_per_row));
         act_bsum[j].resize(k_quant ? static_cast<size_t>(m_rows * k_in / 16) : 0);
-        // The VNNI builds' packed Q8_0-family kernels take unsigned weights (ActsView::sum4).
-        const bool sum4 = !k_quant && int8_isa != Int8DotIsa::kAvx2;
-        act_sum4[j].resize(sum4 ? static_cast<size_t>(m_rows * k_in / 4) : 0);
+        // The VNNI builds' packed Q8_0-family kernels take unsigned weights (ActsView::sum32).
+        const bool sum32 = !k_quant && int8_isa != Int8DotIsa::kAvx2;
+        act_sum32[j].resize(sum32 ? static_cast<size_t>(m_rows * k_in / 32) : 0);
         act_rows[j].resize(static_cast<size_t>(m_rows));
         for (int64_t t = 0; t < m_rows; ++t) {
           int8_t* q = act_q[j].data() + t * k_in;
@@ -720,9 +720,9 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
           } else {
             QuantizeActsQ8_0(jobs[j].x + t * k_in, k_in, q, d);
           }
-          int32_t* s4 = sum4 ? act_sum4[j].data() + t * k_in / 4 : nullptr;
-          if (sum4) Sum4Offsets(q, k_in, s4);
-          act_rows[j][static_cast<size_t>(t)] = {q, d, bs, s4};
+          int32_t* s32 = sum32 ? act_sum32[j].data() + t * k_in / 32 : nullptr;
+          if (sum32) Sum32Offsets(q, k_in, s32);
+          act_rows[j][static_cast<size_t>(t)] = {q, d, bs, s32};
         }
       }
     }
