@@ -356,5 +356,87 @@ TEST(QuantLinear, DequantizationMatchesTheNumpyDefinitionBitForBit) {
   }
 }
 
+// FP8 (block scales) and MLX affine 4 / 8 bits (scales and biases per group), whose kernels find
+// a row's side values once per row: every e4m3 code but the two NaNs (subnormals and both signs
+// included) and every 4- and 8-bit code, against f32(e4m3) * scale and q * scale + bias computed
+// here, through the streaming kernel (16 rows of x at a time) and the packed one (all at once),
+// in both kernel sets. Blocks and groups of 64 (a power of two: a shift) and 96 (a division),
+// rows not a multiple of the kernels' tiles, block rows that split the rows unevenly, scales
+// from 2^-120 (FP8 products below f32's normal range) to 2^10.
+TEST(QuantLinear, SideScaledFormatsDequantizeEveryCodeExactly) {
+  std::mt19937 rng(21);
+  ThreadPool pool(2);
+  for (const DType dt : {DType::kF8E4M3, DType::kMlxQ4, DType::kMlxQ8}) {
+    for (const int64_t width : {int64_t{64}, int64_t{96}}) {
+      const int64_t rows = 19, cols = 3 * 192, block_rows = dt == DType::kF8E4M3 ? 5 : 1;
+      const int64_t groups_per_row = (cols + width - 1) / width;
+      const int64_t scale_rows = (rows + block_rows - 1) / block_rows;
+      std::vector<float> scale(static_cast<size_t>(scale_rows * groups_per_row));
+      std::vector<float> bias(scale.size());
+      std::uniform_int_distribution<int> exponent(-120, 10);
+      std::uniform_real_distribution<float> mantissa(-2.0f, 2.0f);
+      // MLX's scales are bf16 (f32 once loaded), so q * scale is exact and the kernels may fuse
+      // the bias's addition: bf16-rounded here too.
+      auto bf16 = [](float f) { return Bf16ToF32(F32ToBf16(f)); };
+      for (size_t i = 0; i < scale.size(); ++i) {
+        scale[i] = std::ldexp(mantissa(rng), exponent(rng));
+        bias[i] = dt == DType::kF8E4M3 ? 0.0f : bf16(std::ldexp(mantissa(rng), exponent(rng)));
+        if (dt != DType::kF8E4M3) scale[i] = bf16(scale[i]);
+      }
+      std::vector<uint8_t> bytes(static_cast<size_t>(DTypeRowBytes(dt, cols) * rows));
+      std::vector<float> values(static_cast<size_t>(rows * cols));
+      int code = 0;
+      for (int64_t n = 0; n < rows; ++n) {
+        for (int64_t i = 0; i < cols; ++i) {
+          const int64_t g = n / block_rows * groups_per_row + i / width;
+          float v;
+          if (dt == DType::kF8E4M3) {
+            do code = (code + 1) % 256;
+            while ((code & 0x7f) == 0x7f);  // the NaNs
+            bytes[static_cast<size_t>(n * cols + i)] = static_cast<uint8_t>(code);
+            v = F8E4M3ToF32(static_cast<uint8_t>(code)) * scale[static_cast<size_t>(g)];
+          } else {
+            const int q = (code++) % (dt == DType::kMlxQ4 ? 16 : 256);
+            const int64_t bit = (n * cols + i) * (dt == DType::kMlxQ4 ? 4 : 8);
+            bytes[static_cast<size_t>(bit / 8)] |= static_cast<uint8_t>(q << (bit % 8));
+            v = static_cast<float>(q) * scale[static_cast<size_t>(g)] +
+                bias[static_cast<size_t>(g)];
+          }
+          values[static_cast<size_t>(n * cols + i)] = v;
+        }
+      }
+      TensorView w;
+      w.data = bytes.data();
+      w.dtype = dt;
+      w.n_dims = 2;
+      w.shape[0] = rows;
+      w.shape[1] = cols;
+      w.block_scale = scale.data();
+      w.group_bias = dt == DType::kF8E4M3 ? nullptr : bias.data();
+      w.block_rows = block_rows;
+      w.block_cols = width;
+      const std::string name = std::string(DTypeName(dt)) + " width " + std::to_string(width);
+      for (KernelSet ks : {KernelSet::kReference, KernelSet::kAvx2}) {
+        if (ks == KernelSet::kAvx2 && !cpu::CpuHasAvx2Fma()) continue;
+        const OpContext ctx{ks, &pool, /*int8_activations=*/false};
+        for (int64_t step : {int64_t{16}, cols}) {
+          std::vector<float> seen(values.size());
+          for (int64_t i0 = 0; i0 < cols; i0 += step) {
+            const int64_t m = std::min(step, cols - i0);
+            std::vector<float> x(static_cast<size_t>(m * cols), 0.0f);
+            for (int64_t i = 0; i < m; ++i) x[i * cols + i0 + i] = 1.0f;
+            const std::vector<float> y = RunLinear(ctx, x, m, w);
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t n = 0; n < rows; ++n) seen[n * cols + i0 + i] = y[i * rows + n];
+            }
+          }
+          EXPECT_EQ(seen, values) << name << (ks == KernelSet::kAvx2 ? " avx2" : " reference")
+                                  << " m=" << step;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kestrel
