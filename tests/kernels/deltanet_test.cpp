@@ -7,6 +7,7 @@
 //     split sequence equals chunked over the whole (the state carries over);
 //   * both kernel sets and any thread count give the same bits (one thread per value head).
 #include <gtest/gtest.h>
+#include <xmmintrin.h>
 
 #include <cmath>
 #include <memory>
@@ -252,6 +253,55 @@ TEST(DeltaNet, ThreadCountDoesNotChangeTheBits) {
   }
   EXPECT_TRUE(testing::SameBits(outs[1], outs[0]));
   EXPECT_TRUE(testing::SameBits(outs[2], outs[0]));
+}
+
+// Heads that forget fast (g from -12 to -4 per token: decays down to e^-768 within a chunk, far
+// below f32's normal range, where the ops flush subnormals to zero): both forms still match the
+// float64 reference, both kernel sets give the same bits, and the flush ends with the call: the
+// calling thread's and the pool threads' MXCSR are as they were.
+TEST(DeltaNet, FastDecayMatchesTheReferenceAndRestoresTheFloatMode) {
+  const cpu::DeltaShape s{2, 4, 16, 24};
+  const int64_t n = 130;
+  std::mt19937 rng(77);
+  DeltaInputs in = MakeDeltaInputs(rng, s, n, false);
+  std::uniform_real_distribution<float> fast(-12.0f, -4.0f);
+  for (float& g : in.g) g = fast(rng);
+  std::vector<double> ref_state(in.state.begin(), in.state.end()), ref_out;
+  ReferenceDelta(s, in.q, in.k, in.v, in.g, in.beta, n, &ref_state, &ref_out);
+  const std::vector<float> want_out(ref_out.begin(), ref_out.end());
+  const std::vector<float> want_state(ref_state.begin(), ref_state.end());
+  ThreadPool pool(2);
+  auto csr_of_threads = [&] {
+    std::vector<unsigned> csr(3);
+    csr[2] = _mm_getcsr();
+    pool.ParallelFor(2, 1, [&](int64_t, int64_t, int thread) {
+      csr[static_cast<size_t>(thread)] = _mm_getcsr();
+    });
+    return csr;
+  };
+  const std::vector<unsigned> csr_before = csr_of_threads();
+  std::vector<std::vector<float>> results;
+  for (cpu::KernelSet kernels : {cpu::KernelSet::kReference, cpu::KernelSet::kAvx2}) {
+    if (kernels == cpu::KernelSet::kAvx2 && !cpu::CpuHasAvx2Fma()) continue;
+    const cpu::OpContext ctx{kernels, &pool};
+    std::vector<float> scratch(static_cast<size_t>(cpu::DeltaChunkScratchFloats(ctx, s)));
+    std::vector<float> rs = in.state, ro(want_out.size());
+    cpu::GatedDeltaRecurrent(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
+                             in.beta.data(), n, rs.data(), ro.data());
+    EXPECT_LT(testing::RelativeError(ro, want_out), 1e-5);
+    EXPECT_LT(testing::RelativeError(rs, want_state), 1e-5);
+    std::vector<float> cs = in.state, co(want_out.size());
+    cpu::GatedDeltaChunked(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
+                           in.beta.data(), n, cs.data(), co.data(), scratch);
+    EXPECT_LT(testing::RelativeError(co, want_out), 1e-5);
+    EXPECT_LT(testing::RelativeError(cs, want_state), 1e-5);
+    co.insert(co.end(), cs.begin(), cs.end());
+    results.push_back(co);
+  }
+  for (const std::vector<float>& r : results) EXPECT_TRUE(testing::SameBits(r, results[0]));
+  EXPECT_EQ(csr_of_threads(), csr_before);
+  volatile float tiny = 1e-38f;
+  EXPECT_GT(tiny * 0.5f, 0.0f);  // subnormal results are kept again on this thread
 }
 
 }  // namespace

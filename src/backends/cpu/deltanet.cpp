@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include "backends/cpu/kernels_internal.h"
 #include "core/check.h"
@@ -25,14 +28,38 @@ float Softplus(float x) {
   return x > 20.0f ? x : std::log1p(std::exp(x));
 }
 
-// Runs fn(head, thread) for every value head, over the pool in the fast set.
+// Subnormal floats flushed to zero, as inputs and as results, while it lives (the thread's
+// MXCSR FTZ and DAZ bits, restored after). The delta rule's decays exp(cum_i - cum_j) and
+// exp(cum_i) fall below f32's normal range (about 1.2e-38, cum < -87.3) in heads that forget
+// fast, and every operation on a subnormal takes a microcode assist on x86 (about 100 cycles):
+// a random Qwen3.5-shaped model prefilled 512 tokens 5.5x slower in the delta rule without this.
+// What it changes: terms below 1.2e-38, added to states of order 1e-3 to 1.
+class FlushSubnormals {
+ public:
+#if defined(__SSE__)
+  FlushSubnormals() : csr_(_mm_getcsr()) {
+    _mm_setcsr(csr_ | 0x8040);
+  }
+  ~FlushSubnormals() {
+    _mm_setcsr(csr_);
+  }
+
+ private:
+  unsigned csr_;
+#endif
+};
+
+// Runs fn(head, thread) for every value head, over the pool in the fast set; subnormals flushed
+// in both sets (the same bits).
 template <class Fn>
 void ForEachHead(const OpContext& ctx, int64_t n_heads, Fn&& fn) {
   if (ctx.kernels == KernelSet::kReference || ctx.pool == nullptr || n_heads == 1) {
+    const FlushSubnormals flush;
     for (int64_t h = 0; h < n_heads; ++h) fn(h, 0);
     return;
   }
   ctx.pool->ParallelFor(n_heads, 1, [&](int64_t begin, int64_t end, int thread) {
+    const FlushSubnormals flush;
     for (int64_t h = begin; h < end; ++h) fn(h, thread);
   });
 }
