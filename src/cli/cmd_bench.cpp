@@ -211,7 +211,6 @@ int RunBench(BenchFlags f) {
   for (int64_t ctx : f.decode_contexts) {
     std::unique_ptr<Engine> engine = make_engine(static_cast<int32_t>(std::min<int64_t>(ctx, 2048)));
     std::vector<double> rates;
-    ForwardStats with_decode{}, prefill_only{};
     for (int r = 0; r < f.repeats; ++r) {
       EngineRequest req;
       std::mt19937_64 rng(static_cast<uint64_t>(99 + r));
@@ -219,24 +218,18 @@ int RunBench(BenchFlags f) {
       req.sampling.temperature = 0;
       req.max_new_tokens = f.decode_tokens;
       req.ignore_eos = true;
-      EngineRequest prefill_req = req;
-      prefill_req.max_new_tokens = 1;
       Clock::time_point t0;
       model->ResetStats();
       std::vector<Clock::time_point> stamps = RunOne(*engine, std::move(req), &t0);
       const double s = std::chrono::duration<double>(stamps.back() - stamps.front()).count();
       rates.push_back(static_cast<double>(stamps.size() - 1) / s);
-      if (r + 1 == f.repeats) {
-        // The decode steps' stages: the whole request's minus those of its prefill alone.
-        with_decode = model->stats();
-        model->ResetStats();
-        RunOne(*engine, std::move(prefill_req), &t0);
-        prefill_only = model->stats();
-      }
     }
     engine->Shutdown(false);
-    const double steps = static_cast<double>(f.decode_tokens - 1);
-    auto per_step = [&](double total, double prefill) { return (total - prefill) / steps; };
+    // The last request's decode steps (ForwardStats::decode: its prefill left out).
+    const ForwardStats::Stages d = model->stats().decode;
+    auto per_step = [&](double total) {
+      return d.n_forwards > 0 ? total / static_cast<double>(d.n_forwards) : 0.0;
+    };
     const double tok_s = Median(rates);
     // Mean context over the measured steps.
     const double mean_ctx = static_cast<double>(ctx) + f.decode_tokens / 2.0;
@@ -251,12 +244,10 @@ int RunBench(BenchFlags f) {
                       {"gb_per_s", gbs},
                       {"fraction_of_read_bw", gbs / limits.read_gb_per_s},
                       {"stages_ms_per_token",
-                       {{"matmul", 1e3 * per_step(with_decode.matmul_s, prefill_only.matmul_s)},
-                        {"attention",
-                         1e3 * per_step(with_decode.attention_s, prefill_only.attention_s)},
-                        {"recurrent",
-                         1e3 * per_step(with_decode.recurrent_s, prefill_only.recurrent_s)},
-                        {"other", 1e3 * per_step(with_decode.other_s, prefill_only.other_s)}}}});
+                       {{"matmul", 1e3 * per_step(d.matmul_s)},
+                        {"attention", 1e3 * per_step(d.attention_s)},
+                        {"recurrent", 1e3 * per_step(d.recurrent_s)},
+                        {"other", 1e3 * per_step(d.other_s)}}}});
   }
   out["decode"] = decode;
   if (!engine_batches.empty()) {

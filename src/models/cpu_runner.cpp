@@ -180,6 +180,7 @@ void CpuRunner::Forward(const Batch& in, float* logits) {
                              static_cast<int32_t>(caches_.kv_layout.n_blocks),
                              caches_.kv_layout.block_size_tokens,
                              static_cast<int32_t>(sampled_tokens_.size()), caches_.n_state_slots});
+  const ForwardStats before = stats_;
   // Tokens of the last sampling are known here already (LaunchSampling ran Sample).
   Batch batch = in;
   if (!in.sampled_rows.empty()) {
@@ -217,6 +218,7 @@ void CpuRunner::Forward(const Batch& in, float* logits) {
     stats_.matmul_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats_.weight_bytes_read += static_cast<int64_t>(weights_.lm_head.size_bytes());
   }
+  NoteDecodeStep(before, batch.n_tokens() == batch.n_seqs(), &stats_);
   stats_.n_forwards += 1;
   stats_.n_tokens += batch.n_tokens();
 }

@@ -676,6 +676,7 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
   const int32_t n = batch.n_tokens();
   const int32_t n_seqs = batch.n_seqs();
   const int32_t n_logits = static_cast<int32_t>(batch.logits_indices.size());
+  const ForwardStats before = stats_;
   int32_t max_ctx = 0;
   for (int32_t len : batch.context_lens) max_ctx = std::max(max_ctx, len);
   KCHECK_MSG(max_ctx <= attention_workspace_context_,
@@ -786,6 +787,7 @@ void CudaRunner::Forward(const Batch& batch, float* logits) {
       weight_bytes += (a - decoder_->moe_picks(n)) * decoder_->moe_expert_bytes();
   }
   CollectProfile();  // synchronises when profiling
+  NoteDecodeStep(before, n == n_seqs, &stats_);
   stats_.weight_bytes_read += weight_bytes + (int64_t{n} - 1) * c.hidden_size * 2;
   stats_.state_bytes += 2 * int64_t{n_seqs} * cache_spec_.state_bytes_per_slot();
   stats_.n_forwards += 1;

@@ -108,7 +108,26 @@ struct ForwardStats {
   int64_t state_bytes = 0;        // recurrent state read + written (decode roofline)
   int64_t n_forwards = 0;
   int64_t n_tokens = 0;
+  // The stage times of the decode steps alone (every sequence one token), so that a benchmark
+  // can tell a request's decode from its prefill without subtracting two noisy runs.
+  struct Stages {
+    double attention_s = 0, recurrent_s = 0, matmul_s = 0, moe_s = 0, other_s = 0;
+    int64_t n_forwards = 0;
+  } decode;
 };
+
+// Adds what a forward added to the stage times of `stats` since `before` to stats->decode, when
+// that forward was a decode step.
+inline void NoteDecodeStep(const ForwardStats& before, bool decode_step, ForwardStats* stats) {
+  if (!decode_step) return;
+  ForwardStats::Stages& d = stats->decode;
+  d.attention_s += stats->attention_s - before.attention_s;
+  d.recurrent_s += stats->recurrent_s - before.recurrent_s;
+  d.matmul_s += stats->matmul_s - before.matmul_s;
+  d.moe_s += stats->moe_s - before.moe_s;
+  d.other_s += stats->other_s - before.other_s;
+  d.n_forwards += 1;
+}
 
 class Model {
  public:

@@ -188,9 +188,17 @@ TEST(ModelLoad, ForwardStatsAccumulateAndReset) {
   const int64_t embed_bytes = spec.vocab * spec.hidden * 2;
   EXPECT_EQ(st.weight_bytes_read, (*m)->weight_bytes() - embed_bytes + 5 * spec.hidden * 2 -
                                       2 * spec.hidden * (1 + 2 * spec.n_layers));
+  EXPECT_EQ(st.decode.n_forwards, 0);  // a prefill step
+  const double prefill_matmul_s = st.matmul_s;
+  runner.Append(s, 6);
+  runner.Step({{s, 1}});  // a decode step: its stage times, and only those, in st.decode
+  EXPECT_EQ(st.decode.n_forwards, 1);
+  EXPECT_GT(st.decode.matmul_s, 0.0);
+  EXPECT_DOUBLE_EQ(st.decode.matmul_s, st.matmul_s - prefill_matmul_s);
   (*m)->ResetStats();
   EXPECT_EQ((*m)->stats().n_forwards, 0);
   EXPECT_EQ((*m)->stats().weight_bytes_read, 0);
+  EXPECT_EQ((*m)->stats().decode.n_forwards, 0);
 }
 
 }  // namespace
