@@ -42,12 +42,12 @@ Result<LoadedModel> LoadModelForCli(const LoadFlags& flags);
 // --device: "cpu", "cuda", or "auto" (cuda when this build has CUDA and a GPU is visible). An
 // explicit "cuda" never falls back: without a GPU the load fails with the reason.
 Result<Device> ResolveDevice(const std::string& flag);
-// --kv-cache-dtype: auto, f32 (CPU), bf16 (CUDA), int8 (CPU and CUDA), fp8 (CUDA).
+// --kv-cache-dtype: auto, f32 (CPU), bf16, int8, fp8 (CUDA).
 Result<ModelLoadOptions::KvCacheDType> ParseKvCacheDType(const std::string& flag);
 inline constexpr const char* kKvCacheDTypeHelp =
-    "KV cache element type: auto (f32 on the CPU, bf16 on CUDA), f32 (CPU), bf16 (CUDA), int8 "
-    "(int8 codes with a scale per token and head) or fp8 (CUDA: e4m3 codes with a scale per token "
-    "and head)";
+    "KV cache element type: auto (f32 on the CPU, bf16 on CUDA), f32 (CPU), bf16 (half f32's "
+    "bytes on the CPU), int8 (int8 codes with a scale per token and head) or fp8 (CUDA: e4m3 "
+    "codes with a scale per token and head)";
 inline constexpr const char* kFp8ActivationsHelp =
     "CUDA, FP8 checkpoints: run prefill GEMMs as W8A8 on the FP8 tensor cores (activations "
     "quantized per token and 128 columns, as the checkpoint's reference code); faster, not exact";

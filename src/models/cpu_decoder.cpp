@@ -307,9 +307,9 @@ void CpuDecoder::Attention(int64_t layer, const Batch& batch) {
   shape.n_blocks = caches_->kv_layout.n_blocks;
   cpu::AttentionBatch ab{batch.positions, batch.seq_starts, batch.block_tables,
                          batch.max_blocks_per_seq};
-  cpu::PagedAttention(ops_, shape, ab, s.q.data(),
-                      cpu::KvRows{k_cache.f32, k_cache.q, k_cache.scale},
-                      cpu::KvRows{v_cache.f32, v_cache.q, v_cache.scale}, s.attn.data(), s.scores);
+  cpu::PagedAttention(
+      ops_, shape, ab, s.q.data(), cpu::KvRows{k_cache.f32, k_cache.q, k_cache.scale, k_cache.bf16},
+      cpu::KvRows{v_cache.f32, v_cache.q, v_cache.scale, v_cache.bf16}, s.attn.data(), s.scores);
   if (c_.attention_output_gate) cpu::SigmoidGateInPlace(s.attn.data(), s.gate.data(), n * q_dim);
   stats_->attention_s += SecondsSince(t0);
 

@@ -32,6 +32,8 @@ struct CpuCaches {
   bool int8 = false;                  // int8 KV: codes and row scales instead of kv
   std::unique_ptr<int8_t[]> kv_q;     // per attention layer K then V codes
   std::unique_ptr<float[]> kv_scale;  // per attention layer K then V, one scale per row
+  bool bf16 = false;                  // bf16 KV: the values rounded to bf16 instead of kv
+  std::unique_ptr<uint16_t[]> kv_bf16;
   int32_t n_state_slots = 0;
   std::unique_ptr<float[]> state;
 
@@ -42,6 +44,7 @@ struct CpuCaches {
   // Layer `attention_index`'s K (which 0) or V (1) cache in either storage.
   cpu::KvRowsOut rows(int64_t attention_index, int which) {
     const int64_t i = 2 * attention_index + which;
+    if (bf16) return {nullptr, nullptr, nullptr, kv_bf16.get() + i * kv_floats_per_layer()};
     if (!int8) return {kv.get() + i * kv_floats_per_layer(), nullptr, nullptr};
     return {nullptr, kv_q.get() + i * kv_floats_per_layer(),
             kv_scale.get() + i * kv_rows_per_layer()};

@@ -18,7 +18,8 @@ int64_t ResolveKvCacheTokens(const ModelConfig& config, const ModelLoadOptions& 
                                                       : kDefaultKvCacheTokensCap;
   tokens = std::min(tokens, kDefaultKvCacheTokensCap);
   const bool int8 = options.kv_cache_dtype == ModelLoadOptions::KvCacheDType::kInt8;
-  CacheSpec spec = MakeCacheSpec(config, int8 ? 1 : sizeof(float));
+  const bool bf16 = options.kv_cache_dtype == ModelLoadOptions::KvCacheDType::kBf16;
+  CacheSpec spec = MakeCacheSpec(config, int8 ? 1 : bf16 ? 2 : sizeof(float));
   if (int8) spec.kv_row_scale_bytes = sizeof(float);
   const int64_t bytes_per_token = spec.kv_bytes_per_token();
   if (bytes_per_token > 0) tokens = std::min(tokens, kDefaultKvBudgetBytes / bytes_per_token);
@@ -61,13 +62,13 @@ int64_t CpuRunner::decode_weight_bytes() const {
 Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
   const ModelConfig& c = config_;
   using KvDType = ModelLoadOptions::KvCacheDType;
-  if (options.kv_cache_dtype == KvDType::kBf16 || options.kv_cache_dtype == KvDType::kFp8) {
-    return Unsupported(std::string("--kv-cache-dtype ") +
-                       (options.kv_cache_dtype == KvDType::kBf16 ? "bf16" : "fp8") +
-                       " is for --device cuda; the CPU stores f32 or int8");
+  if (options.kv_cache_dtype == KvDType::kFp8) {
+    return Unsupported(
+        "--kv-cache-dtype fp8 is for --device cuda; the CPU stores f32, bf16 or int8");
   }
   caches_.int8 = options.kv_cache_dtype == KvDType::kInt8;
-  caches_.spec = MakeCacheSpec(c, caches_.int8 ? 1 : sizeof(float));
+  caches_.bf16 = options.kv_cache_dtype == KvDType::kBf16;
+  caches_.spec = MakeCacheSpec(c, caches_.int8 ? 1 : caches_.bf16 ? 2 : sizeof(float));
   if (caches_.int8) caches_.spec.kv_row_scale_bytes = sizeof(float);
   // KV pool: capacity rounded up to whole blocks.
   const int32_t block_size = options.block_size_tokens;
@@ -86,6 +87,12 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
     caches_.kv_scale.reset(new (std::nothrow) float[static_cast<size_t>(
         2 * caches_.spec.n_attention_layers * caches_.kv_rows_per_layer())]);
     if (caches_.kv_q == nullptr || caches_.kv_scale == nullptr) {
+      return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
+                               " tokens x " + std::to_string(kv_bytes_per_token()) + " bytes");
+    }
+  } else if (kv_floats > 0 && caches_.bf16) {
+    caches_.kv_bf16.reset(new (std::nothrow) uint16_t[static_cast<size_t>(kv_floats)]);
+    if (caches_.kv_bf16 == nullptr) {
       return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
                                " tokens x " + std::to_string(kv_bytes_per_token()) + " bytes");
     }

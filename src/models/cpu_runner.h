@@ -35,7 +35,9 @@ class CpuRunner final : public Model {
   int32_t block_size_tokens() const override { return caches_.kv_layout.block_size_tokens; }
   int32_t n_kv_blocks() const override { return static_cast<int32_t>(caches_.kv_layout.n_blocks); }
   const CacheSpec& cache_spec() const override { return caches_.spec; }
-  const char* kv_cache_dtype() const override { return caches_.int8 ? "int8" : "f32"; }
+  const char* kv_cache_dtype() const override {
+    return caches_.int8 ? "int8" : caches_.bf16 ? "bf16" : "f32";
+  }
   // The caches as they are (tests and reports read K/V rows from here).
   const CpuCaches& caches() const { return caches_; }
   int32_t n_state_slots() const override { return caches_.n_state_slots; }

@@ -293,12 +293,16 @@ TEST(Cli, NegativeThreadCountsAreAOneLineError) {
   }
 }
 
-TEST(Cli, KvCacheDTypeInt8RunsAndOthersAreOneLineErrors) {
+TEST(Cli, KvCacheDTypeInt8AndBf16RunAndOthersAreOneLineErrors) {
   ProcessResult ok = RunKestrel({"logits", "--model", kQwen3Fixture, "--ids", "1,2,3,4,5",
                                  "--greedy", "4", "--kv-cache-dtype", "int8"});
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_EQ(json::parse(ok.out)["greedy"].size(), 4u);
-  for (const char* bad : {"fp8", "int4", "bf16"}) {
+  ProcessResult bf16 = RunKestrel({"logits", "--model", kQwen3Fixture, "--ids", "1,2,3,4,5",
+                                   "--greedy", "4", "--kv-cache-dtype", "bf16"});
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.err;
+  EXPECT_EQ(json::parse(bf16.out)["greedy"].size(), 4u);
+  for (const char* bad : {"fp8", "int4", "f16"}) {
     ProcessResult r = RunKestrel({"logits", "--model", kQwen3Fixture, "--ids", "1,2",
                                   "--kv-cache-dtype", bad});
     EXPECT_EQ(r.exit_code, 1) << bad << ": " << r.err;

@@ -160,6 +160,26 @@ TEST(EngineExactnessTest, Int8KvCacheIsInvariantTooAndStaysNearF32) {
   EXPECT_GE(same_first, 30);
 }
 
+// The bf16 KV cache on the CPU (--kv-cache-dtype bf16: half the f32 cache's bytes) keeps them too;
+// its rounding (2^-9 relative per value) moves the logprobs far less than int8's.
+TEST(EngineExactnessTest, Bf16KvCacheIsInvariantTooAndStaysNearF32) {
+  const std::vector<Collected> f32 = CheckInvariance(ModelLoadOptions::KvCacheDType::kAuto);
+  const std::vector<Collected> bf16 = CheckInvariance(ModelLoadOptions::KvCacheDType::kBf16);
+  int same_first = 0;
+  double worst = 0;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    same_first += bf16[i].tokens[0] == f32[i].tokens[0];
+    worst =
+        std::max(worst, std::fabs(static_cast<double>(bf16[i].logprobs[0]) - f32[i].logprobs[0]));
+  }
+  std::printf(
+      "[ info     ] bf16 KV: first token equal to f32 in %d of %zu requests, max |logprob "
+      "diff| %.4f\n",
+      same_first, f32.size(), worst);
+  EXPECT_GE(same_first, 31);
+  EXPECT_GT(worst, 0.0) << "the bf16 cache was not used";
+}
+
 // The forward itself: one decode row alone, then inside a batch whose other sequence prefills
 // kDirectMaxRows - 1 tokens (the streaming Linear either way) or kDirectMaxRows + 4 tokens
 // (the packed Linear for the batch).

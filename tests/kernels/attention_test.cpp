@@ -379,5 +379,65 @@ TEST(PagedAttention, Int8CacheMatchesReferenceAndStaysNearF32) {
   }
 }
 
+// The bf16 KV cache: WriteKv rounds each value to the nearest bf16 (ties to even), and attention
+// over it is the attention over those rounded values in f32: bitwise the f32 path over a pool of
+// the rounded floats, in both kernel sets (the AVX2 one thread-count independent), and near the
+// unrounded cache's result.
+TEST(PagedAttention, Bf16CacheIsTheF32AttentionOverTheRoundedRows) {
+  std::mt19937 rng(17);
+  ThreadPool pool2(2), pool3(3);
+  int i = 0;
+  for (const Config& cfg : Configs()) {
+    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
+                           cfg.context_lens, cfg.n_new, cfg.window);
+    const cpu::KvLayout layout = c.shape.layout();
+    std::vector<int32_t> slots(static_cast<size_t>(layout.n_slots()));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::vector<float> k(c.k_cache.size()), v(c.v_cache.size());  // [slot, head, dim] order
+    for (int32_t slot : slots) {
+      for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
+        const int64_t src = layout.RowOffset(slot, h);
+        const int64_t dst = (int64_t{slot} * layout.n_kv_heads + h) * layout.head_dim;
+        std::copy_n(c.k_cache.begin() + src, layout.head_dim, k.begin() + dst);
+        std::copy_n(c.v_cache.begin() + src, layout.head_dim, v.begin() + dst);
+      }
+    }
+    std::vector<uint16_t> kb(c.k_cache.size()), vb(c.v_cache.size());
+    cpu::WriteKv(k.data(), v.data(), slots, layout,
+                 cpu::KvRowsOut{nullptr, nullptr, nullptr, kb.data()},
+                 cpu::KvRowsOut{nullptr, nullptr, nullptr, vb.data()});
+    PagedCase rounded = c;  // the f32 pool of the bf16 values
+    for (size_t e = 0; e < kb.size(); ++e) {
+      ASSERT_EQ(kb[e], F32ToBf16(c.k_cache[e])) << e;
+      ASSERT_EQ(vb[e], F32ToBf16(c.v_cache[e])) << e;
+      rounded.k_cache[e] = Bf16ToF32(kb[e]);
+      rounded.v_cache[e] = Bf16ToF32(vb[e]);
+    }
+    const int32_t max_ctx = *std::max_element(c.context_lens.begin(), c.context_lens.end());
+    auto run = [&](const OpContext& ctx) {
+      std::vector<float> scratch(
+          static_cast<size_t>(cpu::AttentionScratchFloats(ctx, c.shape, max_ctx)));
+      std::vector<float> out(c.q.size(), -777.0f);
+      cpu::PagedAttention(ctx, c.shape, c.batch(), c.q.data(),
+                          cpu::KvRows{nullptr, nullptr, nullptr, kb.data()},
+                          cpu::KvRows{nullptr, nullptr, nullptr, vb.data()}, out.data(), scratch);
+      return out;
+    };
+    const std::vector<float> ref = run(OpContext{});
+    EXPECT_TRUE(testing::SameBits(ref, RunPaged(OpContext{}, rounded))) << "config " << i;
+    const double err = testing::RelativeError(ref, RunPaged(OpContext{}, c));
+    EXPECT_LE(err, 5e-3) << "config " << i;
+    EXPECT_GT(err, 0.0) << "config " << i << ": the bf16 cache was not read";
+    if (cpu::CpuHasAvx2Fma()) {
+      const std::vector<float> fast = run(OpContext{KernelSet::kAvx2, &pool2});
+      EXPECT_TRUE(testing::SameBits(fast, RunPaged(OpContext{KernelSet::kAvx2, &pool2}, rounded)))
+          << "config " << i;
+      EXPECT_TRUE(testing::SameBits(run(OpContext{KernelSet::kAvx2, &pool3}), fast))
+          << "config " << i;
+    }
+    ++i;
+  }
+}
+
 }  // namespace
 }  // namespace kestrel

@@ -38,6 +38,8 @@ std::vector<int32_t> Blocks(const Model& m) {
   return b;
 }
 
+// The int8 and bf16 caches against the f32 one (int8: within its rounding; bf16: 2^-9 relative
+// per value, far closer).
 TEST(Int8KvCache, LogitsStayNearTheF32CacheOverALongPrompt) {
   std::vector<CpuKernels> sets = {CpuKernels::kReference};
   if (cpu::CpuHasAvx2Fma()) sets.push_back(CpuKernels::kAuto);
@@ -45,32 +47,41 @@ TEST(Int8KvCache, LogitsStayNearTheF32CacheOverALongPrompt) {
   std::vector<int32_t> prompt(300);
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 8000);
   for (CpuKernels k : sets) {
-    std::unique_ptr<Model> f32 = Load(KvDType::kF32, k), int8 = Load(KvDType::kInt8, k);
-    ASSERT_TRUE(f32 && int8);
-    const int64_t hd = f32->config().head_dim;  // int8 codes plus one f32 scale per row
-    EXPECT_EQ(int8->kv_bytes_per_token() * 4 * hd, f32->kv_bytes_per_token() * (hd + 4));
-    testing::SeqRunner rf(f32.get(), Blocks(*f32)), ri(int8.get(), Blocks(*int8));
-    const int sf = rf.AddSequence(prompt), si = ri.AddSequence(prompt);
-    // The prompt in two chunks (the second attends over the first's cached rows), then decode.
-    std::vector<std::vector<float>> lf = rf.Step({{sf, 200}})[0], li = ri.Step({{si, 200}})[0];
-    auto more_f = rf.Step({{sf, 100}})[0], more_i = ri.Step({{si, 100}})[0];
-    lf.insert(lf.end(), more_f.begin(), more_f.end());
-    li.insert(li.end(), more_i.begin(), more_i.end());
-    double worst = 0, sum = 0;
-    int same = 0;
-    for (size_t t = 0; t < lf.size(); ++t) {
-      const double e = testing::MaxAbsDiff(li[t], lf[t]) / testing::Range(lf[t]);
-      worst = std::max(worst, e);
-      sum += e;
-      same += testing::Argmax(li[t]) == testing::Argmax(lf[t]);
+    for (KvDType dt : {KvDType::kInt8, KvDType::kBf16}) {
+      const bool is_bf16 = dt == KvDType::kBf16;
+      std::unique_ptr<Model> f32 = Load(KvDType::kF32, k), int8 = Load(dt, k);
+      ASSERT_TRUE(f32 && int8);
+      EXPECT_STREQ(int8->kv_cache_dtype(), is_bf16 ? "bf16" : "int8");
+      const int64_t hd = f32->config().head_dim;  // int8 codes plus one f32 scale per row
+      if (is_bf16) {
+        EXPECT_EQ(int8->kv_bytes_per_token() * 2, f32->kv_bytes_per_token());
+      } else {
+        EXPECT_EQ(int8->kv_bytes_per_token() * 4 * hd, f32->kv_bytes_per_token() * (hd + 4));
+      }
+      testing::SeqRunner rf(f32.get(), Blocks(*f32)), ri(int8.get(), Blocks(*int8));
+      const int sf = rf.AddSequence(prompt), si = ri.AddSequence(prompt);
+      // The prompt in two chunks (the second attends over the first's cached rows), then decode.
+      std::vector<std::vector<float>> lf = rf.Step({{sf, 200}})[0], li = ri.Step({{si, 200}})[0];
+      auto more_f = rf.Step({{sf, 100}})[0], more_i = ri.Step({{si, 100}})[0];
+      lf.insert(lf.end(), more_f.begin(), more_f.end());
+      li.insert(li.end(), more_i.begin(), more_i.end());
+      double worst = 0, sum = 0;
+      int same = 0;
+      for (size_t t = 0; t < lf.size(); ++t) {
+        const double e = testing::MaxAbsDiff(li[t], lf[t]) / testing::Range(lf[t]);
+        worst = std::max(worst, e);
+        sum += e;
+        same += testing::Argmax(li[t]) == testing::Argmax(lf[t]);
+      }
+      std::printf(
+          "[ info     ] %s: %s KV max |logit - f32 KV| / range %.4f (mean %.4f), argmax "
+          "equal at %d of %zu positions\n",
+          k == CpuKernels::kReference ? "reference" : "avx2", is_bf16 ? "bf16" : "int8", worst,
+          sum / static_cast<double>(lf.size()), same, lf.size());
+      EXPECT_LE(worst, is_bf16 ? 0.01 : 0.05);
+      EXPECT_GE(same, static_cast<int>(lf.size()) * (is_bf16 ? 98 : 95) / 100);
+      EXPECT_GT(worst, 0.0) << "the cache was not used";
     }
-    std::printf("[ info     ] %s: int8 KV max |logit - f32 KV| / range %.4f (mean %.4f), argmax "
-                "equal at %d of %zu positions\n",
-                k == CpuKernels::kReference ? "reference" : "avx2", worst,
-                sum / static_cast<double>(lf.size()), same, lf.size());
-    EXPECT_LE(worst, 0.05);
-    EXPECT_GE(same, static_cast<int>(lf.size()) * 95 / 100);
-    EXPECT_GT(worst, 0.0) << "the int8 cache was not used";
   }
 }
 
@@ -145,13 +156,13 @@ TEST(Int8KvCache, RowQuantizationErrorPerLayer) {
   }
 }
 
-TEST(Int8KvCache, Bf16IsRefusedOnTheCpu) {
+TEST(Int8KvCache, Fp8IsRefusedOnTheCpu) {
   ModelLoadOptions opts;
-  opts.kv_cache_dtype = KvDType::kBf16;
+  opts.kv_cache_dtype = KvDType::kFp8;
   Result<std::unique_ptr<Model>> m =
       Model::Load(std::string(KESTREL_SOURCE_DIR) + "/models/kestrel-tiny", opts);
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("--kv-cache-dtype bf16"), std::string::npos);
+  EXPECT_NE(m.status().message().find("--kv-cache-dtype fp8"), std::string::npos);
 }
 
 }  // namespace

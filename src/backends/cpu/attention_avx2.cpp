@@ -65,6 +65,19 @@ inline void PrefetchRows(const T* const* rows, int n, int64_t head_dim) {
   }
 }
 
+// dst[i] = the bf16 row rows[i] as floats (exact: the bf16 bits in the upper half).
+inline void WidenBf16Rows(const uint16_t* const* rows, int n, int64_t head_dim, float* dst) {
+  const int64_t d8 = head_dim & ~int64_t{7};
+  for (int i = 0; i < n; ++i) {
+    float* o = dst + i * head_dim;
+    for (int64_t d = 0; d < d8; d += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + d));
+      _mm256_storeu_ps(o + d, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    }
+    for (int64_t d = d8; d < head_dim; ++d) o[d] = Bf16ToF32(rows[i][d]);
+  }
+}
+
 // dst[i] = the int8 row rows[i] times its scale, as floats (the reference's q * scale).
 inline void DequantizeRows(const int8_t* const* rows, const int8_t* base, const float* scale,
                            int n, int64_t head_dim, float* dst) {
@@ -317,6 +330,7 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
 
       const float* chunk_rows[2][kKeyChunk];
       const int8_t* int8_rows[2][kKeyChunk];
+      const uint16_t* bf16_rows[2][kKeyChunk];
       const float* deq_rows[kKeyChunk];
       for (int i = 0; i < kKeyChunk; ++i) deq_rows[i] = dequantized + i * head_dim;
       auto chunk_size = [&](int64_t j0) {
@@ -327,26 +341,29 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
       // rows are dequantized chunk by chunk into the thread's scratch (it stays in L1 for the
       // chunk's use).
       auto for_chunks = [&](const KvRows& cache, auto&& fn) {
-        if (cache.f32 != nullptr) {
-          GatherRows(cache.f32, shape, kvh, table, base, chunk_size(0), chunk_rows[0]);
-        } else {
-          GatherRows(cache.q, shape, kvh, table, base, chunk_size(0), int8_rows[0]);
-        }
+        // Gathers (and with prefetch, asks for) the rows of the chunk at j0 into slot c.
+        auto gather = [&](int64_t j0, int n, int c, bool prefetch) {
+          if (cache.f32 != nullptr) {
+            GatherRows(cache.f32, shape, kvh, table, base + j0, n, chunk_rows[c]);
+            if (prefetch) PrefetchRows(chunk_rows[c], n, head_dim);
+          } else if (cache.bf16 != nullptr) {
+            GatherRows(cache.bf16, shape, kvh, table, base + j0, n, bf16_rows[c]);
+            if (prefetch) PrefetchRows(bf16_rows[c], n, head_dim);
+          } else {
+            GatherRows(cache.q, shape, kvh, table, base + j0, n, int8_rows[c]);
+            if (prefetch) PrefetchRows(int8_rows[c], n, head_dim);
+          }
+        };
+        gather(0, chunk_size(0), 0, false);
         for (int64_t j0 = 0, c = 0; j0 < span; j0 += kKeyChunk, c ^= 1) {
           if (j0 + kKeyChunk < span) {
-            const int n_next = chunk_size(j0 + kKeyChunk);
-            if (cache.f32 != nullptr) {
-              GatherRows(cache.f32, shape, kvh, table, base + j0 + kKeyChunk, n_next,
-                         chunk_rows[c ^ 1]);
-              PrefetchRows(chunk_rows[c ^ 1], n_next, head_dim);
-            } else {
-              GatherRows(cache.q, shape, kvh, table, base + j0 + kKeyChunk, n_next,
-                         int8_rows[c ^ 1]);
-              PrefetchRows(int8_rows[c ^ 1], n_next, head_dim);
-            }
+            gather(j0 + kKeyChunk, chunk_size(j0 + kKeyChunk), static_cast<int>(c ^ 1), true);
           }
           if (cache.f32 != nullptr) {
             fn(j0, chunk_size(j0), chunk_rows[c]);
+          } else if (cache.bf16 != nullptr) {
+            WidenBf16Rows(bf16_rows[c], chunk_size(j0), head_dim, dequantized);
+            fn(j0, chunk_size(j0), deq_rows);
           } else {
             DequantizeRows(int8_rows[c], cache.q, cache.scale, chunk_size(j0), head_dim,
                            dequantized);

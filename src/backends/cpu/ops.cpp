@@ -161,8 +161,11 @@ void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const Att
 void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const KvRows& k_cache, const KvRows& v_cache, float* out,
                     std::span<float> scratch) {
-  KCHECK((k_cache.f32 != nullptr) != (k_cache.q != nullptr && k_cache.scale != nullptr));
-  KCHECK((v_cache.f32 != nullptr) != (v_cache.q != nullptr && v_cache.scale != nullptr));
+  // Exactly one storage per cache: f32, int8 (codes and scales) or bf16.
+  auto storages = [](const KvRows& c) {
+    return (c.f32 != nullptr) + (c.q != nullptr && c.scale != nullptr) + (c.bf16 != nullptr);
+  };
+  KCHECK(storages(k_cache) == 1 && storages(v_cache) == 1);
   KCHECK(shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0 && shape.head_dim > 0);
   KCHECK(batch.seq_starts.size() >= 1);
   KCHECK(batch.block_tables.size() ==
@@ -272,6 +275,20 @@ void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
     return;
   }
   const int64_t hd = layout.head_dim;
+  if (k_cache.bf16 != nullptr) {
+    for (size_t t = 0; t < slots.size(); ++t) {
+      KCHECK(slots[t] >= 0 && slots[t] < layout.n_slots());
+      for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
+        const int64_t dst = layout.RowOffset(slots[t], h);
+        const int64_t src = (static_cast<int64_t>(t) * layout.n_kv_heads + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          k_cache.bf16[dst + d] = F32ToBf16(k[src + d]);
+          v_cache.bf16[dst + d] = F32ToBf16(v[src + d]);
+        }
+      }
+    }
+    return;
+  }
   auto quantize = [hd](const float* x, int8_t* q, float* scale) {
     float amax = 0.0f;
     for (int64_t d = 0; d < hd; ++d) amax = std::max(amax, std::fabs(x[d]));

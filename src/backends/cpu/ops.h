@@ -227,18 +227,20 @@ struct KvRows {
   const float* f32 = nullptr;
   const int8_t* q = nullptr;
   const float* scale = nullptr;
+  const uint16_t* bf16 = nullptr;  // bf16 rows (the upper halves of the f32 values)
 };
 struct KvRowsOut {
   float* f32 = nullptr;
   int8_t* q = nullptr;
   float* scale = nullptr;
+  uint16_t* bf16 = nullptr;
 };
 
 // Row (slots[t], h) of k_cache = k[t, h, :]; same for v.
 //   k, v [n_tokens, n_kv_heads, head_dim];  slots [n_tokens] < layout.n_slots()
 void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
              const KvLayout& layout, float* k_cache, float* v_cache);
-// The same into f32 or int8 caches.
+// The same into f32, int8 or bf16 caches (bf16: each value rounded to nearest even, F32ToBf16).
 void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
              const KvLayout& layout, const KvRowsOut& k_cache, const KvRowsOut& v_cache);
 

@@ -104,11 +104,15 @@ void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, co
       KCHECK(pos / bs < batch.max_blocks_per_seq);
       KCHECK(static_cast<int64_t>(scratch.size()) >= n_ctx + head_dim);
       float* scores = scratch.data();
-      float* row = scratch.data() + n_ctx;  // an int8 row as floats
+      float* row = scratch.data() + n_ctx;  // an int8 or bf16 row as floats
       // Row (slot, kvh) of a cache as floats.
       auto read = [&](const KvRows& c, int64_t slot, int64_t kvh) -> const float* {
         const int64_t off = layout.RowOffset(slot, kvh);
         if (c.f32 != nullptr) return c.f32 + off;
+        if (c.bf16 != nullptr) {
+          for (int64_t d = 0; d < head_dim; ++d) row[d] = Bf16ToF32(c.bf16[off + d]);
+          return row;
+        }
         const float sc = c.scale[off / head_dim];
         for (int64_t d = 0; d < head_dim; ++d) row[d] = static_cast<float>(c.q[off + d]) * sc;
         return row;
