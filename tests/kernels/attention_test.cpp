@@ -288,15 +288,10 @@ struct Int8Pool {
   cpu::KvRows v() const { return {nullptr, vq.data(), vs.data()}; }
 };
 
-Int8Pool QuantizePool(const PagedCase& c) {
+// Every slot's rows of a case's f32 pool written through WriteKv into k_out / v_out, as the model
+// writes them.
+void WritePool(const PagedCase& c, const cpu::KvRowsOut& k_out, const cpu::KvRowsOut& v_out) {
   const cpu::KvLayout layout = c.shape.layout();
-  const int64_t rows = layout.n_slots() * layout.n_kv_heads;
-  Int8Pool p;
-  p.kq.resize(c.k_cache.size());
-  p.vq.resize(c.v_cache.size());
-  p.ks.resize(static_cast<size_t>(rows));
-  p.vs.resize(static_cast<size_t>(rows));
-  // Writing every slot's rows through WriteKv, as the model does.
   std::vector<int32_t> slots(static_cast<size_t>(layout.n_slots()));
   std::iota(slots.begin(), slots.end(), 0);
   std::vector<float> k(c.k_cache.size()), v(c.v_cache.size());  // [slot, head, dim] order
@@ -308,8 +303,19 @@ Int8Pool QuantizePool(const PagedCase& c) {
       std::copy_n(c.v_cache.begin() + src, layout.head_dim, v.begin() + dst);
     }
   }
-  cpu::WriteKv(k.data(), v.data(), slots, layout, cpu::KvRowsOut{nullptr, p.kq.data(), p.ks.data()},
-               cpu::KvRowsOut{nullptr, p.vq.data(), p.vs.data()});
+  cpu::WriteKv(k.data(), v.data(), slots, layout, k_out, v_out);
+}
+
+Int8Pool QuantizePool(const PagedCase& c) {
+  const cpu::KvLayout layout = c.shape.layout();
+  const int64_t rows = layout.n_slots() * layout.n_kv_heads;
+  Int8Pool p;
+  p.kq.resize(c.k_cache.size());
+  p.vq.resize(c.v_cache.size());
+  p.ks.resize(static_cast<size_t>(rows));
+  p.vs.resize(static_cast<size_t>(rows));
+  WritePool(c, cpu::KvRowsOut{nullptr, p.kq.data(), p.ks.data()},
+            cpu::KvRowsOut{nullptr, p.vq.data(), p.vs.data()});
   return p;
 }
 
@@ -390,22 +396,9 @@ TEST(PagedAttention, Bf16CacheIsTheF32AttentionOverTheRoundedRows) {
   for (const Config& cfg : Configs()) {
     PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
                            cfg.context_lens, cfg.n_new, cfg.window);
-    const cpu::KvLayout layout = c.shape.layout();
-    std::vector<int32_t> slots(static_cast<size_t>(layout.n_slots()));
-    std::iota(slots.begin(), slots.end(), 0);
-    std::vector<float> k(c.k_cache.size()), v(c.v_cache.size());  // [slot, head, dim] order
-    for (int32_t slot : slots) {
-      for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
-        const int64_t src = layout.RowOffset(slot, h);
-        const int64_t dst = (int64_t{slot} * layout.n_kv_heads + h) * layout.head_dim;
-        std::copy_n(c.k_cache.begin() + src, layout.head_dim, k.begin() + dst);
-        std::copy_n(c.v_cache.begin() + src, layout.head_dim, v.begin() + dst);
-      }
-    }
     std::vector<uint16_t> kb(c.k_cache.size()), vb(c.v_cache.size());
-    cpu::WriteKv(k.data(), v.data(), slots, layout,
-                 cpu::KvRowsOut{nullptr, nullptr, nullptr, kb.data()},
-                 cpu::KvRowsOut{nullptr, nullptr, nullptr, vb.data()});
+    WritePool(c, cpu::KvRowsOut{nullptr, nullptr, nullptr, kb.data()},
+              cpu::KvRowsOut{nullptr, nullptr, nullptr, vb.data()});
     PagedCase rounded = c;  // the f32 pool of the bf16 values
     for (size_t e = 0; e < kb.size(); ++e) {
       ASSERT_EQ(kb[e], F32ToBf16(c.k_cache[e])) << e;

@@ -170,35 +170,43 @@ DeltaInputs MakeDeltaInputs(std::mt19937& rng, const cpu::DeltaShape& s, int64_t
   return in;
 }
 
+// Both forms from `in` over n tokens against the float64 reference's output and state (within
+// 1e-5); returns the chunked form's output and state, then the recurrent form's.
+std::vector<float> ExpectBothFormsNearTheReference(const cpu::OpContext& ctx,
+                                                   const cpu::DeltaShape& s, const DeltaInputs& in,
+                                                   int64_t n) {
+  std::vector<double> ref_state(in.state.begin(), in.state.end()), ref_out;
+  ReferenceDelta(s, in.q, in.k, in.v, in.g, in.beta, n, &ref_state, &ref_out);
+  const std::vector<float> want_out(ref_out.begin(), ref_out.end());
+  const std::vector<float> want_state(ref_state.begin(), ref_state.end());
+  std::vector<float> scratch(static_cast<size_t>(cpu::DeltaChunkScratchFloats(ctx, s)));
+  std::vector<float> rs = in.state, ro(want_out.size());
+  cpu::GatedDeltaRecurrent(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
+                           in.beta.data(), n, rs.data(), ro.data());
+  EXPECT_LT(testing::RelativeError(ro, want_out), 1e-5);
+  EXPECT_LT(testing::RelativeError(rs, want_state), 1e-5);
+  std::vector<float> cs = in.state, co(want_out.size());
+  cpu::GatedDeltaChunked(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
+                         n, cs.data(), co.data(), scratch);
+  EXPECT_LT(testing::RelativeError(co, want_out), 1e-5);
+  EXPECT_LT(testing::RelativeError(cs, want_state), 1e-5);
+  for (const std::vector<float>* part : {&cs, &ro, &rs})
+    co.insert(co.end(), part->begin(), part->end());
+  return co;
+}
+
 TEST(DeltaNet, RecurrentAndChunkedMatchTheReference) {
   const cpu::DeltaShape s{2, 4, 16, 24};
   ThreadPool pool(2);
   for (cpu::KernelSet kernels : {cpu::KernelSet::kReference, cpu::KernelSet::kAvx2}) {
     if (kernels == cpu::KernelSet::kAvx2 && !cpu::CpuHasAvx2Fma()) continue;
     const cpu::OpContext ctx{kernels, &pool};
-    std::vector<float> scratch(static_cast<size_t>(cpu::DeltaChunkScratchFloats(ctx, s)));
     for (int64_t n : {1, 2, 17, 63, 64, 65, 130}) {
       for (bool zero_state : {true, false}) {
         SCOPED_TRACE("n " + std::to_string(n) + (zero_state ? " zero state" : " state") +
                      (kernels == cpu::KernelSet::kAvx2 ? " avx2" : " reference"));
         std::mt19937 rng(static_cast<uint32_t>(100 + n));
-        const DeltaInputs in = MakeDeltaInputs(rng, s, n, zero_state);
-        std::vector<double> ref_state(in.state.begin(), in.state.end()), ref_out;
-        ReferenceDelta(s, in.q, in.k, in.v, in.g, in.beta, n, &ref_state, &ref_out);
-        const std::vector<float> want_out(ref_out.begin(), ref_out.end());
-        const std::vector<float> want_state(ref_state.begin(), ref_state.end());
-
-        std::vector<float> rs = in.state, ro(want_out.size());
-        cpu::GatedDeltaRecurrent(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
-                                 in.beta.data(), n, rs.data(), ro.data());
-        EXPECT_LT(testing::RelativeError(ro, want_out), 1e-5);
-        EXPECT_LT(testing::RelativeError(rs, want_state), 1e-5);
-
-        std::vector<float> cs = in.state, co(want_out.size());
-        cpu::GatedDeltaChunked(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
-                               in.beta.data(), n, cs.data(), co.data(), scratch);
-        EXPECT_LT(testing::RelativeError(co, want_out), 1e-5);
-        EXPECT_LT(testing::RelativeError(cs, want_state), 1e-5);
+        ExpectBothFormsNearTheReference(ctx, s, MakeDeltaInputs(rng, s, n, zero_state), n);
       }
     }
   }
@@ -263,25 +271,11 @@ TEST(DeltaNet, RealHeadDimsGiveTheSameBitsInBothKernelSets) {
   const int64_t n = 130;
   std::mt19937 rng(31);
   const DeltaInputs in = MakeDeltaInputs(rng, s, n, false);
-  std::vector<double> ref_state(in.state.begin(), in.state.end()), ref_out;
-  ReferenceDelta(s, in.q, in.k, in.v, in.g, in.beta, n, &ref_state, &ref_out);
-  const std::vector<float> want_out(ref_out.begin(), ref_out.end());
   ThreadPool pool(2);
   std::vector<std::vector<float>> results;
   for (cpu::KernelSet kernels : {cpu::KernelSet::kReference, cpu::KernelSet::kAvx2}) {
     if (kernels == cpu::KernelSet::kAvx2 && !cpu::CpuHasAvx2Fma()) continue;
-    const cpu::OpContext ctx{kernels, &pool};
-    std::vector<float> scratch(static_cast<size_t>(cpu::DeltaChunkScratchFloats(ctx, s)));
-    std::vector<float> st = in.state, out(want_out.size());
-    cpu::GatedDeltaChunked(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
-                           in.beta.data(), n, st.data(), out.data(), scratch);
-    EXPECT_LT(testing::RelativeError(out, want_out), 1e-5);
-    std::vector<float> rs = in.state, ro(want_out.size());
-    cpu::GatedDeltaRecurrent(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
-                             in.beta.data(), n, rs.data(), ro.data());
-    out.insert(out.end(), st.begin(), st.end());
-    out.insert(out.end(), ro.begin(), ro.end());
-    results.push_back(out);
+    results.push_back(ExpectBothFormsNearTheReference(cpu::OpContext{kernels, &pool}, s, in, n));
   }
   for (const std::vector<float>& r : results) EXPECT_TRUE(testing::SameBits(r, results[0]));
 }
@@ -297,10 +291,6 @@ TEST(DeltaNet, FastDecayMatchesTheReferenceAndRestoresTheFloatMode) {
   DeltaInputs in = MakeDeltaInputs(rng, s, n, false);
   std::uniform_real_distribution<float> fast(-12.0f, -4.0f);
   for (float& g : in.g) g = fast(rng);
-  std::vector<double> ref_state(in.state.begin(), in.state.end()), ref_out;
-  ReferenceDelta(s, in.q, in.k, in.v, in.g, in.beta, n, &ref_state, &ref_out);
-  const std::vector<float> want_out(ref_out.begin(), ref_out.end());
-  const std::vector<float> want_state(ref_state.begin(), ref_state.end());
   ThreadPool pool(2);
   auto csr_of_threads = [&] {
     std::vector<unsigned> csr(3);
@@ -314,20 +304,7 @@ TEST(DeltaNet, FastDecayMatchesTheReferenceAndRestoresTheFloatMode) {
   std::vector<std::vector<float>> results;
   for (cpu::KernelSet kernels : {cpu::KernelSet::kReference, cpu::KernelSet::kAvx2}) {
     if (kernels == cpu::KernelSet::kAvx2 && !cpu::CpuHasAvx2Fma()) continue;
-    const cpu::OpContext ctx{kernels, &pool};
-    std::vector<float> scratch(static_cast<size_t>(cpu::DeltaChunkScratchFloats(ctx, s)));
-    std::vector<float> rs = in.state, ro(want_out.size());
-    cpu::GatedDeltaRecurrent(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
-                             in.beta.data(), n, rs.data(), ro.data());
-    EXPECT_LT(testing::RelativeError(ro, want_out), 1e-5);
-    EXPECT_LT(testing::RelativeError(rs, want_state), 1e-5);
-    std::vector<float> cs = in.state, co(want_out.size());
-    cpu::GatedDeltaChunked(ctx, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
-                           in.beta.data(), n, cs.data(), co.data(), scratch);
-    EXPECT_LT(testing::RelativeError(co, want_out), 1e-5);
-    EXPECT_LT(testing::RelativeError(cs, want_state), 1e-5);
-    co.insert(co.end(), cs.begin(), cs.end());
-    results.push_back(co);
+    results.push_back(ExpectBothFormsNearTheReference(cpu::OpContext{kernels, &pool}, s, in, n));
   }
   for (const std::vector<float>& r : results) EXPECT_TRUE(testing::SameBits(r, results[0]));
   EXPECT_EQ(csr_of_threads(), csr_before);
