@@ -1,5 +1,8 @@
 #include "core/memory_bandwidth.h"
 
+#include "core/check.h"
+#include "core/large_array.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -29,7 +32,10 @@ double Median(std::vector<double> v) {
 
 double MeasureReadBandwidth(ThreadPool& pool, int64_t bytes, int repeats) {
   const int64_t n = bytes / 4;
-  std::vector<float> buf(static_cast<size_t>(n));
+  // In huge pages where the kernel gives them, as the weights and the KV cache the benchmarks
+  // read (AllocateLargeArray).
+  LargeArray<float> buf = AllocateLargeArray<float>(static_cast<size_t>(n));
+  KCHECK_MSG(buf != nullptr, "MeasureReadBandwidth: out of memory");
   // First touch from the threads that will read it, with non-zero data.
   pool.ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) buf[i] = static_cast<float>(i & 1023) * 1e-3f;
@@ -40,7 +46,7 @@ double MeasureReadBandwidth(ThreadPool& pool, int64_t bytes, int repeats) {
   for (int r = 0; r < repeats + 1; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     pool.ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e, int) {
-      double s = avx2 ? SumFloatsAvx2(buf.data() + b, e - b) : SumFloatsScalar(buf.data() + b, e - b);
+      double s = avx2 ? SumFloatsAvx2(buf.get() + b, e - b) : SumFloatsScalar(buf.get() + b, e - b);
       sink.store(sink.load() + s);
     });
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -12,6 +12,7 @@
 
 #include "backends/cpu/deltanet.h"
 #include "backends/cpu/ops.h"
+#include "core/large_array.h"
 #include "models/batch.h"
 #include "models/cache_spec.h"
 #include "models/config.h"
@@ -28,12 +29,12 @@ namespace kestrel {
 struct CpuCaches {
   CacheSpec spec;
   cpu::KvLayout kv_layout;
-  std::unique_ptr<float[]> kv;        // f32 KV: per attention layer K then V
+  LargeArray<float> kv;               // f32 KV: per attention layer K then V
   bool int8 = false;                  // int8 KV: codes and row scales instead of kv
-  std::unique_ptr<int8_t[]> kv_q;     // per attention layer K then V codes
+  LargeArray<int8_t> kv_q;            // per attention layer K then V codes
   std::unique_ptr<float[]> kv_scale;  // per attention layer K then V, one scale per row
   bool bf16 = false;                  // bf16 KV: the values rounded to bf16 instead of kv
-  std::unique_ptr<uint16_t[]> kv_bf16;
+  LargeArray<uint16_t> kv_bf16;
   int32_t n_state_slots = 0;
   std::unique_ptr<float[]> state;
 

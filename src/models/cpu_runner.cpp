@@ -80,10 +80,11 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
   }
   caches_.kv_layout = cpu::KvLayout{c.n_kv_heads, c.head_dim, block_size, n_blocks};
   const int64_t kv_floats = 2 * caches_.spec.n_attention_layers * caches_.kv_floats_per_layer();
-  // Uninitialised on purpose: slots are written before they are read, and a large new[] maps
-  // fresh zero pages lazily, so an unused capacity costs no memory.
+  // Uninitialised on purpose: slots are written before they are read, and pages are backed only
+  // where touched, so an unused capacity costs no memory. Huge pages where the kernel gives them
+  // (AllocateLargeArray): a decode step's attention reads every row of a sequence's blocks.
   if (kv_floats > 0 && caches_.int8) {
-    caches_.kv_q.reset(new (std::nothrow) int8_t[static_cast<size_t>(kv_floats)]);
+    caches_.kv_q = AllocateLargeArray<int8_t>(static_cast<size_t>(kv_floats));
     caches_.kv_scale.reset(new (std::nothrow) float[static_cast<size_t>(
         2 * caches_.spec.n_attention_layers * caches_.kv_rows_per_layer())]);
     if (caches_.kv_q == nullptr || caches_.kv_scale == nullptr) {
@@ -91,13 +92,13 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
                                " tokens x " + std::to_string(kv_bytes_per_token()) + " bytes");
     }
   } else if (kv_floats > 0 && caches_.bf16) {
-    caches_.kv_bf16.reset(new (std::nothrow) uint16_t[static_cast<size_t>(kv_floats)]);
+    caches_.kv_bf16 = AllocateLargeArray<uint16_t>(static_cast<size_t>(kv_floats));
     if (caches_.kv_bf16 == nullptr) {
       return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
                                " tokens x " + std::to_string(kv_bytes_per_token()) + " bytes");
     }
   } else if (kv_floats > 0) {
-    caches_.kv.reset(new (std::nothrow) float[static_cast<size_t>(kv_floats)]);
+    caches_.kv = AllocateLargeArray<float>(static_cast<size_t>(kv_floats));
     if (caches_.kv == nullptr) {
       return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
                                " tokens x " + std::to_string(kv_bytes_per_token()) + " bytes");
@@ -149,11 +150,18 @@ void PackBlockWeights(DecoderWeights* w) {
     mlp(l.moe_w.shared_expert);
   }
   add(w->lm_head);
+  // One arena for all of them (64-byte aligned each), in huge pages where the kernel gives them:
+  // a decode step streams every byte once. Without the memory, the row kernels stay.
+  int64_t total = 0;
+  for (const TensorView* v : views) total += (cpu::PackedRowsBytes(*v) + 63) / 64 * 64;
+  if (total == 0) return;
+  w->packed_rows = AllocateLargeArray<uint8_t>(static_cast<size_t>(total));
+  if (w->packed_rows == nullptr) return;
+  uint8_t* at = w->packed_rows.get();
   for (TensorView* v : views) {
-    std::vector<uint8_t>& packed =
-        w->owned_bytes.emplace_back(static_cast<size_t>(cpu::PackedRowsBytes(*v)));
-    cpu::PackRows(*v, packed.data());
-    v->cpu_packed = packed.data();
+    cpu::PackRows(*v, at);
+    v->cpu_packed = at;
+    at += (cpu::PackedRowsBytes(*v) + 63) / 64 * 64;
   }
 }
 

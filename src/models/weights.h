@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/large_array.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "models/config.h"
@@ -97,6 +98,7 @@ struct DecoderWeights {
   int64_t n_bytes = 0;
   std::vector<std::vector<float>> owned_scales;  // FP8 / MLX / int4 scales converted at bind time
   std::vector<std::vector<uint8_t>> owned_bytes;  // AWQ / GPTQ codes repacked at bind time
+  LargeArray<uint8_t> packed_rows;  // CPU: the block weights' rows interleaved by 8, one arena
   // What the checkpoint holds that the decoder does not run, one line each (the vision tower of
   // a multimodal checkpoint, MTP heads), for `info` and the load log.
   std::vector<std::string> notes;
