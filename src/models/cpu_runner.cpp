@@ -12,16 +12,27 @@
 
 namespace kestrel {
 
+namespace {
+
+// The CPU caches' shape for the KV dtype of `options`: f32, bf16 or int8 elements (int8 with an
+// f32 scale per row).
+CacheSpec CpuCacheSpec(const ModelConfig& config, const ModelLoadOptions& options) {
+  using KvDType = ModelLoadOptions::KvCacheDType;
+  const bool int8 = options.kv_cache_dtype == KvDType::kInt8;
+  const bool bf16 = options.kv_cache_dtype == KvDType::kBf16;
+  CacheSpec spec = MakeCacheSpec(config, int8 ? 1 : bf16 ? 2 : sizeof(float));
+  if (int8) spec.kv_row_scale_bytes = sizeof(float);
+  return spec;
+}
+
+}  // namespace
+
 int64_t ResolveKvCacheTokens(const ModelConfig& config, const ModelLoadOptions& options) {
   if (options.kv_cache_tokens > 0) return options.kv_cache_tokens;
   int64_t tokens = config.max_position_embeddings > 0 ? config.max_position_embeddings
                                                       : kDefaultKvCacheTokensCap;
   tokens = std::min(tokens, kDefaultKvCacheTokensCap);
-  const bool int8 = options.kv_cache_dtype == ModelLoadOptions::KvCacheDType::kInt8;
-  const bool bf16 = options.kv_cache_dtype == ModelLoadOptions::KvCacheDType::kBf16;
-  CacheSpec spec = MakeCacheSpec(config, int8 ? 1 : bf16 ? 2 : sizeof(float));
-  if (int8) spec.kv_row_scale_bytes = sizeof(float);
-  const int64_t bytes_per_token = spec.kv_bytes_per_token();
+  const int64_t bytes_per_token = CpuCacheSpec(config, options).kv_bytes_per_token();
   if (bytes_per_token > 0) tokens = std::min(tokens, kDefaultKvBudgetBytes / bytes_per_token);
   return std::max<int64_t>(tokens, options.block_size_tokens);
 }
@@ -68,8 +79,7 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
   }
   caches_.int8 = options.kv_cache_dtype == KvDType::kInt8;
   caches_.bf16 = options.kv_cache_dtype == KvDType::kBf16;
-  caches_.spec = MakeCacheSpec(c, caches_.int8 ? 1 : caches_.bf16 ? 2 : sizeof(float));
-  if (caches_.int8) caches_.spec.kv_row_scale_bytes = sizeof(float);
+  caches_.spec = CpuCacheSpec(c, options);
   // KV pool: capacity rounded up to whole blocks.
   const int32_t block_size = options.block_size_tokens;
   const int64_t tokens = ResolveKvCacheTokens(c, options);
@@ -83,23 +93,21 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
   // Uninitialised on purpose: slots are written before they are read, and pages are backed only
   // where touched, so an unused capacity costs no memory. Huge pages where the kernel gives them
   // (AllocateLargeArray): a decode step's attention reads every row of a sequence's blocks.
-  if (kv_floats > 0 && caches_.int8) {
-    caches_.kv_q = AllocateLargeArray<int8_t>(static_cast<size_t>(kv_floats));
-    caches_.kv_scale.reset(new (std::nothrow) float[static_cast<size_t>(
-        2 * caches_.spec.n_attention_layers * caches_.kv_rows_per_layer())]);
-    if (caches_.kv_q == nullptr || caches_.kv_scale == nullptr) {
-      return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
-                               " tokens x " + std::to_string(kv_bytes_per_token()) + " bytes");
+  if (kv_floats > 0) {
+    bool allocated;
+    if (caches_.int8) {
+      caches_.kv_q = AllocateLargeArray<int8_t>(static_cast<size_t>(kv_floats));
+      caches_.kv_scale.reset(new (std::nothrow) float[static_cast<size_t>(
+          2 * caches_.spec.n_attention_layers * caches_.kv_rows_per_layer())]);
+      allocated = caches_.kv_q != nullptr && caches_.kv_scale != nullptr;
+    } else if (caches_.bf16) {
+      caches_.kv_bf16 = AllocateLargeArray<uint16_t>(static_cast<size_t>(kv_floats));
+      allocated = caches_.kv_bf16 != nullptr;
+    } else {
+      caches_.kv = AllocateLargeArray<float>(static_cast<size_t>(kv_floats));
+      allocated = caches_.kv != nullptr;
     }
-  } else if (kv_floats > 0 && caches_.bf16) {
-    caches_.kv_bf16 = AllocateLargeArray<uint16_t>(static_cast<size_t>(kv_floats));
-    if (caches_.kv_bf16 == nullptr) {
-      return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
-                               " tokens x " + std::to_string(kv_bytes_per_token()) + " bytes");
-    }
-  } else if (kv_floats > 0) {
-    caches_.kv = AllocateLargeArray<float>(static_cast<size_t>(kv_floats));
-    if (caches_.kv == nullptr) {
+    if (!allocated) {
       return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +
                                " tokens x " + std::to_string(kv_bytes_per_token()) + " bytes");
     }
