@@ -143,41 +143,41 @@ TEST(EngineExactnessTest, ReferenceKernelsAreBitwiseInvariantToBatchingCachingAn
   CheckInvariance(ModelLoadOptions::KvCacheDType::kAuto);
 }
 
+// CheckInvariance with the KV cache in `kv`, then its first tokens against the f32 cache's:
+// how many are equal, and the largest |logprob difference| (printed as `name`).
+struct FirstTokens {
+  int same = 0;
+  double worst = 0;
+};
+FirstTokens CheckInvarianceAgainstF32(ModelLoadOptions::KvCacheDType kv, const char* name) {
+  const std::vector<Collected> f32 = CheckInvariance(ModelLoadOptions::KvCacheDType::kAuto);
+  const std::vector<Collected> other = CheckInvariance(kv);
+  FirstTokens r;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    r.same += other[i].tokens[0] == f32[i].tokens[0];
+    r.worst = std::max(r.worst,
+                       std::fabs(static_cast<double>(other[i].logprobs[0]) - f32[i].logprobs[0]));
+  }
+  std::printf(
+      "[ info     ] %s KV: first token equal to f32 in %d of %zu requests, max |logprob "
+      "diff| %.4f\n",
+      name, r.same, f32.size(), r.worst);
+  return r;
+}
+
 // The int8 KV cache (--kv-cache-dtype int8) keeps every one of those invariances (a block holds
 // the same codes whoever wrote it), and its greedy tokens stay those of the f32 cache as long as
 // the f32 logprob margin is clear (this fixture's flat logits make near-ties common).
 TEST(EngineExactnessTest, Int8KvCacheIsInvariantTooAndStaysNearF32) {
-  const std::vector<Collected> f32 = CheckInvariance(ModelLoadOptions::KvCacheDType::kAuto);
-  const std::vector<Collected> int8 = CheckInvariance(ModelLoadOptions::KvCacheDType::kInt8);
-  int same_first = 0;
-  double worst = 0;
-  for (size_t i = 0; i < f32.size(); ++i) {
-    same_first += int8[i].tokens[0] == f32[i].tokens[0];
-    worst = std::max(worst, std::fabs(static_cast<double>(int8[i].logprobs[0]) - f32[i].logprobs[0]));
-  }
-  std::printf("[ info     ] int8 KV: first token equal to f32 in %d of %zu requests, max |logprob "
-              "diff| %.4f\n", same_first, f32.size(), worst);
-  EXPECT_GE(same_first, 30);
+  EXPECT_GE(CheckInvarianceAgainstF32(ModelLoadOptions::KvCacheDType::kInt8, "int8").same, 30);
 }
 
 // The bf16 KV cache on the CPU (--kv-cache-dtype bf16: half the f32 cache's bytes) keeps them too;
 // its rounding (2^-9 relative per value) moves the logprobs far less than int8's.
 TEST(EngineExactnessTest, Bf16KvCacheIsInvariantTooAndStaysNearF32) {
-  const std::vector<Collected> f32 = CheckInvariance(ModelLoadOptions::KvCacheDType::kAuto);
-  const std::vector<Collected> bf16 = CheckInvariance(ModelLoadOptions::KvCacheDType::kBf16);
-  int same_first = 0;
-  double worst = 0;
-  for (size_t i = 0; i < f32.size(); ++i) {
-    same_first += bf16[i].tokens[0] == f32[i].tokens[0];
-    worst =
-        std::max(worst, std::fabs(static_cast<double>(bf16[i].logprobs[0]) - f32[i].logprobs[0]));
-  }
-  std::printf(
-      "[ info     ] bf16 KV: first token equal to f32 in %d of %zu requests, max |logprob "
-      "diff| %.4f\n",
-      same_first, f32.size(), worst);
-  EXPECT_GE(same_first, 31);
-  EXPECT_GT(worst, 0.0) << "the bf16 cache was not used";
+  const FirstTokens r = CheckInvarianceAgainstF32(ModelLoadOptions::KvCacheDType::kBf16, "bf16");
+  EXPECT_GE(r.same, 31);
+  EXPECT_GT(r.worst, 0.0) << "the bf16 cache was not used";
 }
 
 // The forward itself: one decode row alone, then inside a batch whose other sequence prefills
