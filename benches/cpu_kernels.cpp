@@ -300,7 +300,10 @@ int Main(int argc, char** argv) {
   }
   out["matmul"] = matmul;
 
-  // Decode attention: one token over a 4096-token context, Llama-3-8B head layout.
+  // Decode attention: one token over a 4096-token context, Llama-3-8B head layout, for each KV
+  // cache dtype. Enough layers of cache that one pass over them is at least 1 GiB of f32 rows
+  // (larger than the L3 of a server part), each layer's blocks in a shuffled order as a pool
+  // hands them out; the time is one layer's, the best of `repeats` passes over all layers.
   if (want("attention")) {
     cpu::AttentionShape shape;
     shape.n_heads = 32;
@@ -311,23 +314,63 @@ int Main(int argc, char** argv) {
     const int32_t ctx = 4096;
     shape.n_blocks = ctx / shape.block_size_tokens;
     const int64_t kv_dim = shape.n_kv_heads * shape.head_dim;
-    std::vector<float> kc = RandomFloats(ctx * kv_dim, rng), vc = RandomFloats(ctx * kv_dim, rng);
+    const int64_t layer_values = int64_t{ctx} * kv_dim;
+    const int64_t n_layers =
+        quick ? 8 : ((int64_t{1} << 30) + 8 * layer_values - 1) / (8 * layer_values);
     std::vector<float> q = RandomFloats(shape.n_heads * shape.head_dim, rng);
     std::vector<float> o(q.size());
     std::vector<int32_t> table(ctx / 16);
     for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    std::shuffle(table.begin(), table.end(), rng);
     const std::vector<int32_t> positions = {ctx - 1}, starts = {0, 1};
     cpu::AttentionBatch batch{positions, starts, table, static_cast<int32_t>(table.size())};
     std::vector<float> scratch(
         static_cast<size_t>(cpu::AttentionScratchFloats(fast, shape, ctx)));
-    const double s = BestSeconds(repeats, [&] {
-      cpu::PagedAttention(fast, shape, batch, q.data(), kc.data(), vc.data(), o.data(), scratch);
-    });
-    const double bytes = 2.0 * ctx * kv_dim * 4;
-    out["attention_decode"] = {{"context", ctx},
-                               {"ms", s * 1e3},
-                               {"kv_gb_per_s", bytes / s / 1e9},
-                               {"fraction_of_read_bw", bytes / s / 1e9 / read_gbs}};
+    const std::vector<float> values = RandomFloats(layer_values, rng);
+    json attention = json::array();
+    for (const char* dtype : {"f32", "bf16", "int8"}) {
+      const std::string d = dtype;
+      const int64_t row_bytes = d == "f32" ? 4 * 128 : d == "bf16" ? 2 * 128 : 128 + 4;
+      // [layer][k|v] caches: the same rows in every layer (their bytes are what is timed).
+      std::vector<float> f32(d == "f32" ? 2 * n_layers * layer_values : 0);
+      std::vector<uint16_t> bf16(d == "bf16" ? 2 * n_layers * layer_values : 0);
+      std::vector<int8_t> codes(d == "int8" ? 2 * n_layers * layer_values : 0);
+      std::vector<float> scales(d == "int8" ? 2 * n_layers * layer_values / 128 : 0);
+      for (int64_t i = 0; i < 2 * n_layers * layer_values; ++i) {
+        const float v = values[static_cast<size_t>(i % layer_values)];
+        if (!f32.empty()) f32[i] = v;
+        if (!bf16.empty()) bf16[i] = F32ToBf16(v);
+        if (!codes.empty()) codes[i] = static_cast<int8_t>(std::clamp(v * 32.0f, -127.0f, 127.0f));
+      }
+      std::fill(scales.begin(), scales.end(), 1.0f / 32);
+      auto rows = [&](int64_t c) {
+        cpu::KvRows r;
+        if (d == "f32") r.f32 = f32.data() + c * layer_values;
+        if (d == "bf16") r.bf16 = bf16.data() + c * layer_values;
+        if (d == "int8") {
+          r.q = codes.data() + c * layer_values;
+          r.scale = scales.data() + c * layer_values / 128;
+        }
+        return r;
+      };
+      const double s =
+          BestSeconds(repeats,
+                      [&] {
+                        for (int64_t l = 0; l < n_layers; ++l) {
+                          cpu::PagedAttention(fast, shape, batch, q.data(), rows(2 * l),
+                                              rows(2 * l + 1), o.data(), scratch);
+                        }
+                      }) /
+          static_cast<double>(n_layers);
+      const double bytes = 2.0 * ctx * shape.n_kv_heads * static_cast<double>(row_bytes);
+      attention.push_back({{"kv_dtype", d},
+                           {"context", ctx},
+                           {"layers_rotated", n_layers},
+                           {"ms_per_layer", s * 1e3},
+                           {"kv_gb_per_s", bytes / s / 1e9},
+                           {"fraction_of_read_bw", bytes / s / 1e9 / read_gbs}});
+    }
+    out["attention_decode"] = attention;
   }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;

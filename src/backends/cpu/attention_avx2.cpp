@@ -8,7 +8,9 @@
 // accumulator and a fixed horizontal sum, softmax with max subtraction (vectorised exp, within 2
 // ulp of expf), then a sequential FMA chain over positions for every output element. Keys are taken
 // in chunks of 64 positions (their row pointers gathered through the block table once), so that the
-// V chunk stays in L1 while 16 dims x up to 4 heads accumulate in registers.
+// V chunk stays in L1 while 16 dims x up to 4 heads accumulate in registers. bf16 and int8 rows
+// become floats in registers as the two passes load them (the values the reference computes:
+// bf16 bits in the upper half, an int8 code times its row's scale), with no copy in between.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -30,25 +32,27 @@ constexpr int kTokenTile = 16;   // tokens of one sequence per work item, at mos
 constexpr int64_t kScoreBytesPerThread = 8 << 20;
 
 // rows[i] = the cache row of kv head `kvh` at position p0 + i of a sequence, read through its
-// block table (pool layout [n_blocks, n_kv_heads, block_size, head_dim], see KvLayout).
+// block table (pool layout [n_blocks, n_kv_heads, block_size, head_dim], see KvLayout); with
+// `scale` (int8 rows), scales[i] = that row's scale.
 template <class T>
 inline void GatherRows(const T* cache, const AttentionShape& shape, int64_t kvh,
-                       const int32_t* table, int64_t p0, int n, const T** rows) {
+                       const int32_t* table, int64_t p0, int n, const T** rows,
+                       const float* scale = nullptr, float* scales = nullptr) {
   const int64_t bs = shape.block_size_tokens;
-  const int64_t head_block = bs * shape.head_dim;  // floats of one kv head in one block
   int64_t block = p0 / bs;
   int64_t offset = p0 % bs;
-  auto block_base = [&](int64_t b) {
+  auto first_row = [&](int64_t b) {  // the pool row of the block's first position
     const int64_t physical = table[b];
     KCHECK(physical >= 0 && physical < shape.n_blocks);
-    return cache + (physical * shape.n_kv_heads + kvh) * head_block;
+    return (physical * shape.n_kv_heads + kvh) * bs;
   };
-  const T* base = block_base(block);
+  int64_t row0 = first_row(block);
   for (int i = 0; i < n; ++i) {
-    rows[i] = base + offset * shape.head_dim;
+    rows[i] = cache + (row0 + offset) * shape.head_dim;
+    if (scale != nullptr) scales[i] = scale[row0 + offset];
     if (++offset == bs && i + 1 < n) {
       offset = 0;
-      base = block_base(++block);
+      row0 = first_row(++block);
     }
   }
 }
@@ -65,34 +69,35 @@ inline void PrefetchRows(const T* const* rows, int n, int64_t head_dim) {
   }
 }
 
-// dst[i] = the bf16 row rows[i] as floats (exact: the bf16 bits in the upper half).
-inline void WidenBf16Rows(const uint16_t* const* rows, int n, int64_t head_dim, float* dst) {
-  const int64_t d8 = head_dim & ~int64_t{7};
-  for (int i = 0; i < n; ++i) {
-    float* o = dst + i * head_dim;
-    for (int64_t d = 0; d < d8; d += 8) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + d));
-      _mm256_storeu_ps(o + d, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-    }
-    for (int64_t d = d8; d < head_dim; ++d) o[d] = Bf16ToF32(rows[i][d]);
+// A chunk's rows of one cache dtype as the kernels below read them: Load8(i, d) = row i's floats
+// d .. d + 7, Load1(i, d) = its float d, At(r) = the view from row r on.
+struct F32Chunk {
+  const float* const* rows;
+  F32Chunk At(int64_t r) const { return {rows + r}; }
+  __m256 Load8(int i, int64_t d) const { return _mm256_loadu_ps(rows[i] + d); }
+  float Load1(int i, int64_t d) const { return rows[i][d]; }
+};
+// bf16 rows: the bits in the upper half of each float (exact).
+struct Bf16Chunk {
+  const uint16_t* const* rows;
+  Bf16Chunk At(int64_t r) const { return {rows + r}; }
+  __m256 Load8(int i, int64_t d) const {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + d));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
-}
-
-// dst[i] = the int8 row rows[i] times its scale, as floats (the reference's q * scale).
-inline void DequantizeRows(const int8_t* const* rows, const int8_t* base, const float* scale,
-                           int n, int64_t head_dim, float* dst) {
-  const int64_t d8 = head_dim & ~int64_t{7};
-  for (int i = 0; i < n; ++i) {
-    const float s = scale[(rows[i] - base) / head_dim];
-    const __m256 sv = _mm256_set1_ps(s);
-    float* o = dst + i * head_dim;
-    for (int64_t d = 0; d < d8; d += 8) {
-      const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[i] + d));
-      _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), sv));
-    }
-    for (int64_t d = d8; d < head_dim; ++d) o[d] = static_cast<float>(rows[i][d]) * s;
+  float Load1(int i, int64_t d) const { return Bf16ToF32(rows[i][d]); }
+};
+// int8 rows: each code times its row's scale (the reference's q * scale in f32).
+struct Int8Chunk {
+  const int8_t* const* rows;
+  const float* scales;
+  Int8Chunk At(int64_t r) const { return {rows + r, scales + r}; }
+  __m256 Load8(int i, int64_t d) const {
+    const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[i] + d));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), _mm256_set1_ps(scales[i]));
   }
-}
+  float Load1(int i, int64_t d) const { return static_cast<float>(rows[i][d]) * scales[i]; }
+};
 
 // s[j] = exp(s[j] - max) / sum over j < n, in place: lane-wise max and sum (fixed order).
 inline void SoftmaxInPlace(float* s, int64_t n) {
@@ -139,21 +144,21 @@ inline __m256 HorizontalSum8(const __m256 a[8]) {
 // scores[g * stride + i] = scale * dot(q_g, k_i) for g < GS, i < n. Every dot: one 8-lane FMA
 // accumulator over head_dim (a multiple of 8 here), then the fixed lane sum of HorizontalSum8.
 // 8 / GS keys and GS heads are in flight at once: 8 independent chains, one batched lane sum.
-//   q [GS, head_dim];  rows[i] -> k_i [head_dim]
-template <int GS>
-void ScoresChunk(const float* q, int64_t head_dim, const float* const* rows, int n, float scale,
+//   q [GS, head_dim];  rows: k_i [head_dim] (a chunk view above)
+template <int GS, class Rows>
+void ScoresChunk(const float* q, int64_t head_dim, const Rows& rows, int n, float scale,
                  float* scores, int64_t stride) {
   constexpr int kKeys = 8 / GS;  // GS in {1, 2, 4}
   const __m256 scale_v = _mm256_set1_ps(scale);
   for (int i0 = 0; i0 < n; i0 += kKeys) {
     const int nk = n - i0 < kKeys ? n - i0 : kKeys;
-    const float* k[kKeys];
-    for (int j = 0; j < kKeys; ++j) k[j] = rows[i0 + (j < nk ? j : 0)];
+    int k[kKeys];
+    for (int j = 0; j < kKeys; ++j) k[j] = i0 + (j < nk ? j : 0);
     __m256 acc[8];
     for (int a = 0; a < 8; ++a) acc[a] = _mm256_setzero_ps();
     for (int64_t d = 0; d < head_dim; d += 8) {
       __m256 kv[kKeys];
-      for (int j = 0; j < kKeys; ++j) kv[j] = _mm256_loadu_ps(k[j] + d);
+      for (int j = 0; j < kKeys; ++j) kv[j] = rows.Load8(k[j], d);
       for (int g = 0; g < GS; ++g) {
         const __m256 qv = _mm256_loadu_ps(q + g * head_dim + d);
         for (int j = 0; j < kKeys; ++j) {
@@ -171,28 +176,29 @@ void ScoresChunk(const float* q, int64_t head_dim, const float* const* rows, int
 
 // Same contract for any head_dim and GS = 1 (the generic path): 8-lane accumulator, lane sum as
 // in HorizontalSum8, scalar FMA tail for head_dim % 8.
-inline void ScoresGeneric(const float* q, int64_t head_dim, const float* const* rows, int n,
-                          float scale, float* scores) {
+template <class Rows>
+void ScoresGeneric(const float* q, int64_t head_dim, const Rows& rows, int n, float scale,
+                   float* scores) {
   const int64_t d8 = head_dim & ~int64_t{7};
   for (int i = 0; i < n; ++i) {
     __m256 acc[8];
     acc[0] = _mm256_setzero_ps();
     for (int64_t d = 0; d < d8; d += 8) {
-      acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(rows[i] + d), acc[0]);
+      acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), rows.Load8(i, d), acc[0]);
     }
     for (int a = 1; a < 8; ++a) acc[a] = acc[0];
     alignas(32) float sums[8];
     _mm256_store_ps(sums, HorizontalSum8(acc));
     float s = sums[0];
-    for (int64_t d = d8; d < head_dim; ++d) s = __builtin_fmaf(q[d], rows[i][d], s);
+    for (int64_t d = d8; d < head_dim; ++d) s = __builtin_fmaf(q[d], rows.Load1(i, d), s);
     scores[i] = s * scale;
   }
 }
 
 // out[g, d0 + d] for d < 8 * kVecs, g < GS: fma(p[g * stride + i], v_i[d0 + d], out) for
 // i = 0..n-1 in order, GS * kVecs chains held in registers while the chunk's V rows stream from L1.
-template <int GS, int kVecs>
-inline void AccumulateVPass(const float* p, int64_t stride, const float* const* rows, int n,
+template <int GS, int kVecs, class Rows>
+inline void AccumulateVPass(const float* p, int64_t stride, const Rows& rows, int n,
                             int64_t head_dim, int64_t d0, float* out) {
   __m256 acc[GS][kVecs];
   for (int g = 0; g < GS; ++g) {
@@ -200,7 +206,7 @@ inline void AccumulateVPass(const float* p, int64_t stride, const float* const* 
   }
   for (int i = 0; i < n; ++i) {
     __m256 v[kVecs];
-    for (int w = 0; w < kVecs; ++w) v[w] = _mm256_loadu_ps(rows[i] + d0 + 8 * w);
+    for (int w = 0; w < kVecs; ++w) v[w] = rows.Load8(i, d0 + 8 * w);
     for (int g = 0; g < GS; ++g) {
       const __m256 pb = _mm256_broadcast_ss(p + g * stride + i);
       for (int w = 0; w < kVecs; ++w) acc[g][w] = _mm256_fmadd_ps(pb, v[w], acc[g][w]);
@@ -214,10 +220,10 @@ inline void AccumulateVPass(const float* p, int64_t stride, const float* const* 
 // out[g, d] = fma(p[g * stride + i], v_i[d], out[g, d]) for i = 0..n-1 in order, g < GS: one
 // sequential chain per element (continued from `out`). A pass holds 8 chains where the registers
 // allow (64 dims for one head, 32 for two, 16 for three or four).
-//   p: probabilities;  rows[i] -> v_i [head_dim];  out [GS, head_dim]
-template <int GS>
-void AccumulateV(const float* p, int64_t stride, const float* const* rows, int n,
-                 int64_t head_dim, float* out) {
+//   p: probabilities;  rows: v_i [head_dim] (a chunk view);  out [GS, head_dim]
+template <int GS, class Rows>
+void AccumulateV(const float* p, int64_t stride, const Rows& rows, int n, int64_t head_dim,
+                 float* out) {
   constexpr int kWide = GS == 1 ? 8 : GS == 2 ? 4 : 2;
   int64_t d0 = 0;
   for (; d0 + 8 * kWide <= head_dim; d0 += 8 * kWide) {
@@ -229,7 +235,7 @@ void AccumulateV(const float* p, int64_t stride, const float* const* rows, int n
   for (; d0 < head_dim; ++d0) {
     for (int g = 0; g < GS; ++g) {
       float o = out[g * head_dim + d0];
-      for (int i = 0; i < n; ++i) o = __builtin_fmaf(p[g * stride + i], rows[i][d0], o);
+      for (int i = 0; i < n; ++i) o = __builtin_fmaf(p[g * stride + i], rows.Load1(i, d0), o);
       out[g * head_dim + d0] = o;
     }
   }
@@ -261,9 +267,8 @@ int TokenTile(int64_t group, int64_t row_stride) {
 int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens) {
   const int64_t group = shape.n_heads / shape.n_kv_heads;
   const int64_t row_stride = (max_context_tokens + 15) & ~int64_t{15};
-  // Score rows [tile, group, max_context], each padded to a multiple of 16 floats, then one
-  // chunk of int8 rows as floats.
-  return TokenTile(group, row_stride) * group * row_stride + kKeyChunk * shape.head_dim;
+  // Score rows [tile, group, max_context], each padded to a multiple of 16 floats.
+  return TokenTile(group, row_stride) * group * row_stride;
 }
 
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
@@ -298,8 +303,7 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
   const int64_t n_tiles = tile_starts[n_seqs];
 
   auto run = [&](int64_t i_begin, int64_t i_end, int thread) {
-    float* scores = scratch.data() + per_thread * thread;            // [tile, group, row_stride]
-    float* dequantized = scores + tile_tokens * group * row_stride;  // [kKeyChunk, head_dim]
+    float* scores = scratch.data() + per_thread * thread;  // [tile, group, row_stride]
     int64_t seq = 0;
     for (int64_t item = i_begin; item < i_end; ++item) {
       const int64_t kvh = item / n_tiles;
@@ -330,16 +334,14 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
 
       const float* chunk_rows[2][kKeyChunk];
       const int8_t* int8_rows[2][kKeyChunk];
+      float int8_scales[2][kKeyChunk];
       const uint16_t* bf16_rows[2][kKeyChunk];
-      const float* deq_rows[kKeyChunk];
-      for (int i = 0; i < kKeyChunk; ++i) deq_rows[i] = dequantized + i * head_dim;
       auto chunk_size = [&](int64_t j0) {
         return static_cast<int>(span - j0 < kKeyChunk ? span - j0 : kKeyChunk);
       };
-      // Calls fn(j0, n, rows) for every chunk of the cache rows of kv head kvh (positions
-      // base + j0 ..), in order, with the next chunk's rows gathered and prefetched ahead; int8
-      // rows are dequantized chunk by chunk into the thread's scratch (it stays in L1 for the
-      // chunk's use).
+      // Calls fn(j0, n, chunk) for every chunk of the cache rows of kv head kvh (positions
+      // base + j0 ..), in order, with the next chunk's rows gathered and prefetched ahead; chunk
+      // is the rows' view of their dtype (F32Chunk, Bf16Chunk, Int8Chunk).
       auto for_chunks = [&](const KvRows& cache, auto&& fn) {
         // Gathers (and with prefetch, asks for) the rows of the chunk at j0 into slot c.
         auto gather = [&](int64_t j0, int n, int c, bool prefetch) {
@@ -350,7 +352,8 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
             GatherRows(cache.bf16, shape, kvh, table, base + j0, n, bf16_rows[c]);
             if (prefetch) PrefetchRows(bf16_rows[c], n, head_dim);
           } else {
-            GatherRows(cache.q, shape, kvh, table, base + j0, n, int8_rows[c]);
+            GatherRows(cache.q, shape, kvh, table, base + j0, n, int8_rows[c], cache.scale,
+                       int8_scales[c]);
             if (prefetch) PrefetchRows(int8_rows[c], n, head_dim);
           }
         };
@@ -360,14 +363,11 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
             gather(j0 + kKeyChunk, chunk_size(j0 + kKeyChunk), static_cast<int>(c ^ 1), true);
           }
           if (cache.f32 != nullptr) {
-            fn(j0, chunk_size(j0), chunk_rows[c]);
+            fn(j0, chunk_size(j0), F32Chunk{chunk_rows[c]});
           } else if (cache.bf16 != nullptr) {
-            WidenBf16Rows(bf16_rows[c], chunk_size(j0), head_dim, dequantized);
-            fn(j0, chunk_size(j0), deq_rows);
+            fn(j0, chunk_size(j0), Bf16Chunk{bf16_rows[c]});
           } else {
-            DequantizeRows(int8_rows[c], cache.q, cache.scale, chunk_size(j0), head_dim,
-                           dequantized);
-            fn(j0, chunk_size(j0), deq_rows);
+            fn(j0, chunk_size(j0), Int8Chunk{int8_rows[c], int8_scales[c]});
           }
         }
       };
@@ -382,10 +382,10 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
       };
 
       // Scores: one pass over K, chunk by chunk, for all tokens and heads of the tile.
-      for_chunks(k_cache, [&](int64_t j0, int n_chunk, const float* const* chunk) {
+      for_chunks(k_cache, [&](int64_t j0, int n_chunk, const auto& chunk) {
         for_tokens(j0, n_chunk, [&](int u, int64_t k0, int64_t r0, int n) {
           const float* qg = q + ((t0 + u) * n_heads + kvh * group) * head_dim;  // [group, hd]
-          const float* const* rows = chunk + r0;
+          const auto rows = chunk.At(r0);
           float* su = scores + u * group * row_stride + k0;
           if (head_dim % 8 != 0) {
             for (int64_t g = 0; g < group; ++g) {
@@ -418,12 +418,12 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
         }
       }
       // Weighted sum of V: one pass over V, chunk by chunk, for all tokens and heads of the tile.
-      for_chunks(v_cache, [&](int64_t j0, int n_chunk, const float* const* chunk) {
+      for_chunks(v_cache, [&](int64_t j0, int n_chunk, const auto& chunk) {
         for_tokens(j0, n_chunk, [&](int u, int64_t k0, int64_t r0, int n) {
           float* og = out + ((t0 + u) * n_heads + kvh * group) * head_dim;
           const float* su = scores + u * group * row_stride + k0;
           ForSubGroups(group, [&]<int GS>(int64_t g0) {
-            AccumulateV<GS>(su + g0 * row_stride, row_stride, chunk + r0, n, head_dim,
+            AccumulateV<GS>(su + g0 * row_stride, row_stride, chunk.At(r0), n, head_dim,
                             og + g0 * head_dim);
           });
         });
