@@ -29,12 +29,14 @@ namespace kestrel {
 struct CpuCaches {
   CacheSpec spec;
   cpu::KvLayout kv_layout;
-  LargeArray<float> kv;               // f32 KV: per attention layer K then V
-  bool int8 = false;                  // int8 KV: codes and row scales instead of kv
+  // How K/V rows are stored: f32 in kv; int8 codes in kv_q with a scale per row in kv_scale;
+  // the values rounded to bf16 in kv_bf16. Only the one in use is allocated.
+  enum class KvStorage { kF32, kBf16, kInt8 };
+  KvStorage kv_storage = KvStorage::kF32;
+  LargeArray<float> kv;               // per attention layer K then V
   LargeArray<int8_t> kv_q;            // per attention layer K then V codes
   std::unique_ptr<float[]> kv_scale;  // per attention layer K then V, one scale per row
-  bool bf16 = false;                  // bf16 KV: the values rounded to bf16 instead of kv
-  LargeArray<uint16_t> kv_bf16;
+  LargeArray<uint16_t> kv_bf16;       // per attention layer K then V
   int32_t n_state_slots = 0;
   std::unique_ptr<float[]> state;
 
@@ -45,10 +47,16 @@ struct CpuCaches {
   // Layer `attention_index`'s K (which 0) or V (1) cache in either storage.
   cpu::KvRowsOut rows(int64_t attention_index, int which) {
     const int64_t i = 2 * attention_index + which;
-    if (bf16) return {nullptr, nullptr, nullptr, kv_bf16.get() + i * kv_floats_per_layer()};
-    if (!int8) return {kv.get() + i * kv_floats_per_layer(), nullptr, nullptr};
-    return {nullptr, kv_q.get() + i * kv_floats_per_layer(),
-            kv_scale.get() + i * kv_rows_per_layer()};
+    switch (kv_storage) {
+      case KvStorage::kF32:
+        return {kv.get() + i * kv_floats_per_layer(), nullptr, nullptr};
+      case KvStorage::kBf16:
+        return {nullptr, nullptr, nullptr, kv_bf16.get() + i * kv_floats_per_layer()};
+      case KvStorage::kInt8:
+        return {nullptr, kv_q.get() + i * kv_floats_per_layer(),
+                kv_scale.get() + i * kv_rows_per_layer()};
+    }
+    return {};
   }
   int64_t state_floats_per_slot() const {
     return spec.n_recurrent_layers * spec.state_floats_per_layer();

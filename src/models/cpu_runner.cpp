@@ -77,8 +77,10 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
     return Unsupported(
         "--kv-cache-dtype fp8 is for --device cuda; the CPU stores f32, bf16 or int8");
   }
-  caches_.int8 = options.kv_cache_dtype == KvDType::kInt8;
-  caches_.bf16 = options.kv_cache_dtype == KvDType::kBf16;
+  using KvStorage = CpuCaches::KvStorage;
+  caches_.kv_storage = options.kv_cache_dtype == KvDType::kInt8   ? KvStorage::kInt8
+                       : options.kv_cache_dtype == KvDType::kBf16 ? KvStorage::kBf16
+                                                                  : KvStorage::kF32;
   caches_.spec = CpuCacheSpec(c, options);
   // KV pool: capacity rounded up to whole blocks.
   const int32_t block_size = options.block_size_tokens;
@@ -94,18 +96,22 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
   // where touched, so an unused capacity costs no memory. Huge pages where the kernel gives them
   // (AllocateLargeArray): a decode step's attention reads every row of a sequence's blocks.
   if (kv_floats > 0) {
-    bool allocated;
-    if (caches_.int8) {
-      caches_.kv_q = AllocateLargeArray<int8_t>(static_cast<size_t>(kv_floats));
-      caches_.kv_scale.reset(new (std::nothrow) float[static_cast<size_t>(
-          2 * caches_.spec.n_attention_layers * caches_.kv_rows_per_layer())]);
-      allocated = caches_.kv_q != nullptr && caches_.kv_scale != nullptr;
-    } else if (caches_.bf16) {
-      caches_.kv_bf16 = AllocateLargeArray<uint16_t>(static_cast<size_t>(kv_floats));
-      allocated = caches_.kv_bf16 != nullptr;
-    } else {
-      caches_.kv = AllocateLargeArray<float>(static_cast<size_t>(kv_floats));
-      allocated = caches_.kv != nullptr;
+    bool allocated = false;
+    switch (caches_.kv_storage) {
+      case KvStorage::kInt8:
+        caches_.kv_q = AllocateLargeArray<int8_t>(static_cast<size_t>(kv_floats));
+        caches_.kv_scale.reset(new (std::nothrow) float[static_cast<size_t>(
+            2 * caches_.spec.n_attention_layers * caches_.kv_rows_per_layer())]);
+        allocated = caches_.kv_q != nullptr && caches_.kv_scale != nullptr;
+        break;
+      case KvStorage::kBf16:
+        caches_.kv_bf16 = AllocateLargeArray<uint16_t>(static_cast<size_t>(kv_floats));
+        allocated = caches_.kv_bf16 != nullptr;
+        break;
+      case KvStorage::kF32:
+        caches_.kv = AllocateLargeArray<float>(static_cast<size_t>(kv_floats));
+        allocated = caches_.kv != nullptr;
+        break;
     }
     if (!allocated) {
       return ResourceExhausted("cannot allocate the KV cache: " + std::to_string(tokens) +

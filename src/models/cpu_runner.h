@@ -36,7 +36,15 @@ class CpuRunner final : public Model {
   int32_t n_kv_blocks() const override { return static_cast<int32_t>(caches_.kv_layout.n_blocks); }
   const CacheSpec& cache_spec() const override { return caches_.spec; }
   const char* kv_cache_dtype() const override {
-    return caches_.int8 ? "int8" : caches_.bf16 ? "bf16" : "f32";
+    switch (caches_.kv_storage) {
+      case CpuCaches::KvStorage::kF32:
+        return "f32";
+      case CpuCaches::KvStorage::kBf16:
+        return "bf16";
+      case CpuCaches::KvStorage::kInt8:
+        return "int8";
+    }
+    return "?";
   }
   // The caches as they are (tests and reports read K/V rows from here).
   const CpuCaches& caches() const { return caches_; }
