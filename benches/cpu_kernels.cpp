@@ -5,7 +5,8 @@
 //   attention decode attention over a long context: GB/s of K/V read
 //   model    with --model DIR: prefill and decode of a real model directory through Forward, with
 //            the ForwardStats breakdown (attention / matmul / other) and GB/s of weights read
-// Usage: bench_cpu_kernels [--threads N] [--quick] [--only matvec|matmul|attention]
+// Usage: bench_cpu_kernels [--threads N] [--quick] [--only
+// matvec|matmul|attention|attention_prefill]
 //        bench_cpu_kernels --model DIR [--threads N] [--prefill 128] [--decode 32] [--depth 0]
 //                          [--reference]
 #include <algorithm>
@@ -219,7 +220,8 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_cpu_kernels [--threads N] [--quick] "
-                   "[--only matvec|matmul|attention] | --model DIR [--prefill N] [--decode N] "
+                   "[--only matvec|matmul|attention|attention_prefill] | --model DIR [--prefill N] "
+                   "[--decode N] "
                    "[--depth N] [--reference]\n");
       return 2;
     }
@@ -371,6 +373,65 @@ int Main(int argc, char** argv) {
                            {"fraction_of_read_bw", bytes / s / 1e9 / read_gbs}});
     }
     out["attention_decode"] = attention;
+  }
+  // Prefill attention: one sequence's 2,048-token chunk over itself (causal), Qwen3-0.6B's head
+  // layout (16 query / 8 KV heads of 128), per KV cache dtype: GFLOP/s of its products.
+  if (want("attention") || want("attention_prefill")) {
+    cpu::AttentionShape ps;
+    ps.n_heads = 16;
+    ps.n_kv_heads = 8;
+    ps.head_dim = 128;
+    ps.scale = 1.0f / std::sqrt(128.0f);
+    ps.block_size_tokens = 16;
+    const int64_t kv_dim = ps.n_kv_heads * ps.head_dim;
+    const int32_t n = 2048;
+    ps.n_blocks = n / ps.block_size_tokens;
+    std::vector<float> pk = RandomFloats(int64_t{n} * kv_dim, rng);
+    std::vector<float> pv = RandomFloats(int64_t{n} * kv_dim, rng);
+    std::vector<float> pq = RandomFloats(int64_t{n} * ps.n_heads * ps.head_dim, rng);
+    std::vector<float> po(pq.size());
+    std::vector<int32_t> ptable(static_cast<size_t>(ps.n_blocks));
+    for (size_t i = 0; i < ptable.size(); ++i) ptable[i] = static_cast<int32_t>(i);
+    std::vector<int32_t> ppos(n);
+    for (int32_t i = 0; i < n; ++i) ppos[i] = i;
+    const std::vector<int32_t> pstarts = {0, n};
+    cpu::AttentionBatch pbatch{ppos, pstarts, ptable, static_cast<int32_t>(ptable.size())};
+    std::vector<float> pscratch(static_cast<size_t>(cpu::AttentionScratchFloats(fast, ps, n)));
+    // The same pool as bf16 values and as int8 codes with a scale per row (WriteKv's).
+    const cpu::KvLayout layout = ps.layout();
+    std::vector<int32_t> slots(n);
+    for (int32_t i = 0; i < n; ++i) slots[i] = i;
+    std::vector<uint16_t> kb(pk.size()), vb(pv.size());
+    std::vector<int8_t> kq(pk.size()), vq(pv.size());
+    std::vector<float> ks(pk.size() / ps.head_dim), vs(pv.size() / ps.head_dim);
+    cpu::WriteKv(pk.data(), pv.data(), slots, layout,
+                 cpu::KvRowsOut{nullptr, nullptr, nullptr, kb.data()},
+                 cpu::KvRowsOut{nullptr, nullptr, nullptr, vb.data()});
+    cpu::WriteKv(pk.data(), pv.data(), slots, layout, cpu::KvRowsOut{nullptr, kq.data(), ks.data()},
+                 cpu::KvRowsOut{nullptr, vq.data(), vs.data()});
+    // (pk / pv are [token, kv head, dim], which is the pool's order for these slots.)
+    std::vector<float> kf(pk.size()), vf(pv.size());
+    cpu::WriteKv(pk.data(), pv.data(), slots, layout, cpu::KvRowsOut{kf.data()},
+                 cpu::KvRowsOut{vf.data()});
+    // q.k and p.v: 2 * 2 flops per (query head, key at or before the query, dim).
+    const double flops = 4.0 * ps.n_heads * ps.head_dim * (double{n} * (n + 1) / 2);
+    json prefill = json::array();
+    for (const char* dtype : {"f32", "bf16", "int8"}) {
+      const std::string d = dtype;
+      cpu::KvRows k, v;
+      if (d == "f32") k.f32 = kf.data(), v.f32 = vf.data();
+      if (d == "bf16") k.bf16 = kb.data(), v.bf16 = vb.data();
+      if (d == "int8") k.q = kq.data(), k.scale = ks.data(), v.q = vq.data(), v.scale = vs.data();
+      const double sec = BestSeconds(quick ? 1 : 3, [&] {
+        cpu::PagedAttention(fast, ps, pbatch, pq.data(), k, v, po.data(), pscratch);
+      });
+      prefill.push_back({{"kv_dtype", d},
+                         {"tokens", n},
+                         {"ms", sec * 1e3},
+                         {"gflop_per_s", flops / sec / 1e9},
+                         {"fraction_of_fma_peak", flops / sec / 1e9 / fma_gflops}});
+    }
+    out["attention_prefill"] = prefill;
   }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;

@@ -432,5 +432,48 @@ TEST(PagedAttention, Bf16CacheIsTheF32AttentionOverTheRoundedRows) {
   }
 }
 
+// The AVX-512 products (two query heads per register in the scores, 16 dims per register in the
+// weighted sum) give the AVX2 build's bits over every cache dtype: groups of 1 to 8 heads (pairs
+// of pairs, a pair, a pair and a single head), head dims with 16-, 8- and 1-wide remainders,
+// prefill tiles, decode rows and windows.
+TEST(PagedAttention, Avx512GivesTheAvx2Bits) {
+  if (!cpu::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(17);
+  ThreadPool pool2(2);
+  std::vector<Config> configs = Configs();
+  configs.push_back({16, 8, 128, 16, {300, 90}, {300, 1}, 0});  // Qwen3-0.6B heads
+  configs.push_back({32, 4, 128, 16, {130}, {67}, 0});          // groups of 8: two pairs of pairs
+  configs.push_back({12, 2, 24, 16, {70}, {70}, 0});            // group 6; 16 + 8 dims
+  configs.push_back({10, 2, 40, 5, {33, 50}, {3, 50}, 20});     // group 5; 32 + 8 dims, window
+  configs.push_back({4, 1, 136, 16, {29}, {29}, 0});            // 128 + 8 dims
+  int i = 0;
+  for (const Config& cfg : configs) {
+    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
+                           cfg.context_lens, cfg.n_new, cfg.window);
+    OpContext wide{KernelSet::kAvx2, &pool2}, narrow{KernelSet::kAvx2, &pool2};
+    wide.avx512 = true;
+    narrow.avx512 = false;
+    EXPECT_TRUE(testing::SameBits(RunPaged(wide, c), RunPaged(narrow, c))) << "f32, config " << i;
+    const Int8Pool q = QuantizePool(c);
+    EXPECT_TRUE(testing::SameBits(RunPagedInt8(wide, c, q), RunPagedInt8(narrow, c, q)))
+        << "int8, config " << i;
+    std::vector<uint16_t> kb(c.k_cache.size()), vb(c.v_cache.size());
+    WritePool(c, cpu::KvRowsOut{nullptr, nullptr, nullptr, kb.data()},
+              cpu::KvRowsOut{nullptr, nullptr, nullptr, vb.data()});
+    const int32_t max_ctx = *std::max_element(c.context_lens.begin(), c.context_lens.end());
+    auto run_bf16 = [&](const OpContext& ctx) {
+      std::vector<float> scratch(
+          static_cast<size_t>(cpu::AttentionScratchFloats(ctx, c.shape, max_ctx)));
+      std::vector<float> out(c.q.size(), -777.0f);
+      cpu::PagedAttention(ctx, c.shape, c.batch(), c.q.data(),
+                          cpu::KvRows{nullptr, nullptr, nullptr, kb.data()},
+                          cpu::KvRows{nullptr, nullptr, nullptr, vb.data()}, out.data(), scratch);
+      return out;
+    };
+    EXPECT_TRUE(testing::SameBits(run_bf16(wide), run_bf16(narrow))) << "bf16, config " << i;
+    ++i;
+  }
+}
+
 }  // namespace
 }  // namespace kestrel

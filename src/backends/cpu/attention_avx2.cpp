@@ -11,6 +11,11 @@
 // V chunk stays in L1 while 16 dims x up to 4 heads accumulate in registers. bf16 and int8 rows
 // become floats in registers as the two passes load them (the values the reference computes:
 // bf16 bits in the upper half, an int8 code times its row's scale), with no copy in between.
+// On CPUs with AVX-512 (`avx512`) the products take 512-bit registers in functions built for it
+// (KESTREL_AVX512; the rest of this file is AVX2 code): the scores hold two query heads' 8-lane
+// accumulators in one register, so every lane runs the AVX2 chain and the lane sums are the same
+// HorizontalSum8, and the weighted sum's per-element chains do not depend on the vector width.
+// Both give the same bits.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -20,6 +25,13 @@
 
 #include "backends/cpu/kernels_internal.h"
 #include "backends/cpu/simd_avx2.h"
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps() (`__m512 __Y = __Y;`), which
+// -Wmaybe-uninitialized reports in every caller.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// The functions that use 512-bit registers; only called where CpuHasAvx512() holds.
+#define KESTREL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 namespace kestrel::cpu::avx2 {
 namespace {
@@ -70,12 +82,17 @@ inline void PrefetchRows(const T* const* rows, int n, int64_t head_dim) {
 }
 
 // A chunk's rows of one cache dtype as the kernels below read them: Load8(i, d) = row i's floats
-// d .. d + 7, Load1(i, d) = its float d, At(r) = the view from row r on.
+// d .. d + 7, Load1(i, d) = its float d, At(r) = the view from row r on; with AVX-512,
+// Load16(i, d) = its floats d .. d + 15 and Load8x2(i, d) = floats d .. d + 7 in both halves.
 struct F32Chunk {
   const float* const* rows;
   F32Chunk At(int64_t r) const { return {rows + r}; }
   __m256 Load8(int i, int64_t d) const { return _mm256_loadu_ps(rows[i] + d); }
   float Load1(int i, int64_t d) const { return rows[i][d]; }
+  KESTREL_AVX512 __m512 Load16(int i, int64_t d) const { return _mm512_loadu_ps(rows[i] + d); }
+  KESTREL_AVX512 __m512 Load8x2(int i, int64_t d) const {
+    return _mm512_broadcast_f32x8(_mm256_loadu_ps(rows[i] + d));
+  }
 };
 // bf16 rows: the bits in the upper half of each float (exact).
 struct Bf16Chunk {
@@ -86,6 +103,15 @@ struct Bf16Chunk {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   float Load1(int i, int64_t d) const { return Bf16ToF32(rows[i][d]); }
+  KESTREL_AVX512 __m512 Load16(int i, int64_t d) const {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + d));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  KESTREL_AVX512 __m512 Load8x2(int i, int64_t d) const {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + d));
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_broadcastsi128_si256(h)), 16));
+  }
 };
 // int8 rows: each code times its row's scale (the reference's q * scale in f32).
 struct Int8Chunk {
@@ -97,7 +123,28 @@ struct Int8Chunk {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), _mm256_set1_ps(scales[i]));
   }
   float Load1(int i, int64_t d) const { return static_cast<float>(rows[i][d]) * scales[i]; }
+  KESTREL_AVX512 __m512 Load16(int i, int64_t d) const {
+    const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + d));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), _mm512_set1_ps(scales[i]));
+  }
+  KESTREL_AVX512 __m512 Load8x2(int i, int64_t d) const {
+    const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[i] + d));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(q8, q8))),
+                         _mm512_set1_ps(scales[i]));
+  }
 };
+
+// dst[i * head_dim + d] = row i's float d for i < n (a chunk view's values, written out once for a
+// tile of several tokens, which all read them).
+template <class Rows>
+void WidenChunk(const Rows& rows, int n, int64_t head_dim, float* dst) {
+  const int64_t d8 = head_dim & ~int64_t{7};
+  for (int i = 0; i < n; ++i) {
+    float* o = dst + i * head_dim;
+    for (int64_t d = 0; d < d8; d += 8) _mm256_storeu_ps(o + d, rows.Load8(i, d));
+    for (int64_t d = d8; d < head_dim; ++d) o[d] = rows.Load1(i, d);
+  }
+}
 
 // s[j] = exp(s[j] - max) / sum over j < n, in place: lane-wise max and sum (fixed order).
 inline void SoftmaxInPlace(float* s, int64_t n) {
@@ -174,6 +221,63 @@ void ScoresChunk(const float* q, int64_t head_dim, const Rows& rows, int n, floa
   }
 }
 
+// ScoresChunk's contract for GS = 2 NP heads, with AVX-512: register (p, j) holds heads 2p and
+// 2p + 1's 8-lane accumulators for key j (lanes 0-7 and 8-15), each lane the chain of
+// ScoresChunk's, and the lane sums add the same pairs in the same order as HorizontalSum8: the
+// same bits. 8 keys in flight (8 or 16 registers of accumulators).
+template <int NP, class Rows>
+KESTREL_AVX512 void ScoresPairs(const float* q, int64_t head_dim, const Rows& rows, int n,
+                                float scale, float* scores, int64_t stride) {
+  constexpr int kKeys = 8;  // NP in {1, 2}
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int i0 = 0; i0 < n; i0 += kKeys) {
+    const int nk = n - i0 < kKeys ? n - i0 : kKeys;
+    int k[kKeys];
+    for (int j = 0; j < kKeys; ++j) k[j] = i0 + (j < nk ? j : 0);
+    __m512 acc[NP][kKeys];
+    for (int p = 0; p < NP; ++p) {
+      for (int j = 0; j < kKeys; ++j) acc[p][j] = _mm512_setzero_ps();
+    }
+    for (int64_t d = 0; d < head_dim; d += 8) {
+      __m512 qp[NP];
+      for (int p = 0; p < NP; ++p) {
+        const __m256 lo = _mm256_loadu_ps(q + 2 * p * head_dim + d);
+        const __m256 hi = _mm256_loadu_ps(q + (2 * p + 1) * head_dim + d);
+        qp[p] = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+      }
+      for (int j = 0; j < kKeys; ++j) {
+        const __m512 kb = rows.Load8x2(k[j], d);
+        for (int p = 0; p < NP; ++p) acc[p][j] = _mm512_fmadd_ps(qp[p], kb, acc[p][j]);
+      }
+    }
+    for (int p = 0; p < NP; ++p) {
+      // Lane sums of 8 keys' registers in HorizontalSum8's order, on both halves at once:
+      // pairs (l0+l1, l2+l3, l4+l5, l6+l7), then ((l0+l1)+(l2+l3)) in 128-bit lanes 0 / 2 and
+      // ((l4+l5)+(l6+l7)) in lanes 1 / 3, then low + high.
+      const __m512* a = acc[p];
+      __m512 t[4], u[2];
+      for (int i = 0; i < 4; ++i) {
+        t[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xDD));
+      }
+      for (int i = 0; i < 2; ++i) {
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x88),
+                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xDD));
+      }
+      // u[i]: keys 4i .. 4i + 3; lanes 0 / 1: head 2p's low / high sums, 2 / 3: head 2p + 1's.
+      const __m512 w = _mm512_mul_ps(_mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                                   _mm512_shuffle_f32x4(u[0], u[1], 0xDD)),
+                                     scale_v);
+      // w: head 2p keys 0-3, head 2p + 1 keys 0-3, head 2p keys 4-7, head 2p + 1 keys 4-7.
+      const __m512 by_head = _mm512_shuffle_f32x4(w, w, 0xD8);
+      const __mmask8 keep = static_cast<__mmask8>((1u << nk) - 1);
+      _mm256_mask_storeu_ps(scores + 2 * p * stride + i0, keep, _mm512_castps512_ps256(by_head));
+      _mm256_mask_storeu_ps(scores + (2 * p + 1) * stride + i0, keep,
+                            _mm512_extractf32x8_ps(by_head, 1));
+    }
+  }
+}
+
 // Same contract for any head_dim and GS = 1 (the generic path): 8-lane accumulator, lane sum as
 // in HorizontalSum8, scalar FMA tail for head_dim % 8.
 template <class Rows>
@@ -241,6 +345,56 @@ void AccumulateV(const float* p, int64_t stride, const Rows& rows, int n, int64_
   }
 }
 
+// AccumulateVPass with 16 dims per register (AVX-512): each element's chain is the same.
+template <int GS, int kVecs, class Rows>
+KESTREL_AVX512 void AccumulateVPass512(const float* p, int64_t stride, const Rows& rows, int n,
+                                       int64_t head_dim, int64_t d0, float* out) {
+  __m512 acc[GS][kVecs];
+  for (int g = 0; g < GS; ++g) {
+    for (int w = 0; w < kVecs; ++w) acc[g][w] = _mm512_loadu_ps(out + g * head_dim + d0 + 16 * w);
+  }
+  for (int i = 0; i < n; ++i) {
+    __m512 v[kVecs];
+    for (int w = 0; w < kVecs; ++w) v[w] = rows.Load16(i, d0 + 16 * w);
+    for (int g = 0; g < GS; ++g) {
+      const __m512 pb = _mm512_set1_ps(p[g * stride + i]);
+      for (int w = 0; w < kVecs; ++w) acc[g][w] = _mm512_fmadd_ps(pb, v[w], acc[g][w]);
+    }
+  }
+  for (int g = 0; g < GS; ++g) {
+    for (int w = 0; w < kVecs; ++w) _mm512_storeu_ps(out + g * head_dim + d0 + 16 * w, acc[g][w]);
+  }
+}
+
+// AccumulateV with AVX-512: passes of 128 dims (one or two heads) or 64, then 16, then the
+// AVX2 passes for what is left (the same chains, so the same bits).
+template <int GS, class Rows>
+KESTREL_AVX512 void AccumulateV512(const float* p, int64_t stride, const Rows& rows, int n,
+                                   int64_t head_dim, float* out) {
+  constexpr int kWide = GS <= 2 ? 8 : 4;
+  int64_t d0 = 0;
+  for (; d0 + 16 * kWide <= head_dim; d0 += 16 * kWide) {
+    AccumulateVPass512<GS, kWide>(p, stride, rows, n, head_dim, d0, out);
+  }
+  for (; d0 + 16 <= head_dim; d0 += 16) {
+    AccumulateVPass512<GS, 1>(p, stride, rows, n, head_dim, d0, out);
+  }
+  if (d0 < head_dim) {
+    // The last dims (fewer than 16): AccumulateV's passes over a view of them.
+    const int64_t left = head_dim - d0;
+    for (int64_t e = 0; e + 8 <= left; e += 8) {
+      AccumulateVPass<GS, 1>(p, stride, rows, n, head_dim, d0 + e, out);
+    }
+    for (int64_t d = d0 + (left & ~int64_t{7}); d < head_dim; ++d) {
+      for (int g = 0; g < GS; ++g) {
+        float o = out[g * head_dim + d];
+        for (int i = 0; i < n; ++i) o = __builtin_fmaf(p[g * stride + i], rows.Load1(i, d), o);
+        out[g * head_dim + d] = o;
+      }
+    }
+  }
+}
+
 // Runs fn.template operator()<GS>(g0) over sub-groups of at most kMaxSubGroup heads.
 template <class Fn>
 inline void ForSubGroups(int64_t group, Fn&& fn) {
@@ -267,13 +421,14 @@ int TokenTile(int64_t group, int64_t row_stride) {
 int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens) {
   const int64_t group = shape.n_heads / shape.n_kv_heads;
   const int64_t row_stride = (max_context_tokens + 15) & ~int64_t{15};
-  // Score rows [tile, group, max_context], each padded to a multiple of 16 floats.
-  return TokenTile(group, row_stride) * group * row_stride;
+  // Score rows [tile, group, max_context], each padded to a multiple of 16 floats, then one
+  // chunk of bf16 or int8 rows as floats (tiles of several tokens).
+  return TokenTile(group, row_stride) * group * row_stride + kKeyChunk * shape.head_dim;
 }
 
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const KvRows& k_cache, const KvRows& v_cache, float* out,
-                    std::span<float> scratch) {
+                    std::span<float> scratch, bool avx512) {
   const int64_t n_tokens = static_cast<int64_t>(batch.positions.size());
   const int64_t n_heads = shape.n_heads;
   const int64_t head_dim = shape.head_dim;
@@ -303,7 +458,8 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
   const int64_t n_tiles = tile_starts[n_seqs];
 
   auto run = [&](int64_t i_begin, int64_t i_end, int thread) {
-    float* scores = scratch.data() + per_thread * thread;  // [tile, group, row_stride]
+    float* scores = scratch.data() + per_thread * thread;        // [tile, group, row_stride]
+    float* widened = scores + tile_tokens * group * row_stride;  // [kKeyChunk, head_dim]
     int64_t seq = 0;
     for (int64_t item = i_begin; item < i_end; ++item) {
       const int64_t kvh = item / n_tiles;
@@ -336,12 +492,16 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
       const int8_t* int8_rows[2][kKeyChunk];
       float int8_scales[2][kKeyChunk];
       const uint16_t* bf16_rows[2][kKeyChunk];
+      const float* widened_rows[kKeyChunk];
+      for (int i = 0; i < kKeyChunk; ++i) widened_rows[i] = widened + i * head_dim;
       auto chunk_size = [&](int64_t j0) {
         return static_cast<int>(span - j0 < kKeyChunk ? span - j0 : kKeyChunk);
       };
       // Calls fn(j0, n, chunk) for every chunk of the cache rows of kv head kvh (positions
       // base + j0 ..), in order, with the next chunk's rows gathered and prefetched ahead; chunk
-      // is the rows' view of their dtype (F32Chunk, Bf16Chunk, Int8Chunk).
+      // is the rows' view of their dtype (F32Chunk, Bf16Chunk, Int8Chunk) for one token, which
+      // reads each row once, and for a tile of several tokens the floats of bf16 and int8 rows
+      // written out once (WidenChunk) so that the tokens do not each convert them again.
       auto for_chunks = [&](const KvRows& cache, auto&& fn) {
         // Gathers (and with prefetch, asks for) the rows of the chunk at j0 into slot c.
         auto gather = [&](int64_t j0, int n, int c, bool prefetch) {
@@ -362,12 +522,18 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
           if (j0 + kKeyChunk < span) {
             gather(j0 + kKeyChunk, chunk_size(j0 + kKeyChunk), static_cast<int>(c ^ 1), true);
           }
+          const int n = chunk_size(j0);
+          auto call = [&](const auto& chunk) {
+            if (nt == 1) return fn(j0, n, chunk);
+            WidenChunk(chunk, n, head_dim, widened);
+            fn(j0, n, F32Chunk{widened_rows});
+          };
           if (cache.f32 != nullptr) {
-            fn(j0, chunk_size(j0), F32Chunk{chunk_rows[c]});
+            fn(j0, n, F32Chunk{chunk_rows[c]});
           } else if (cache.bf16 != nullptr) {
-            fn(j0, chunk_size(j0), Bf16Chunk{bf16_rows[c]});
+            call(Bf16Chunk{bf16_rows[c]});
           } else {
-            fn(j0, chunk_size(j0), Int8Chunk{int8_rows[c], int8_scales[c]});
+            call(Int8Chunk{int8_rows[c], int8_scales[c]});
           }
         }
       };
@@ -396,7 +562,15 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
           for (int64_t g0 = 0; g0 < group;) {  // sub-groups of 4, 2 and 1 heads
             const int64_t left = group - g0;
             float* s0 = su + g0 * row_stride;
-            if (left >= 4) {
+            if (avx512 && left >= 2) {  // pairs of heads, the same bits
+              if (left >= 4) {
+                ScoresPairs<2>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
+                g0 += 4;
+              } else {
+                ScoresPairs<1>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
+                g0 += 2;
+              }
+            } else if (left >= 4) {
               ScoresChunk<4>(qg + g0 * head_dim, head_dim, rows, n, shape.scale, s0, row_stride);
               g0 += 4;
             } else if (left >= 2) {
@@ -423,8 +597,13 @@ void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const Attenti
           float* og = out + ((t0 + u) * n_heads + kvh * group) * head_dim;
           const float* su = scores + u * group * row_stride + k0;
           ForSubGroups(group, [&]<int GS>(int64_t g0) {
-            AccumulateV<GS>(su + g0 * row_stride, row_stride, chunk.At(r0), n, head_dim,
-                            og + g0 * head_dim);
+            if (avx512) {
+              AccumulateV512<GS>(su + g0 * row_stride, row_stride, chunk.At(r0), n, head_dim,
+                                 og + g0 * head_dim);
+            } else {
+              AccumulateV<GS>(su + g0 * row_stride, row_stride, chunk.At(r0), n, head_dim,
+                              og + g0 * head_dim);
+            }
           });
         });
       });

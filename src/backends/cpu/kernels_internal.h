@@ -58,9 +58,10 @@ namespace avx2 {
 void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
                  bool int8_activations, bool batch_invariant = false,
                  Int8DotIsa int8_isa = Int8DotIsa::kAvx2);
+// avx512: the products in 512-bit registers (CpuHasAvx512() must hold); the same bits.
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const KvRows& k_cache, const KvRows& v_cache, float* out,
-                    std::span<float> scratch);
+                    std::span<float> scratch, bool avx512 = false);
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 // Floats of scratch per thread that PagedAttention needs.
 int64_t AttentionScratchPerThread(const AttentionShape& shape, int64_t max_context_tokens);

@@ -27,6 +27,22 @@ bool CpuHasAvx2Fma() {
   return has;
 }
 
+bool CpuHasAvx512() {
+  // Also checks that the OS saves the AVX-512 state (opmask and ZMM, XCR0).
+  static const bool has = CpuHasAvx2Fma() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return has;
+}
+
+bool Avx512ByDefault() {
+  static const bool on = [] {
+    const char* env = std::getenv("KESTREL_CPU_AVX512");
+    return CpuHasAvx512() && (env == nullptr || std::string_view(env) != "0");
+  }();
+  return on;
+}
+
 std::string_view Int8DotIsaName(Int8DotIsa isa) {
   switch (isa) {
     case Int8DotIsa::kAvx2:
@@ -176,7 +192,8 @@ void PagedAttention(const OpContext& ctx, const AttentionShape& shape, const Att
       return;
     case KernelSet::kAvx2:
       KCHECK(CpuHasAvx2Fma());
-      avx2::PagedAttention(ctx.pool, shape, batch, q, k_cache, v_cache, out, scratch);
+      avx2::PagedAttention(ctx.pool, shape, batch, q, k_cache, v_cache, out, scratch,
+                           ctx.avx512 && CpuHasAvx512());
       return;
   }
 }

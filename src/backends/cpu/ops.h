@@ -28,6 +28,10 @@ std::string_view KernelSetName(KernelSet k);
 
 // AVX2 + FMA + F16C available on this CPU (and the OS saves YMM state).
 bool CpuHasAvx2Fma();
+// AVX-512 F / BW / VL / DQ available too (and the OS saves its state). Avx512ByDefault(): it is,
+// and KESTREL_CPU_AVX512 is not 0.
+bool CpuHasAvx512();
+bool Avx512ByDefault();
 
 // The builds of the kAvx2 set's integer dot products (block-quantized weights against int8
 // activations): plain AVX2, or with a VNNI extension's vpdpbusd (AVX-VNNI, VEX-encoded; or
@@ -54,6 +58,9 @@ struct OpContext {
   bool batch_invariant = false;
   // Which build of the integer kernels runs (all give the same bits); tests set each in turn.
   Int8DotIsa int8_isa = Int8DotIsaInUse();
+  // The kAvx2 set's attention takes 512-bit registers where the CPU has AVX-512 (the same bits;
+  // tests set both).
+  bool avx512 = Avx512ByDefault();
 };
 
 // ---- Linear layers --------------------------------------------------------------------------
