@@ -141,8 +141,9 @@ int RunBench(BenchFlags f) {
   // Which build of the integer kernels (GGUF blocks against int8 activations) ran: same bits.
   if (model->kernels_name() == cpu::KernelSetName(cpu::KernelSet::kAvx2)) {
     out["int8_dot"] = cpu::Int8DotIsaName(cpu::Int8DotIsaInUse());
-    // And the attention's products: 512-bit registers or AVX2 (same bits).
-    out["attention_isa"] = cpu::Avx512ByDefault() ? "avx512" : "avx2";
+    // And the float products of the attention and the packed (prefill) kernel: 512-bit
+    // registers or AVX2 (same bits).
+    out["float_isa"] = cpu::Avx512ByDefault() ? "avx512" : "avx2";
   }
   out["weight_bytes_per_token"] = weight_bytes;
   out["state_bytes_per_token"] = state_bytes;

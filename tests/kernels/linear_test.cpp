@@ -144,6 +144,32 @@ TEST_F(LinearFast, SameBitsForAnyThreadCount) {
   }
 }
 
+// The packed kernel's AVX-512 register tiles (12 token rows x 16 outputs) give the AVX2 tiles'
+// bits: each element is the same FMA chain over k. Row counts with and without a remainder of
+// 12- and 6-row tiles, several x blocks; partial panels; k across packed blocks.
+TEST_F(LinearFast, Avx512PackedKernelGivesTheAvx2Bits) {
+  if (!cpu::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(9);
+  ThreadPool pool(2);
+  OpContext wide{KernelSet::kAvx2, &pool}, narrow{KernelSet::kAvx2, &pool};
+  wide.avx512 = true;
+  narrow.avx512 = false;
+  for (DType dt : kDTypes) {
+    for (int64_t n : {7, 16, 33, 100}) {
+      for (int64_t k : {64, 257, 520}) {
+        OwnedWeights w = MakeWeights(rng, dt, {n, k}, 1);
+        OwnedWeights b = MakeWeights(rng, dt, {n}, 0);
+        for (int64_t m : {17, 24, 29, 40, 97, 130}) {
+          std::vector<float> x = RandomFloats(rng, m * k);
+          EXPECT_TRUE(testing::SameBits(RunLinear(wide, x, m, w.view, b.view),
+                                        RunLinear(narrow, x, m, w.view, b.view)))
+              << testing::DTypeLabel(dt) << " m=" << m << " n=" << n << " k=" << k;
+        }
+      }
+    }
+  }
+}
+
 // Within one kernel family a row's result does not depend on the other rows of the batch:
 // m <= kDirectMaxRows (streaming) and m > kDirectMaxRows (packed) each give fixed bits per row.
 TEST_F(LinearFast, RowResultIndependentOfBatchCompositionWithinKernel) {

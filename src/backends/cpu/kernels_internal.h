@@ -55,9 +55,11 @@ void PagedAttention(const AttentionShape& shape, const AttentionBatch& batch, co
 }  // namespace reference
 
 namespace avx2 {
+// avx512: the packed (prefill) kernel's register tiles in 512-bit registers (CpuHasAvx512() must
+// hold); the same bits.
 void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
                  bool int8_activations, bool batch_invariant = false,
-                 Int8DotIsa int8_isa = Int8DotIsa::kAvx2);
+                 Int8DotIsa int8_isa = Int8DotIsa::kAvx2, bool avx512 = false);
 // avx512: the products in 512-bit registers (CpuHasAvx512() must hold); the same bits.
 void PagedAttention(ThreadPool* pool, const AttentionShape& shape, const AttentionBatch& batch,
                     const float* q, const KvRows& k_cache, const KvRows& v_cache, float* out,

@@ -595,13 +595,37 @@ inline void MicroKernel(const float* packed, int kc, const float* xp, float* y, 
   }
 }
 
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps() (`__m512 __Y = __Y;`), which
+// -Wmaybe-uninitialized reports in every caller.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// MicroKernel with AVX-512 (only called where CpuHasAvx512() holds): the 16 outputs of a panel in
+// one register and kMr512 token rows, each element the same sequential FMA chain over k as
+// MicroKernel's, so the same bits.
+constexpr int kMr512 = 12;
+template <int MR>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void MicroKernel512(
+    const float* packed, int kc, const float* xp, float* y, int64_t ldy, bool first, int nr) {
+  __m512 c[MR];
+  const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
+  for (int i = 0; i < MR; ++i) {
+    c[i] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, y + i * ldy);
+  }
+  for (int k = 0; k < kc; ++k) {
+    const __m512 w = _mm512_load_ps(packed + k * kNr);
+    for (int i = 0; i < MR; ++i) c[i] = _mm512_fmadd_ps(_mm512_set1_ps(xp[i * kc + k]), w, c[i]);
+  }
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, c[i]);
+}
+
 // Panels [p_begin, p_end) (at most kChunkPanels) of y = x W^T for all m_rows. Loop order:
 // k block -> the chunk's panels of W packed once (<= 64 KB, L2) -> m block (kMc rows of x
 // packed, L2) -> panel (16 KB, L1) -> 6-row tiles. Every W element is converted exactly once
 // per call; x is packed once per (k block, chunk).
+// avx512: tiles of kMr512 rows through MicroKernel512 first (the same bits).
 template <DType T>
 void PackedPanels(const void* w, int64_t n_out, int64_t k_in, int64_t p_begin, int64_t p_end,
-                  const float* x, int64_t m_rows, float* y) {
+                  const float* x, int64_t m_rows, float* y, bool avx512) {
   KCHECK(p_end - p_begin <= kChunkPanels);
   alignas(64) float packed[kChunkPanels][kKc * kNr];
   alignas(64) float xp[kMc * kKc];
@@ -621,14 +645,23 @@ void PackedPanels(const void* w, int64_t n_out, int64_t k_in, int64_t p_begin, i
         const int64_t n0 = p * kNr;
         const int nr = static_cast<int>(n_out - n0 < kNr ? n_out - n0 : kNr);
         const float* panel = packed[p - p_begin];
-        float* yb = y + m0 * n_out + n0;
-        int t = 0;
-        for (; (t + 1) * kMr <= mc; ++t) {
-          MicroKernel<kMr>(panel, kc, xp + t * kMr * kc, yb + t * kMr * n_out, n_out, first, nr);
+        int wide = 0;  // rows taken by the AVX-512 tiles
+        if (avx512) {
+          for (; wide + kMr512 <= mc; wide += kMr512) {
+            MicroKernel512<kMr512>(panel, kc, xp + wide * kc, y + (m0 + wide) * n_out + n0, n_out,
+                                   first, nr);
+          }
         }
-        const float* xt = xp + t * kMr * kc;
+        float* yb = y + (m0 + wide) * n_out + n0;
+        const float* xb = xp + wide * kc;
+        const int rest = mc - wide;
+        int t = 0;
+        for (; (t + 1) * kMr <= rest; ++t) {
+          MicroKernel<kMr>(panel, kc, xb + t * kMr * kc, yb + t * kMr * n_out, n_out, first, nr);
+        }
+        const float* xt = xb + t * kMr * kc;
         float* yt = yb + t * kMr * n_out;
-        switch (mc - t * kMr) {
+        switch (rest - t * kMr) {
           case 5: MicroKernel<5>(panel, kc, xt, yt, n_out, first, nr); break;
           case 4: MicroKernel<4>(panel, kc, xt, yt, n_out, first, nr); break;
           case 3: MicroKernel<3>(panel, kc, xt, yt, n_out, first, nr); break;
@@ -691,7 +724,7 @@ int64_t RowBytesOf(DType t, int64_t k_in) {
 }  // namespace
 
 void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jobs,
-                 bool int8_activations, bool batch_invariant, Int8DotIsa int8_isa) {
+                 bool int8_activations, bool batch_invariant, Int8DotIsa int8_isa, bool avx512) {
   // Work is cut into chunks of whole units (8 output rows for the streaming kernel, one 16-row
   // panel for the packed one) that threads take from a shared counter: on a machine shared with
   // other work a static split waits for the slowest thread, dynamic chunks do not. A chunk
@@ -813,7 +846,7 @@ void LinearGroup(ThreadPool* pool, int64_t m_rows, std::span<const LinearJob> jo
         }
         DirectRange<T>(w.data, k_in, n_out, n_begin, n_end, job.x, m_rows, job.y, after);
       } else {
-        PackedPanels<T>(w.data, n_out, k_in, u_begin, u_end, job.x, m_rows, job.y);
+        PackedPanels<T>(w.data, n_out, k_in, u_begin, u_end, job.x, m_rows, job.y, avx512);
       }
     });
     if (job.bias != nullptr && !job.bias->empty()) {

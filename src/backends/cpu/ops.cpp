@@ -160,9 +160,9 @@ void LinearGroup(const OpContext& ctx, int64_t m_rows, std::span<const LinearJob
         gathered[j].x = c.data();
         any = true;
       }
-      avx2::LinearGroup(ctx.pool, m_rows,
-                        any ? std::span<const LinearJob>(gathered, jobs.size()) : jobs,
-                        ctx.int8_activations, ctx.batch_invariant, ctx.int8_isa);
+      avx2::LinearGroup(
+          ctx.pool, m_rows, any ? std::span<const LinearJob>(gathered, jobs.size()) : jobs,
+          ctx.int8_activations, ctx.batch_invariant, ctx.int8_isa, ctx.avx512 && CpuHasAvx512());
       return;
     }
   }

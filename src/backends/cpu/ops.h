@@ -58,8 +58,8 @@ struct OpContext {
   bool batch_invariant = false;
   // Which build of the integer kernels runs (all give the same bits); tests set each in turn.
   Int8DotIsa int8_isa = Int8DotIsaInUse();
-  // The kAvx2 set's attention takes 512-bit registers where the CPU has AVX-512 (the same bits;
-  // tests set both).
+  // The kAvx2 set's attention and packed (prefill) Linear kernel take 512-bit registers where
+  // the CPU has AVX-512 (the same bits; tests set both).
   bool avx512 = Avx512ByDefault();
 };
 
