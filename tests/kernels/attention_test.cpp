@@ -328,6 +328,27 @@ std::vector<float> RunPagedInt8(const OpContext& ctx, const PagedCase& c, const 
   return out;
 }
 
+// The bf16 pool of a case (WriteKv's rounding of its f32 rows) and attention over it.
+struct Bf16Pool {
+  std::vector<uint16_t> k, v;
+};
+Bf16Pool RoundPool(const PagedCase& c) {
+  Bf16Pool p{std::vector<uint16_t>(c.k_cache.size()), std::vector<uint16_t>(c.v_cache.size())};
+  WritePool(c, cpu::KvRowsOut{nullptr, nullptr, nullptr, p.k.data()},
+            cpu::KvRowsOut{nullptr, nullptr, nullptr, p.v.data()});
+  return p;
+}
+std::vector<float> RunPagedBf16(const OpContext& ctx, const PagedCase& c, const Bf16Pool& p) {
+  const int32_t max_ctx = *std::max_element(c.context_lens.begin(), c.context_lens.end());
+  std::vector<float> scratch(
+      static_cast<size_t>(cpu::AttentionScratchFloats(ctx, c.shape, max_ctx)));
+  std::vector<float> out(c.q.size(), -777.0f);
+  cpu::PagedAttention(ctx, c.shape, c.batch(), c.q.data(),
+                      cpu::KvRows{nullptr, nullptr, nullptr, p.k.data()},
+                      cpu::KvRows{nullptr, nullptr, nullptr, p.v.data()}, out.data(), scratch);
+  return out;
+}
+
 TEST(WriteKv, Int8RowsRoundTripWithinHalfAStep) {
   const cpu::KvLayout layout{2, 40, 4, 2};
   std::mt19937 rng(5);
@@ -396,26 +417,15 @@ TEST(PagedAttention, Bf16CacheIsTheF32AttentionOverTheRoundedRows) {
   for (const Config& cfg : Configs()) {
     PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
                            cfg.context_lens, cfg.n_new, cfg.window);
-    std::vector<uint16_t> kb(c.k_cache.size()), vb(c.v_cache.size());
-    WritePool(c, cpu::KvRowsOut{nullptr, nullptr, nullptr, kb.data()},
-              cpu::KvRowsOut{nullptr, nullptr, nullptr, vb.data()});
+    const Bf16Pool b = RoundPool(c);
     PagedCase rounded = c;  // the f32 pool of the bf16 values
-    for (size_t e = 0; e < kb.size(); ++e) {
-      ASSERT_EQ(kb[e], F32ToBf16(c.k_cache[e])) << e;
-      ASSERT_EQ(vb[e], F32ToBf16(c.v_cache[e])) << e;
-      rounded.k_cache[e] = Bf16ToF32(kb[e]);
-      rounded.v_cache[e] = Bf16ToF32(vb[e]);
+    for (size_t e = 0; e < b.k.size(); ++e) {
+      ASSERT_EQ(b.k[e], F32ToBf16(c.k_cache[e])) << e;
+      ASSERT_EQ(b.v[e], F32ToBf16(c.v_cache[e])) << e;
+      rounded.k_cache[e] = Bf16ToF32(b.k[e]);
+      rounded.v_cache[e] = Bf16ToF32(b.v[e]);
     }
-    const int32_t max_ctx = *std::max_element(c.context_lens.begin(), c.context_lens.end());
-    auto run = [&](const OpContext& ctx) {
-      std::vector<float> scratch(
-          static_cast<size_t>(cpu::AttentionScratchFloats(ctx, c.shape, max_ctx)));
-      std::vector<float> out(c.q.size(), -777.0f);
-      cpu::PagedAttention(ctx, c.shape, c.batch(), c.q.data(),
-                          cpu::KvRows{nullptr, nullptr, nullptr, kb.data()},
-                          cpu::KvRows{nullptr, nullptr, nullptr, vb.data()}, out.data(), scratch);
-      return out;
-    };
+    auto run = [&](const OpContext& ctx) { return RunPagedBf16(ctx, c, b); };
     const std::vector<float> ref = run(OpContext{});
     EXPECT_TRUE(testing::SameBits(ref, RunPaged(OpContext{}, rounded))) << "config " << i;
     const double err = testing::RelativeError(ref, RunPaged(OpContext{}, c));
@@ -457,20 +467,9 @@ TEST(PagedAttention, Avx512GivesTheAvx2Bits) {
     const Int8Pool q = QuantizePool(c);
     EXPECT_TRUE(testing::SameBits(RunPagedInt8(wide, c, q), RunPagedInt8(narrow, c, q)))
         << "int8, config " << i;
-    std::vector<uint16_t> kb(c.k_cache.size()), vb(c.v_cache.size());
-    WritePool(c, cpu::KvRowsOut{nullptr, nullptr, nullptr, kb.data()},
-              cpu::KvRowsOut{nullptr, nullptr, nullptr, vb.data()});
-    const int32_t max_ctx = *std::max_element(c.context_lens.begin(), c.context_lens.end());
-    auto run_bf16 = [&](const OpContext& ctx) {
-      std::vector<float> scratch(
-          static_cast<size_t>(cpu::AttentionScratchFloats(ctx, c.shape, max_ctx)));
-      std::vector<float> out(c.q.size(), -777.0f);
-      cpu::PagedAttention(ctx, c.shape, c.batch(), c.q.data(),
-                          cpu::KvRows{nullptr, nullptr, nullptr, kb.data()},
-                          cpu::KvRows{nullptr, nullptr, nullptr, vb.data()}, out.data(), scratch);
-      return out;
-    };
-    EXPECT_TRUE(testing::SameBits(run_bf16(wide), run_bf16(narrow))) << "bf16, config " << i;
+    const Bf16Pool b = RoundPool(c);
+    EXPECT_TRUE(testing::SameBits(RunPagedBf16(wide, c, b), RunPagedBf16(narrow, c, b)))
+        << "bf16, config " << i;
     ++i;
   }
 }
