@@ -84,7 +84,7 @@ class CudaWeightPlan {
   // KESTREL_AFFINE8_BIAS_FROM_SCALE=0.
   void set_affine8_bias_from_scale(bool on) { affine8_bias_from_scale_ = on; }
   // Whether 8-bit segments (k a multiple of 64) are arranged for the tensor-core GEMV
-  // (quant_linear.h, mma_order) instead of the CUDA-core one. Off unless KESTREL_AFFINE8_MMA=1.
+  // (quant_linear.h, mma_order) instead of the CUDA-core one. On unless KESTREL_AFFINE8_MMA=0.
   void set_affine8_mma(bool on) { affine8_mma_ = on; }
 
  private:

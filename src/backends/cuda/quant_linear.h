@@ -34,9 +34,10 @@
 //   - m <= kQuantGemvMaxRows: QuantGemv, which reads each weight byte once. FP8 and 4-bit codes go
 //     through the tensor cores (bf16 fragments made in registers; FP8 codes are exact in bf16, the
 //     block scale multiplies the f32 sums; a 4-bit weight is its format's bf16 value, bitwise the
-//     one the tiles below hold); 8-bit affine codes through a CUDA-core kernel in f32, or, in
-//     mma order (WeightSegment::mma_order, opt-in: KESTREL_AFFINE8_MMA=1), through the tensor
-//     cores too, each code an exact bf16 and the group's scale and bias applied to the f32 sums.
+//     one the tiles below hold); 8-bit affine codes in mma order (WeightSegment::mma_order, the
+//     loader's default where k is a multiple of 64; KESTREL_AFFINE8_MMA=0 turns it off) through
+//     the tensor cores too, each code an exact bf16 and the group's scale and bias applied to the
+//     f32 sums, else through a CUDA-core kernel in f32.
 //     Weight-only quantization: activations stay bf16.
 //   - larger m: DequantizeRows into a bf16 tile, then the bf16 cuBLASLt GEMM (LinearEngine).
 #pragma once
