@@ -2,11 +2,13 @@
 // the same run (STREAM-like read bandwidth, f32 FMA peak):
 //   matvec   decode-shaped Linear (1..4 token rows) on weights larger than L3: GB/s of weights
 //   matmul   prefill-shaped Linear (many token rows): GFLOP/s
-//   attention decode attention over a long context: GB/s of K/V read
+//   attention decode attention over a long context, per KV cache dtype: GB/s of K/V read
+//             (and attention_prefill)
+//   attention_prefill  a 2,048-token prefill chunk's attention, per KV cache dtype: GFLOP/s
 //   model    with --model DIR: prefill and decode of a real model directory through Forward, with
 //            the ForwardStats breakdown (attention / matmul / other) and GB/s of weights read
-// Usage: bench_cpu_kernels [--threads N] [--quick] [--only
-// matvec|matmul|attention|attention_prefill]
+// Usage: bench_cpu_kernels [--threads N] [--quick]
+//                          [--only matvec|matmul|attention|attention_prefill]
 //        bench_cpu_kernels --model DIR [--threads N] [--prefill 128] [--decode 32] [--depth 0]
 //                          [--reference]
 #include <algorithm>
@@ -220,9 +222,8 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_cpu_kernels [--threads N] [--quick] "
-                   "[--only matvec|matmul|attention|attention_prefill] | --model DIR [--prefill N] "
-                   "[--decode N] "
-                   "[--depth N] [--reference]\n");
+                   "[--only matvec|matmul|attention|attention_prefill] | --model DIR "
+                   "[--prefill N] [--decode N] [--depth N] [--reference]\n");
       return 2;
     }
   }
@@ -409,8 +410,7 @@ int Main(int argc, char** argv) {
                  cpu::KvRowsOut{nullptr, nullptr, nullptr, vb.data()});
     cpu::WriteKv(pk.data(), pv.data(), slots, layout, cpu::KvRowsOut{nullptr, kq.data(), ks.data()},
                  cpu::KvRowsOut{nullptr, vq.data(), vs.data()});
-    // (pk / pv are [token, kv head, dim], which is the pool's order for these slots.)
-    std::vector<float> kf(pk.size()), vf(pv.size());
+    std::vector<float> kf(pk.size()), vf(pv.size());  // and as f32 rows
     cpu::WriteKv(pk.data(), pv.data(), slots, layout, cpu::KvRowsOut{kf.data()},
                  cpu::KvRowsOut{vf.data()});
     // q.k and p.v: 2 * 2 flops per (query head, key at or before the query, dim).

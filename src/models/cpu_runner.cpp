@@ -14,14 +14,24 @@ namespace kestrel {
 
 namespace {
 
+// How the CPU stores K/V rows for the KV dtype of `options` (auto: f32; fp8 is refused before).
+CpuCaches::KvStorage KvStorageOf(const ModelLoadOptions& options) {
+  using KvDType = ModelLoadOptions::KvCacheDType;
+  using KvStorage = CpuCaches::KvStorage;
+  return options.kv_cache_dtype == KvDType::kInt8   ? KvStorage::kInt8
+         : options.kv_cache_dtype == KvDType::kBf16 ? KvStorage::kBf16
+                                                    : KvStorage::kF32;
+}
+
 // The CPU caches' shape for the KV dtype of `options`: f32, bf16 or int8 elements (int8 with an
 // f32 scale per row).
 CacheSpec CpuCacheSpec(const ModelConfig& config, const ModelLoadOptions& options) {
-  using KvDType = ModelLoadOptions::KvCacheDType;
-  const bool int8 = options.kv_cache_dtype == KvDType::kInt8;
-  const bool bf16 = options.kv_cache_dtype == KvDType::kBf16;
-  CacheSpec spec = MakeCacheSpec(config, int8 ? 1 : bf16 ? 2 : sizeof(float));
-  if (int8) spec.kv_row_scale_bytes = sizeof(float);
+  using KvStorage = CpuCaches::KvStorage;
+  const KvStorage storage = KvStorageOf(options);
+  CacheSpec spec = MakeCacheSpec(config, storage == KvStorage::kInt8   ? 1
+                                         : storage == KvStorage::kBf16 ? 2
+                                                                       : sizeof(float));
+  if (storage == KvStorage::kInt8) spec.kv_row_scale_bytes = sizeof(float);
   return spec;
 }
 
@@ -78,9 +88,7 @@ Status CpuRunner::AllocateCaches(const ModelLoadOptions& options) {
         "--kv-cache-dtype fp8 is for --device cuda; the CPU stores f32, bf16 or int8");
   }
   using KvStorage = CpuCaches::KvStorage;
-  caches_.kv_storage = options.kv_cache_dtype == KvDType::kInt8   ? KvStorage::kInt8
-                       : options.kv_cache_dtype == KvDType::kBf16 ? KvStorage::kBf16
-                                                                  : KvStorage::kF32;
+  caches_.kv_storage = KvStorageOf(options);
   caches_.spec = CpuCacheSpec(c, options);
   // KV pool: capacity rounded up to whole blocks.
   const int32_t block_size = options.block_size_tokens;
@@ -166,8 +174,9 @@ void PackBlockWeights(DecoderWeights* w) {
   add(w->lm_head);
   // One arena for all of them (64-byte aligned each), in huge pages where the kernel gives them:
   // a decode step streams every byte once. Without the memory, the row kernels stay.
+  auto padded_bytes = [](const TensorView& v) { return (cpu::PackedRowsBytes(v) + 63) / 64 * 64; };
   int64_t total = 0;
-  for (const TensorView* v : views) total += (cpu::PackedRowsBytes(*v) + 63) / 64 * 64;
+  for (const TensorView* v : views) total += padded_bytes(*v);
   if (total == 0) return;
   w->packed_rows = AllocateLargeArray<uint8_t>(static_cast<size_t>(total));
   if (w->packed_rows == nullptr) return;
@@ -175,7 +184,7 @@ void PackBlockWeights(DecoderWeights* w) {
   for (TensorView* v : views) {
     cpu::PackRows(*v, at);
     v->cpu_packed = at;
-    at += (cpu::PackedRowsBytes(*v) + 63) / 64 * 64;
+    at += padded_bytes(*v);
   }
 }
 

@@ -31,9 +31,6 @@
 // -Wmaybe-uninitialized reports in every caller.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// The functions that use 512-bit registers; only called where CpuHasAvx512() holds.
-#define KESTREL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-
 namespace kestrel::cpu::avx2 {
 namespace {
 
@@ -325,12 +322,13 @@ inline void AccumulateVPass(const float* p, int64_t stride, const Rows& rows, in
 // out[g, d] = fma(p[g * stride + i], v_i[d], out[g, d]) for i = 0..n-1 in order, g < GS: one
 // sequential chain per element (continued from `out`). A pass holds 8 chains where the registers
 // allow (64 dims for one head, 32 for two, 16 for three or four).
+// Dims from d_begin on (AccumulateV512 hands over the last ones).
 //   p: probabilities;  rows: v_i [head_dim] (a chunk view);  out [GS, head_dim]
 template <int GS, class Rows>
 void AccumulateV(const float* p, int64_t stride, const Rows& rows, int n, int64_t head_dim,
-                 float* out) {
+                 float* out, int64_t d_begin = 0) {
   constexpr int kWide = GS == 1 ? 8 : GS == 2 ? 4 : 2;
-  int64_t d0 = 0;
+  int64_t d0 = d_begin;
   for (; d0 + 8 * kWide <= head_dim; d0 += 8 * kWide) {
     AccumulateVPass<GS, kWide>(p, stride, rows, n, head_dim, d0, out);
   }
@@ -367,8 +365,8 @@ KESTREL_AVX512 void AccumulateVPass512(const float* p, int64_t stride, const Row
   }
 }
 
-// AccumulateV with AVX-512: passes of 128 dims (one or two heads) or 64, then 16, then the
-// AVX2 passes for what is left (the same chains, so the same bits).
+// AccumulateV with AVX-512: passes of 128 dims (one or two heads) or 64, then 16, then
+// AccumulateV for what is left (the same chains, so the same bits).
 template <int GS, class Rows>
 KESTREL_AVX512 void AccumulateV512(const float* p, int64_t stride, const Rows& rows, int n,
                                    int64_t head_dim, float* out) {
@@ -380,20 +378,7 @@ KESTREL_AVX512 void AccumulateV512(const float* p, int64_t stride, const Rows& r
   for (; d0 + 16 <= head_dim; d0 += 16) {
     AccumulateVPass512<GS, 1>(p, stride, rows, n, head_dim, d0, out);
   }
-  if (d0 < head_dim) {
-    // The last dims (fewer than 16): AccumulateV's passes over a view of them.
-    const int64_t left = head_dim - d0;
-    for (int64_t e = 0; e + 8 <= left; e += 8) {
-      AccumulateVPass<GS, 1>(p, stride, rows, n, head_dim, d0 + e, out);
-    }
-    for (int64_t d = d0 + (left & ~int64_t{7}); d < head_dim; ++d) {
-      for (int g = 0; g < GS; ++g) {
-        float o = out[g * head_dim + d];
-        for (int i = 0; i < n; ++i) o = __builtin_fmaf(p[g * stride + i], rows.Load1(i, d), o);
-        out[g * head_dim + d] = o;
-      }
-    }
-  }
+  if (d0 < head_dim) AccumulateV<GS>(p, stride, rows, n, head_dim, out, d0);
 }
 
 // Runs fn.template operator()<GS>(g0) over sub-groups of at most kMaxSubGroup heads.

@@ -604,8 +604,8 @@ inline void MicroKernel(const float* packed, int kc, const float* xp, float* y, 
 // MicroKernel's, so the same bits.
 constexpr int kMr512 = 12;
 template <int MR>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void MicroKernel512(
-    const float* packed, int kc, const float* xp, float* y, int64_t ldy, bool first, int nr) {
+KESTREL_AVX512 void MicroKernel512(const float* packed, int kc, const float* xp, float* y,
+                                   int64_t ldy, bool first, int nr) {
   __m512 c[MR];
   const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
   for (int i = 0; i < MR; ++i) {

@@ -285,6 +285,19 @@ void AddInPlace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+// fn(src, dst) for each token t and kv head h of a WriteKv call: src = the row's offset in
+// k / v ([n_tokens, n_kv_heads, head_dim]), dst = its offset in the cache (slot slots[t]).
+template <class Fn>
+static void ForEachKvRow(std::span<const int32_t> slots, const KvLayout& layout, Fn&& fn) {
+  for (size_t t = 0; t < slots.size(); ++t) {
+    KCHECK(slots[t] >= 0 && slots[t] < layout.n_slots());
+    for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
+      fn((static_cast<int64_t>(t) * layout.n_kv_heads + h) * layout.head_dim,
+         layout.RowOffset(slots[t], h));
+    }
+  }
+}
+
 void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
              const KvLayout& layout, const KvRowsOut& k_cache, const KvRowsOut& v_cache) {
   if (k_cache.f32 != nullptr) {
@@ -293,17 +306,12 @@ void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
   }
   const int64_t hd = layout.head_dim;
   if (k_cache.bf16 != nullptr) {
-    for (size_t t = 0; t < slots.size(); ++t) {
-      KCHECK(slots[t] >= 0 && slots[t] < layout.n_slots());
-      for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
-        const int64_t dst = layout.RowOffset(slots[t], h);
-        const int64_t src = (static_cast<int64_t>(t) * layout.n_kv_heads + h) * hd;
-        for (int64_t d = 0; d < hd; ++d) {
-          k_cache.bf16[dst + d] = F32ToBf16(k[src + d]);
-          v_cache.bf16[dst + d] = F32ToBf16(v[src + d]);
-        }
+    ForEachKvRow(slots, layout, [&](int64_t src, int64_t dst) {
+      for (int64_t d = 0; d < hd; ++d) {
+        k_cache.bf16[dst + d] = F32ToBf16(k[src + d]);
+        v_cache.bf16[dst + d] = F32ToBf16(v[src + d]);
       }
-    }
+    });
     return;
   }
   auto quantize = [hd](const float* x, int8_t* q, float* scale) {
@@ -316,29 +324,19 @@ void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
                       : int8_t{0};
     }
   };
-  for (size_t t = 0; t < slots.size(); ++t) {
-    KCHECK(slots[t] >= 0 && slots[t] < layout.n_slots());
-    for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
-      const int64_t dst = layout.RowOffset(slots[t], h);
-      const int64_t src = (static_cast<int64_t>(t) * layout.n_kv_heads + h) * hd;
-      quantize(k + src, k_cache.q + dst, k_cache.scale + dst / hd);
-      quantize(v + src, v_cache.q + dst, v_cache.scale + dst / hd);
-    }
-  }
+  ForEachKvRow(slots, layout, [&](int64_t src, int64_t dst) {
+    quantize(k + src, k_cache.q + dst, k_cache.scale + dst / hd);
+    quantize(v + src, v_cache.q + dst, v_cache.scale + dst / hd);
+  });
 }
 
 void WriteKv(const float* k, const float* v, std::span<const int32_t> slots,
              const KvLayout& layout, float* k_cache, float* v_cache) {
   const int64_t hd = layout.head_dim;
-  for (size_t t = 0; t < slots.size(); ++t) {
-    KCHECK(slots[t] >= 0 && slots[t] < layout.n_slots());
-    for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
-      const int64_t dst = layout.RowOffset(slots[t], h);
-      const int64_t src = (static_cast<int64_t>(t) * layout.n_kv_heads + h) * hd;
-      std::copy(k + src, k + src + hd, k_cache + dst);
-      std::copy(v + src, v + src + hd, v_cache + dst);
-    }
-  }
+  ForEachKvRow(slots, layout, [&](int64_t src, int64_t dst) {
+    std::copy(k + src, k + src + hd, k_cache + dst);
+    std::copy(v + src, v + src + hd, v_cache + dst);
+  });
 }
 
 }  // namespace kestrel::cpu

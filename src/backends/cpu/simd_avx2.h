@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <cstring>
 
+// Marks a function of an AVX2 translation unit that uses 512-bit registers: built for the
+// extensions CpuHasAvx512() checks, and called only where it holds.
+#define KESTREL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
 namespace kestrel::cpu::avx2 {
 namespace {
 
