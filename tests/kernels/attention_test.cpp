@@ -144,6 +144,11 @@ struct Config {
   int64_t window;
 };
 
+PagedCase MakeCase(std::mt19937& rng, const Config& cfg) {
+  return MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size, cfg.context_lens,
+                  cfg.n_new, cfg.window);
+}
+
 const std::vector<Config>& Configs() {
   static const std::vector<Config> configs = {
       {1, 1, 8, 16, {1}, {1}, 0},                          // one token, one head
@@ -163,8 +168,7 @@ TEST(PagedAttention, ReferenceMatchesDenseDouble) {
   std::mt19937 rng(11);
   int i = 0;
   for (const Config& cfg : Configs()) {
-    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
-                           cfg.context_lens, cfg.n_new, cfg.window);
+    PagedCase c = MakeCase(rng, cfg);
     std::vector<float> ref = RunPaged(OpContext{}, c);
     EXPECT_LE(testing::RelativeError(ref, DenseAttention(c)), 2e-6) << "config " << i;
     ++i;
@@ -177,8 +181,7 @@ TEST(PagedAttention, FastMatchesReferenceAndIsThreadCountIndependent) {
   ThreadPool pool1(1), pool2(2), pool3(3);
   int i = 0;
   for (const Config& cfg : Configs()) {
-    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
-                           cfg.context_lens, cfg.n_new, cfg.window);
+    PagedCase c = MakeCase(rng, cfg);
     std::vector<float> ref = RunPaged(OpContext{}, c);
     std::vector<float> fast = RunPaged(OpContext{KernelSet::kAvx2, &pool2}, c);
     EXPECT_LE(testing::RelativeError(fast, ref), 1e-5) << "config " << i;
@@ -203,8 +206,7 @@ TEST(PagedAttention, FastGivesATokenTheSameBitsInAChunkAsAlone) {
   configs.push_back({8, 2, 64, 16, {300}, {77}, 50});            // window inside a tile
   int i = 0;
   for (const Config& cfg : configs) {
-    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
-                           cfg.context_lens, cfg.n_new, cfg.window);
+    PagedCase c = MakeCase(rng, cfg);
     const std::vector<float> all = RunPaged(ctx, c);
     const int64_t row = c.shape.n_heads * c.shape.head_dim;
     PagedCase one = c;  // the same pool, one token at a time
@@ -388,8 +390,7 @@ TEST(PagedAttention, Int8CacheMatchesReferenceAndStaysNearF32) {
   ThreadPool pool2(2), pool3(3);
   int i = 0;
   for (const Config& cfg : Configs()) {
-    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
-                           cfg.context_lens, cfg.n_new, cfg.window);
+    PagedCase c = MakeCase(rng, cfg);
     const Int8Pool p = QuantizePool(c);
     const std::vector<float> ref = RunPagedInt8(OpContext{}, c, p);
     const std::vector<float> f32 = RunPaged(OpContext{}, c);
@@ -415,8 +416,7 @@ TEST(PagedAttention, Bf16CacheIsTheF32AttentionOverTheRoundedRows) {
   ThreadPool pool2(2), pool3(3);
   int i = 0;
   for (const Config& cfg : Configs()) {
-    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
-                           cfg.context_lens, cfg.n_new, cfg.window);
+    PagedCase c = MakeCase(rng, cfg);
     const Bf16Pool b = RoundPool(c);
     PagedCase rounded = c;  // the f32 pool of the bf16 values
     for (size_t e = 0; e < b.k.size(); ++e) {
@@ -458,8 +458,7 @@ TEST(PagedAttention, Avx512GivesTheAvx2Bits) {
   configs.push_back({4, 1, 136, 16, {29}, {29}, 0});            // 128 + 8 dims
   int i = 0;
   for (const Config& cfg : configs) {
-    PagedCase c = MakeCase(rng, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.block_size,
-                           cfg.context_lens, cfg.n_new, cfg.window);
+    PagedCase c = MakeCase(rng, cfg);
     OpContext wide{KernelSet::kAvx2, &pool2}, narrow{KernelSet::kAvx2, &pool2};
     wide.avx512 = true;
     narrow.avx512 = false;
